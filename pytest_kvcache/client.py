@@ -1,0 +1,290 @@
+"""The measuring client: one streamed chat completion → one :class:`Sample`.
+
+It knows nothing of arms, probes or reports. Timing model (``docs/metrics.md``):
+
+* ``send`` — the instant the pre-encoded request is handed to the HTTP stack;
+* ``first`` — the first chunk whose running ``usage.completion_tokens`` reaches 1 (vLLM with
+  ``continuous_usage_stats``); from a server without per-chunk usage, the first chunk that carries
+  content, reasoning or a tool-call delta. A role-only chunk never counts;
+* ``last`` — the last chunk that raised the token count (or carried content, in the fallback);
+* ``end`` — the ``[DONE]`` line.
+
+Every failure (HTTP error, dropped stream, stall, timeout, malformed JSON, missing usage, zero tokens) is
+returned as a failed Sample with a reason, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+ErrorKind = Literal[
+    "http_error",
+    "connection_error",
+    "dropped",
+    "stall",
+    "timeout",
+    "malformed_json",
+    "server_error",
+    "missing_usage",
+    "zero_tokens",
+    "no_token_clock",
+    "engine_died",
+]
+
+#: A decode window shorter than this share of the request's wall time voids ``decode_tps``.
+MIN_DECODE_WINDOW_SHARE = 0.05
+
+
+@dataclass
+class Sample:
+    """What one streamed request measured. Times are seconds after ``send`` (perf counter)."""
+
+    ok: bool = False
+    error_kind: str | None = None
+    error: str | None = None
+    http_status: int | None = None
+    send_unix_s: float = 0.0
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    end_s: float | None = None
+    chunks: int = 0
+    token_chunks: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    token_clock: Literal["usage", "content"] | None = None
+    content_chars: int = 0
+    text: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def fail(self, kind: ErrorKind, message: str) -> Sample:
+        self.ok = False
+        self.error_kind = kind
+        self.error = message
+        return self
+
+    # ---------------------------------------------------------------- derived metrics
+
+    def measures(self) -> tuple[dict[str, float | None], list[str], dict[str, str]]:
+        """Return (metrics, flags, voided): metric values, sample flags, and metric → reason it was voided."""
+        names = ("ttft_s", "wall_tps", "decode_tps", "prefill_tps")
+        metrics: dict[str, float | None] = dict.fromkeys(names)
+        flags: list[str] = []
+        voided: dict[str, str] = {}
+        if not self.ok or self.first_token_s is None or self.end_s is None or not self.completion_tokens:
+            return metrics, flags, voided
+        if self.token_clock == "content":
+            flags.append("content_clock")
+        ttft = self.first_token_s
+        metrics["ttft_s"] = ttft
+        if self.end_s > 0:
+            metrics["wall_tps"] = self.completion_tokens / self.end_s
+        if self.prompt_tokens is not None and ttft > 0:
+            metrics["prefill_tps"] = (self.prompt_tokens - (self.cached_tokens or 0)) / ttft
+        last = self.last_token_s if self.last_token_s is not None else ttft
+        window = last - ttft
+        if self.completion_tokens < 2:
+            voided["decode_tps"] = "single_token"
+        elif window <= 0:
+            flags.append("no_decode_window")
+            voided["decode_tps"] = "no_decode_window"
+        elif window < MIN_DECODE_WINDOW_SHARE * self.end_s:
+            flags.append("decode_window_short")
+            voided["decode_tps"] = "decode_window_short"
+        else:
+            metrics["decode_tps"] = (self.completion_tokens - 1) / window
+        return metrics, flags, voided
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if not data["text"]:
+            data.pop("text")
+        if not data["tool_calls"]:
+            data.pop("tool_calls")
+        return data
+
+
+def _error_message(response: httpx.Response) -> str:
+    body = response.read()[:4000].decode("utf-8", "replace")
+    try:
+        parsed = json.loads(body)
+    except json.JSONDecodeError:
+        return body.strip() or response.reason_phrase
+    if isinstance(parsed, dict):
+        err = parsed.get("error", parsed)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if parsed.get("message"):
+            return str(parsed["message"])
+    return body.strip()
+
+
+class Client:
+    """Streams chat completions from one OpenAI-compatible server, one request at a time."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        request_timeout_s: float = 600.0,
+        stall_timeout_s: float = 120.0,
+        connect_timeout_s: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.request_timeout_s = request_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        read = min(stall_timeout_s, request_timeout_s)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(connect=connect_timeout_s, read=read, write=30.0, pool=30.0),
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def get_json(self, path: str, timeout_s: float = 10.0) -> Any:
+        response = self._http.get(path, timeout=timeout_s)
+        response.raise_for_status()
+        return response.json()
+
+    def post_json(self, path: str, body: Mapping[str, Any], timeout_s: float = 60.0) -> Any:
+        response = self._http.post(path, content=json.dumps(body).encode(), timeout=timeout_s)
+        response.raise_for_status()
+        return response.json()
+
+    def stream_chat(self, payload: Mapping[str, Any], *, keep_text: bool = False) -> Sample:
+        """Send one streamed chat completion and measure it. ``payload`` must set ``stream: true``."""
+        body = json.dumps(payload).encode()
+        sample = Sample(send_unix_s=time.time())
+        t0 = time.perf_counter()
+        try:
+            with self._http.stream("POST", "/v1/chat/completions", content=body) as response:
+                sample.http_status = response.status_code
+                if response.status_code >= 400:
+                    sample.end_s = time.perf_counter() - t0
+                    message = _error_message(response)
+                    return sample.fail("http_error", f"HTTP {response.status_code}: {message}")
+                self._read_stream(response, sample, t0, keep_text)
+        except httpx.ReadTimeout:
+            return sample.fail("stall", f"no chunk for {self._http.timeout.read:g} s")
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            return sample.fail("connection_error", f"cannot connect to {self.base_url}: {exc}")
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            sample.end_s = time.perf_counter() - t0
+            return sample.fail("dropped", f"connection dropped mid-stream after {sample.chunks} chunks: {exc}")
+        except httpx.HTTPError as exc:
+            return sample.fail("connection_error", f"{type(exc).__name__}: {exc}")
+        return sample
+
+    def _read_stream(self, response: httpx.Response, sample: Sample, t0: float, keep_text: bool) -> None:
+        count = 0
+        first_usage: float | None = None
+        last_usage: float | None = None
+        first_content: float | None = None
+        last_content: float | None = None
+        usage: dict[str, Any] | None = None
+        done = False
+        text: list[str] = []
+        tool_calls: dict[int, dict[str, Any]] = {}
+        for line in response.iter_lines():
+            now = time.perf_counter() - t0
+            if now > self.request_timeout_s:
+                sample.end_s = now
+                sample.fail("timeout", f"request took longer than {self.request_timeout_s:g} s")
+                return
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                sample.end_s = now
+                done = True
+                break
+            try:
+                chunk = json.loads(data)
+            except json.JSONDecodeError:
+                sample.end_s = now
+                sample.fail("malformed_json", f"chunk {sample.chunks + 1} is not JSON: {data[:120]!r}")
+                return
+            sample.chunks += 1
+            if not isinstance(chunk, dict):
+                sample.fail("malformed_json", f"chunk {sample.chunks} is not an object: {data[:120]!r}")
+                return
+            if "error" in chunk and "choices" not in chunk:
+                err = chunk["error"]
+                message = err.get("message", err) if isinstance(err, dict) else err
+                sample.end_s = now
+                sample.fail("server_error", f"server sent an error event: {message}")
+                return
+            choices = chunk.get("choices") or []
+            if isinstance(chunk.get("usage"), dict):
+                usage = chunk["usage"]
+            if choices:
+                choice = choices[0]
+                delta = choice.get("delta") or {}
+                content = delta.get("content") or ""
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                calls = delta.get("tool_calls") or []
+                if content or reasoning or calls:
+                    first_content = now if first_content is None else first_content
+                    last_content = now
+                    sample.content_chars += len(content)
+                    if keep_text:
+                        text.append(content)
+                        for call in calls:
+                            slot = tool_calls.setdefault(int(call.get("index", 0)), {"name": "", "arguments": ""})
+                            fn = call.get("function") or {}
+                            slot["name"] += fn.get("name") or ""
+                            slot["arguments"] += fn.get("arguments") or ""
+                if choice.get("finish_reason"):
+                    sample.finish_reason = choice["finish_reason"]
+                running = (chunk.get("usage") or {}).get("completion_tokens")
+                if isinstance(running, int) and running > count:
+                    if first_usage is None:
+                        first_usage = now
+                    last_usage = now
+                    count = running
+                    sample.token_chunks += 1
+        if keep_text:
+            sample.text = "".join(text)
+            sample.tool_calls = [tool_calls[i] for i in sorted(tool_calls)]
+        if not done:
+            sample.end_s = time.perf_counter() - t0
+            sample.fail("dropped", f"stream ended without [DONE] after {sample.chunks} chunks")
+            return
+        if usage is None:
+            sample.fail("missing_usage", "the stream carried no usage (token counts)")
+            return
+        sample.prompt_tokens = usage.get("prompt_tokens")
+        sample.completion_tokens = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        sample.cached_tokens = details.get("cached_tokens")
+        if not sample.completion_tokens:
+            sample.fail("zero_tokens", "the server reported 0 completion tokens")
+            return
+        if first_usage is not None:
+            sample.token_clock = "usage"
+            sample.first_token_s, sample.last_token_s = first_usage, last_usage
+        elif first_content is not None:
+            sample.token_clock = "content"
+            sample.first_token_s, sample.last_token_s = first_content, last_content
+        else:
+            sample.fail("no_token_clock", "no chunk carried per-chunk usage or content: first token not observable")
+            return
+        sample.ok = True

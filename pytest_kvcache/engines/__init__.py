@@ -1,0 +1,95 @@
+"""Launchers: how an arm's engine is started, and the engine command line every launcher shares."""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+
+from pytest_kvcache.engines.base import Engine, EngineError
+from pytest_kvcache.engines.external import ExternalEngine
+from pytest_kvcache.engines.process import HOST, ProcessEngine, free_port
+from pytest_kvcache.engines.registry import EngineRegistry
+from pytest_kvcache.settings import Arm, Boot, Settings
+
+__all__ = [
+    "Engine",
+    "EngineError",
+    "build_engine_args",
+    "default_engine_cmd",
+    "embedded_model_path",
+    "make_engine",
+]
+
+#: What the embedded tiny CPU model needs: random weights, no torch.compile (boot ~50 s, not ~100 s).
+EMBEDDED_ARGS: tuple[str, ...] = ("--load-format", "dummy", "--enforce-eager")
+#: vLLM's CPU build sizes its KV cache from this (GiB); without it startup can fail on a small machine.
+EMBEDDED_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
+#: What measurement needs from every engine: cached-token counts in ``usage``.
+MEASUREMENT_ARGS: tuple[str, ...] = ("--enable-prompt-tokens-details",)
+
+
+def embedded_model_path() -> Path:
+    return Path(str(resources.files("pytest_kvcache") / "data" / "tiny-qwen3"))
+
+
+def default_engine_cmd() -> tuple[str, ...]:
+    # ``python -m`` works for vLLM's CPU build (whose ``vllm`` console script is broken) and GPU installs.
+    return (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
+
+
+def _has_flag(args: tuple[str, ...], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def build_engine_args(settings: Settings, arm: Arm, model: str) -> tuple[list[str], dict[str, str]]:
+    """The engine arguments (without command, host and port) and the env overrides for one arm.
+
+    Order: model, embedded defaults, measurement needs, the arm's dtype, ``--kv-engine-args``, the arm's
+    own args — later arguments win in vLLM's parser, so users can override anything we add.
+    """
+    user_args = (*settings.engine_args, *arm.args)
+    args: list[str] = ["--model", model]
+    env: dict[str, str] = {}
+    if settings.embedded:
+        args += EMBEDDED_ARGS
+        env.update({k: v for k, v in EMBEDDED_ENV.items() if k not in os.environ})
+    for flag in MEASUREMENT_ARGS:
+        if not _has_flag(user_args, flag) and not _has_flag(user_args, flag.replace("--", "--no-", 1)):
+            args.append(flag)
+    if arm.kv_cache_dtype is not None and not _has_flag(user_args, "--kv-cache-dtype"):
+        args += ["--kv-cache-dtype", arm.kv_cache_dtype]
+    args += user_args
+    env.update(dict(arm.env))
+    return args, env
+
+
+def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineRegistry) -> Engine:
+    """The plugin's own launchers (the launcher hook's last implementation)."""
+    log_path = arm_dir / "engine.log"
+    if settings.launcher == "external":
+        return ExternalEngine(
+            boot.boot_id,
+            settings.endpoints[boot.arm.name],
+            log_path=log_path,
+            startup_timeout_s=settings.startup_timeout_s,
+        )
+    if settings.launcher == "process":
+        model = settings.model or str(embedded_model_path())
+        args, env_overrides = build_engine_args(settings, boot.arm, model)
+        port = settings.port or free_port()
+        cmd = settings.engine_cmd or default_engine_cmd()
+        argv = [*cmd, *args, "--host", HOST, "--port", str(port)]
+        return ProcessEngine(
+            boot.boot_id,
+            argv,
+            env={**os.environ, **env_overrides},
+            env_overrides=env_overrides,
+            port=port,
+            log_path=log_path,
+            startup_timeout_s=settings.startup_timeout_s,
+            on_spawn=lambda e: registry.add(e.boot_id, e.pid or 0, argv0=argv[0]),
+            on_stop=lambda e: registry.remove(e.boot_id),
+        )
+    raise EngineError(f"{boot.boot_id}: the {settings.launcher} launcher is not available in this version")

@@ -1,0 +1,203 @@
+"""The process launcher: the engine as a child process in its own process group on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from pytest_kvcache.engines.base import EngineError, evidence_env, redact_argv, redact_env, wait_ready
+
+HOST = "127.0.0.1"
+TERM_GRACE_S = 20.0
+KILL_GRACE_S = 10.0
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a pid from a reused one."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[19])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in a process group."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: ask the kernel whether the group exists at all
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def kill_group(pgid: int, *, term_grace_s: float = TERM_GRACE_S, wait: Callable[[float], None] | None = None) -> str:
+    """SIGTERM a process group, wait, then SIGKILL what is left. Returns how it ended."""
+    if not group_members(pgid):
+        return "already gone"
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + term_grace_s
+    while time.monotonic() < deadline:
+        if wait is not None:
+            wait(0.1)
+        else:
+            time.sleep(0.1)
+        if not group_members(pgid):
+            return "terminated"
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_GRACE_S
+    while time.monotonic() < deadline and group_members(pgid):
+        if wait is not None:
+            wait(0.1)
+        else:
+            time.sleep(0.1)
+    return "killed"
+
+
+class ProcessEngine:
+    """Runs ``argv`` (the engine command with ``--host``/``--port`` already in it) until stopped."""
+
+    def __init__(
+        self,
+        boot_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        env_overrides: Mapping[str, str],
+        port: int,
+        log_path: Path,
+        startup_timeout_s: float,
+        on_spawn: Callable[[ProcessEngine], None] | None = None,
+        on_stop: Callable[[ProcessEngine], None] | None = None,
+    ) -> None:
+        self.boot_id = boot_id
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.env_overrides = dict(env_overrides)
+        self.port = port
+        self.log_path = log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.ready_s: float | None = None
+        self.stop_outcome: str | None = None
+        self._on_spawn = on_spawn
+        self._on_stop = on_stop
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._last_pid: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        if port_in_use(self.port):
+            raise EngineError(f"{self.boot_id}: port {self.port} on {HOST} is already in use")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._log.write(f"# pytest-kvcache: {' '.join(redact_argv(self.argv))}\n".encode())
+        self._log.flush()
+        try:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise EngineError(f"{self.boot_id}: cannot run the engine command {self.argv[0]!r}: {exc}") from None
+        if self._on_spawn is not None:
+            self._on_spawn(self)
+        self.ready_s = wait_ready(
+            self.url,
+            boot_id=self.boot_id,
+            timeout_s=self.startup_timeout_s,
+            exited=self.exit_code,
+            log_path=self.log_path,
+        )
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+
+            def reap(seconds: float) -> None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=seconds)
+
+            self.stop_outcome = kill_group(proc.pid, wait=reap)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=KILL_GRACE_S)
+            self._last_pid = proc.pid
+            if self._on_stop is not None:
+                self._on_stop(self)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "launcher": "process",
+            "url": self.url,
+            "pid": self.pid or self._last_pid,
+            "argv": redact_argv(self.argv),
+            "env": {**evidence_env(self.env), **redact_env(self.env_overrides)},
+            "ready_s": self.ready_s,
+            "stop": self.stop_outcome,
+        }

@@ -1,0 +1,63 @@
+"""Prometheus ``/metrics`` scrapes of a vLLM server, and the values and deltas we read from them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One parsed scrape: sample name → list of (labels, value)."""
+
+    samples: Mapping[str, tuple[tuple[Mapping[str, str], float], ...]]
+
+    def labels(self, name: str) -> dict[str, str] | None:
+        """Labels of the first sample called ``name`` (info gauges like ``vllm:cache_config_info``)."""
+        rows = self.samples.get(name)
+        return dict(rows[0][0]) if rows else None
+
+    def total(self, name: str, **match: str) -> float | None:
+        """Sum of the samples called ``name`` whose labels include ``match``; None when absent."""
+        rows = self.samples.get(name)
+        if rows is None:
+            return None
+        return sum(value for labels, value in rows if all(labels.get(k) == v for k, v in match.items()))
+
+    def names(self) -> list[str]:
+        return sorted(self.samples)
+
+
+def parse(text: str) -> Scrape:
+    samples: dict[str, list[tuple[Mapping[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return Scrape({name: tuple(rows) for name, rows in samples.items()})
+
+
+def scrape(base_url: str, timeout_s: float = 10.0, client: httpx.Client | None = None) -> Scrape:
+    url = base_url.rstrip("/") + "/metrics"
+    response = client.get(url, timeout=timeout_s) if client is not None else httpx.get(url, timeout=timeout_s)
+    response.raise_for_status()
+    return parse(response.text)
+
+
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+CACHE_CONFIG_KEYS = ("cache_dtype", "kv_cache_size_tokens", "block_size", "enable_prefix_caching", "num_gpu_blocks")
+
+
+def cache_config(scraped: Scrape) -> dict[str, str] | None:
+    """The labels of ``vllm:cache_config_info`` (cache_dtype, kv_cache_size_tokens, block_size, …)."""
+    return scraped.labels(CACHE_CONFIG_INFO)
+
+
+def delta(before: Scrape, after: Scrape, name: str, **match: str) -> float | None:
+    """Counter increase between two scrapes; None when the counter is absent from either."""
+    a, b = before.total(name, **match), after.total(name, **match)
+    if a is None or b is None:
+        return None
+    return b - a

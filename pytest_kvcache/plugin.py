@@ -1,0 +1,189 @@
+"""pytest-kvcache's pytest wiring: options, markers, arm parametrization, fixtures.
+
+Nothing here launches, measures or computes; the library modules do, and ``session.py`` holds the run.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_kvcache import hookspecs
+from pytest_kvcache.client import Client, Sample
+from pytest_kvcache.engines import make_engine
+from pytest_kvcache.engines.base import Engine, EngineError
+from pytest_kvcache.engines.registry import EngineRegistry
+from pytest_kvcache.hostcpu import fp8_kv_unsupported_reason
+from pytest_kvcache.session import SESSION_KEY, ArmClient, KvSession, Server, death_notice, get_session
+from pytest_kvcache.settings import OPTIONS, Boot, Settings, SettingsError, resolve
+
+MARKERS = {
+    "short": "short: short-context probe (one short prompt, long decode) — narrative and code shapes.",
+}
+
+SUITE_DIR = Path(__file__).parent / "suite"
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvcache", "pytest-kvcache: A/B-test vLLM serving variants")
+    for spec in OPTIONS:
+        help_text = f"{spec.help} [ini: {spec.ini}; env: {spec.env}]"
+        if spec.flag:
+            group.addoption(spec.cli, dest=spec.dest, action="store_true", default=None, help=help_text)
+            parser.addini(spec.ini, spec.help, type="bool", default=False)
+        elif spec.repeatable:
+            group.addoption(spec.cli, dest=spec.dest, action="append", default=None, metavar=spec.metavar,
+                            help=help_text)
+            parser.addini(spec.ini, spec.help, type="linelist", default=[])
+        else:
+            group.addoption(spec.cli, dest=spec.dest, default=None, metavar=spec.metavar, help=help_text)
+            parser.addini(spec.ini, spec.help, type="string", default="")
+
+
+def _named_arms(config: pytest.Config) -> dict[str, Any]:
+    candidates = [config.inipath] if config.inipath and config.inipath.name == "pyproject.toml" else []
+    candidates.append(config.rootpath / "pyproject.toml")
+    for path in candidates:
+        if path is not None and path.is_file():
+            try:
+                data = tomllib.loads(path.read_text(encoding="utf-8"))
+            except tomllib.TOMLDecodeError as exc:
+                raise SettingsError(f"{path}: {exc}") from None
+            arms = data.get("tool", {}).get("pytest_kvcache", {}).get("arms", {})
+            if not isinstance(arms, dict) or not all(isinstance(v, dict) for v in arms.values()):
+                raise SettingsError(f"{path}: [tool.pytest_kvcache.arms] must hold one table per arm")
+            return arms
+    return {}
+
+
+def load_settings(config: pytest.Config) -> Settings:
+    cli = {spec.name: config.getoption(spec.dest) for spec in OPTIONS}
+    ini = {spec.name: config.getini(spec.ini) for spec in OPTIONS}
+    return resolve(
+        cli, os.environ, ini, _named_arms(config), config.rootpath, fp8_kv_unsupported=fp8_kv_unsupported_reason()
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for marker in MARKERS.values():
+        config.addinivalue_line("markers", marker)
+    try:
+        settings = load_settings(config)
+    except SettingsError as exc:
+        raise pytest.UsageError(f"pytest-kvcache: {exc}") from None
+    if not settings.active:
+        return
+    if getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") != "no":
+        raise pytest.UsageError(
+            "pytest-kvcache: arms cannot run under pytest-xdist (-n/--dist): they share one machine's "
+            "accelerators and must run one boot at a time. Run without -n."
+        )
+    session = KvSession(config=config, settings=settings)
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(session, "kvcache-session")
+    session.install()
+    if settings.suite:
+        suite_files = sorted(str(p) for p in SUITE_DIR.glob("test_*.py"))
+        config.args.extend(f for f in suite_files if f not in config.args)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = get_session(config)
+    if session is not None:
+        session.uninstall()
+        config.pluginmanager.unregister(session)
+        del config.stash[SESSION_KEY]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that uses ``kv_server`` (or ``kv_arm``) runs once per boot: ``test_x[fp8-...]``."""
+    if "kv_arm" not in metafunc.fixturenames:
+        return
+    session = get_session(metafunc.config)
+    if session is None:
+        return
+    boots = session.settings.boots()
+    metafunc.parametrize("kv_arm", boots, indirect=True, scope="session", ids=[b.boot_id for b in boots])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_kvcache_make_engine(
+    config: pytest.Config, settings: Settings, boot: Boot, arm_dir: Path, registry: EngineRegistry
+) -> Engine:
+    return make_engine(settings, boot, arm_dir, registry)
+
+
+# ---------------------------------------------------------------------------------------- fixtures
+
+
+def _session(config: pytest.Config) -> KvSession:
+    session = get_session(config)
+    if session is None:
+        pytest.skip("pytest-kvcache is inactive: no --kv-arms given")
+    return session
+
+
+@pytest.fixture(scope="session")
+def kv_settings(pytestconfig: pytest.Config) -> Settings:
+    """The resolved settings of this run."""
+    return _session(pytestconfig).settings
+
+
+@pytest.fixture(scope="session")
+def kv_arm(request: pytest.FixtureRequest) -> Boot:
+    """The boot (arm × replicate) this test runs against; parametrized by the plugin."""
+    _session(request.config)
+    param = getattr(request, "param", None)
+    if not isinstance(param, Boot):
+        pytest.skip("pytest-kvcache: this test is not parametrized by arm")
+    return param
+
+
+@pytest.fixture(scope="session")
+def kv_server(request: pytest.FixtureRequest, kv_arm: Boot) -> Iterator[Server]:
+    """The running engine of this test's arm: ``url``, ``arm``, ``model``, ``evidence``."""
+    session = _session(request.config)
+    try:
+        server = session.boot(kv_arm)
+    except EngineError as exc:
+        pytest.fail(exc.render(), pytrace=False)
+    yield server
+    session.stop(kv_arm.boot_id)
+
+
+@pytest.fixture
+def kv_client(kv_server: Server, kv_settings: Settings) -> Iterator[ArmClient]:
+    """A measuring client for this arm's server (``stream_chat(payload) -> Sample``)."""
+    if not kv_server.engine.alive():
+        pytest.fail(
+            EngineError(*death_notice(kv_server)).render() + "\n(the engine died before this test)", pytrace=False
+        )
+    client = Client(
+        kv_server.url,
+        request_timeout_s=kv_settings.request_timeout_s,
+        stall_timeout_s=kv_settings.stall_timeout_s,
+    )
+    arm_client = ArmClient(client, kv_server)
+    yield arm_client
+    arm_client.close()
+
+
+@pytest.fixture
+def kv_record(request: pytest.FixtureRequest, kv_server: Server) -> Any:
+    """``kv_record(sample, probe=..., phase=..., index=..., **context)``: append one record to requests.jsonl."""
+    session = _session(request.config)
+
+    def record(sample: Sample, **context: Any) -> dict[str, Any]:
+        return session.record(sample, kv_server.boot, test=request.node.nodeid, **context)
+
+    return record

@@ -1,0 +1,1 @@
+"""Probe definitions as data, request builders, and the warmup/measure loop."""

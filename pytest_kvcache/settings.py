@@ -1,0 +1,509 @@
+"""Settings: every ``--kv-…`` option, its ini key and environment variable, resolved once.
+
+Precedence is CLI > environment (``PYTEST_KVCACHE_…``) > ini/pyproject (``kv_…``) > default. Arms are
+checked here, before anything boots: an arm is a named arm from ``[tool.pytest_kvcache.arms.NAME]``,
+an alias (``fp8`` → ``fp8_e4m3``) or a known vLLM ``--kv-cache-dtype`` value.
+
+This module is plain Python (no pytest): the plugin feeds it the raw values it read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+#: Every value vLLM's ``--kv-cache-dtype`` accepts (vLLM 0.32's ``CacheDType``), in one place.
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "ultraquant_4bit",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "nvfp4_4over6",
+)
+
+#: What vLLM's CPU attention backend serves: the only dtypes the embedded CPU default allows
+#: (fp8 ones need AVX-512 or AMX: ``hostcpu.py``; float16 was seen to serve the bf16 tiny model).
+CPU_KV_CACHE_DTYPES: frozenset[str] = frozenset({"auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"})
+
+#: Short names users type. ``fp8`` resolves explicitly to e4m3, as the seed's engine resolved it.
+ALIASES: Mapping[str, str] = {
+    "fp8": "fp8_e4m3",
+    "e4m3": "fp8_e4m3",
+    "e5m2": "fp8_e5m2",
+    "int8": "int8_per_token_head",
+    "int8-pth": "int8_per_token_head",
+    "bf16": "auto",
+}
+
+LauncherKind = Literal["process", "docker", "external"]
+Sampling = Literal["greedy", "sampled"]
+
+ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
+
+
+class SettingsError(ValueError):
+    """A bad option value or arm: the plugin turns it into a usage error (exit 4)."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One serving variant. ``kv_cache_dtype`` is what is passed as ``--kv-cache-dtype`` (None: not passed)."""
+
+    name: str
+    kv_cache_dtype: str | None
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    image: str | None = None
+    source: str = "dtype"  # "alias" | "dtype" | "pyproject"
+    typed_as: str = ""
+
+    @property
+    def expected_cache_dtype(self) -> str:
+        """The ``cache_dtype`` label the engine must report for this arm."""
+        return self.kv_cache_dtype or "auto"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "typed_as": self.typed_as or self.name,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "args": list(self.args),
+            "env": dict(self.env),
+            "image": self.image,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class Boot:
+    """One boot of one arm. ``boot_id`` names it in test ids and folders (``fp8``, ``fp8.r2``)."""
+
+    arm: Arm
+    index: int
+    replicate: int = 1
+
+    @property
+    def boot_id(self) -> str:
+        return self.arm.name if self.replicate == 1 else f"{self.arm.name}.r{self.replicate}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    arms: tuple[Arm, ...]
+    launcher: LauncherKind = "process"
+    model: str | None = None  # None: the embedded tiny CPU model
+    engine_args: tuple[str, ...] = ()
+    engine_cmd: tuple[str, ...] = ()
+    endpoints: Mapping[str, str] = field(default_factory=dict)
+    port: int | None = None
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
+    stall_timeout_s: float = 120.0
+    warmups: int = 3
+    runs: int = 5
+    max_tokens: int | None = None
+    sampling: Sampling = "greedy"
+    report_dir: Path = Path(".kvcache/runs")
+    suite: bool = True
+    seed: int = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.arms)
+
+    @property
+    def baseline(self) -> Arm:
+        return self.arms[0]
+
+    @property
+    def embedded(self) -> bool:
+        return self.model is None
+
+    def boots(self) -> tuple[Boot, ...]:
+        return tuple(Boot(arm=arm, index=i) for i, arm in enumerate(self.arms))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "arms": [a.to_dict() for a in self.arms],
+            "launcher": self.launcher,
+            "model": self.model,
+            "embedded_model": self.embedded,
+            "engine_args": list(self.engine_args),
+            "engine_cmd": list(self.engine_cmd),
+            "endpoints": dict(self.endpoints),
+            "port": self.port,
+            "startup_timeout_s": self.startup_timeout_s,
+            "request_timeout_s": self.request_timeout_s,
+            "stall_timeout_s": self.stall_timeout_s,
+            "warmups": self.warmups,
+            "runs": self.runs,
+            "max_tokens": self.max_tokens,
+            "sampling": self.sampling,
+            "report_dir": str(self.report_dir),
+            "suite": self.suite,
+            "seed": self.seed,
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# Value parsers: each takes the raw string (CLI, env or ini) and raises SettingsError.
+
+
+def _positive_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"expected a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise SettingsError(f"expected a positive number, got {raw!r}")
+    return value
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise SettingsError(f"expected a whole number, got {raw!r}") from None
+        if value < minimum:
+            raise SettingsError(f"expected a whole number >= {minimum}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _port(raw: str) -> int:
+    value = _count(1)(raw)
+    if value > 65535:
+        raise SettingsError(f"expected a TCP port (1-65535), got {raw!r}")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in choices:
+            raise SettingsError(f"expected one of {', '.join(choices)}; got {raw!r}")
+        return raw
+
+    return parse
+
+
+def _args(raw: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(raw))
+    except ValueError as exc:
+        raise SettingsError(f"cannot split {raw!r} into arguments: {exc}") from None
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in raw.split(","))
+    if not raw.strip() or any(not n for n in names):
+        raise SettingsError(f"expected a comma-separated list of arm names, got {raw!r}")
+    return names
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise SettingsError(f"expected true or false, got {raw!r}")
+
+
+def _endpoints(values: Sequence[str]) -> dict[str, str]:
+    endpoints: dict[str, str] = {}
+    for value in values:
+        for item in (part.strip() for part in value.split(",")):
+            name, sep, url = item.partition("=")
+            if not sep or not name.strip() or not url.strip():
+                raise SettingsError(f"expected ARM=URL, got {item!r}")
+            url = url.strip().rstrip("/")
+            if not re.match(r"^https?://[^/\s]+", url):
+                raise SettingsError(f"expected an http(s) URL for arm {name.strip()!r}, got {url!r}")
+            endpoints[name.strip()] = url
+    return endpoints
+
+
+# --------------------------------------------------------------------------------------------------
+# The option table: one entry drives the CLI flag, the ini key, the environment variable and the help.
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    name: str
+    help: str
+    metavar: str | None = None
+    flag: bool = False  # a CLI switch (store_true)
+    repeatable: bool = False  # CLI action="append"; ini linelist
+
+    @property
+    def cli(self) -> str:
+        return "--kv-" + self.name.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return "kv_" + self.name
+
+    @property
+    def ini(self) -> str:
+        return "kv_" + self.name
+
+    @property
+    def env(self) -> str:
+        return "PYTEST_KVCACHE_" + self.name.upper()
+
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec(
+        "arms",
+        "comma-separated arms; the first is the baseline. An arm is a named arm from "
+        "[tool.pytest_kvcache.arms.NAME], an alias (fp8, e5m2, int8, bf16) or a vLLM --kv-cache-dtype "
+        "value. Without arms the plugin does nothing.",
+        "A,B[,C...]",
+    ),
+    OptionSpec("launcher", "how each arm's engine is started: process (default), docker or external.", "KIND"),
+    OptionSpec(
+        "model",
+        "model path or id served by every arm (default: the embedded tiny CPU model, dummy weights).",
+        "MODEL",
+    ),
+    OptionSpec("engine_args", "extra engine arguments appended for every arm (one shell-quoted string).", "ARGS"),
+    OptionSpec(
+        "engine_cmd",
+        "command that starts the engine for the process launcher "
+        "(default: '<this python> -m vllm.entrypoints.openai.api_server').",
+        "CMD",
+    ),
+    OptionSpec(
+        "endpoint",
+        "ARM=URL of an already running server (repeatable; requires --kv-launcher=external and one per arm).",
+        "ARM=URL",
+        repeatable=True,
+    ),
+    OptionSpec("port", "fixed port for the process launcher (default: a free port per boot).", "PORT"),
+    OptionSpec("startup_timeout", "seconds an engine may take to answer /v1/models (default 600).", "S"),
+    OptionSpec("request_timeout", "seconds one request may take end to end (default 600).", "S"),
+    OptionSpec("stall_timeout", "seconds without a streamed chunk before a request fails (default 120).", "S"),
+    OptionSpec("warmups", "unmeasured warmup requests per probe shape (default 3).", "N"),
+    OptionSpec("runs", "measured requests per probe shape (default 5).", "N"),
+    OptionSpec("max_tokens", "override every short probe's max_tokens.", "N"),
+    OptionSpec(
+        "sampling",
+        "greedy (default: temperature 0, ignore_eos, identical tokens across arms) or sampled "
+        "(the seed's temperature 0.6, top_p 0.95, top_k 20).",
+        "MODE",
+    ),
+    OptionSpec("report_dir", "folder that holds run folders (default .kvcache/runs).", "DIR"),
+    OptionSpec("no_suite", "do not collect the stock probe tests; run only your own.", flag=True),
+    OptionSpec("seed", "run seed: salts and ordering derive from it (default 0).", "N"),
+)
+
+OPTION_BY_NAME: Mapping[str, OptionSpec] = {spec.name: spec for spec in OPTIONS}
+
+
+def _pick(name: str, cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[str, Any]) -> tuple[Any, str]:
+    """Return (raw value, where it came from) by precedence, or (None, "default")."""
+    spec = OPTION_BY_NAME[name]
+    value = cli.get(name)
+    if value not in (None, [], False):
+        return value, spec.cli
+    if env.get(spec.env, "") != "":
+        raw = env[spec.env]
+        return ([raw] if spec.repeatable else raw), spec.env
+    value = ini.get(name)
+    if value not in (None, "", [], False):
+        return value, spec.ini
+    return None, "default"
+
+
+def _parse(name: str, raw: Any, origin: str, parse: Callable[[Any], Any]) -> Any:
+    try:
+        return parse(raw)
+    except SettingsError as exc:
+        raise SettingsError(f"{origin}: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Arms
+
+
+def _named_arm(name: str, table: Mapping[str, Any]) -> Arm:
+    known = {"kv_cache_dtype", "args", "env", "image"}
+    unknown = sorted(set(table) - known)
+    where = f"[tool.pytest_kvcache.arms.{name}]"
+    if unknown:
+        raise SettingsError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    dtype = table.get("kv_cache_dtype")
+    if dtype is not None:
+        if not isinstance(dtype, str):
+            raise SettingsError(f"{where}: kv_cache_dtype must be a string")
+        dtype = ALIASES.get(dtype, dtype)
+        if dtype not in KV_CACHE_DTYPES:
+            raise SettingsError(
+                f"{where}: unknown kv_cache_dtype {table['kv_cache_dtype']!r}; valid: {', '.join(KV_CACHE_DTYPES)}"
+            )
+    args = table.get("args", [])
+    if isinstance(args, str):
+        args = _args(args)
+    if not isinstance(args, list | tuple) or not all(isinstance(a, str) for a in args):
+        raise SettingsError(f"{where}: args must be a list of strings or one string")
+    env = table.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+        raise SettingsError(f"{where}: env must be a table of NAME = value")
+    image = table.get("image")
+    if image is not None and not isinstance(image, str):
+        raise SettingsError(f"{where}: image must be a string")
+    return Arm(
+        name=name,
+        kv_cache_dtype=dtype,
+        args=tuple(args),
+        env=tuple((k, str(v)) for k, v in env.items()),
+        image=image,
+        source="pyproject",
+        typed_as=name,
+    )
+
+
+def resolve_arm(name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
+    """Resolve one typed arm name: named arm > alias > raw vLLM dtype."""
+    if name in named:
+        return _named_arm(name, named[name])
+    if name in ALIASES:
+        return Arm(name=name, kv_cache_dtype=ALIASES[name], source="alias", typed_as=name)
+    if name in KV_CACHE_DTYPES:
+        return Arm(name=name, kv_cache_dtype=name, source="dtype", typed_as=name)
+    valid = [*sorted(named), *ALIASES, *KV_CACHE_DTYPES]
+    raise SettingsError(f"unknown arm {name!r}; valid arms: {', '.join(valid)}")
+
+
+def resolve_arms(names: Sequence[str], named: Mapping[str, Mapping[str, Any]]) -> tuple[Arm, ...]:
+    """Resolve the arm list; a repeated name is an A/A comparison (``fp8,fp8`` → ``fp8``, ``fp8.2``)."""
+    arms: list[Arm] = []
+    seen: dict[str, int] = {}
+    for name in names:
+        if not ARM_NAME.match(name):
+            raise SettingsError(f"arm name {name!r} must be letters, digits, '-' or '_'")
+        arm = resolve_arm(name, named)
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            arm = replace(arm, name=f"{name}.{seen[name]}")
+        arms.append(arm)
+    return tuple(arms)
+
+
+def looks_like_path(model: str) -> bool:
+    """A model value that names a local folder (as opposed to a hub id like ``org/name``)."""
+    return model.startswith(("/", "./", "../", "~")) or model in {".", ".."} or os.path.isdir(model)
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def resolve(
+    cli: Mapping[str, Any],
+    env: Mapping[str, str],
+    ini: Mapping[str, Any],
+    named_arms: Mapping[str, Mapping[str, Any]],
+    rootdir: Path,
+    fp8_kv_unsupported: str | None = None,
+) -> Settings:
+    """Resolve all raw values into one frozen Settings, or raise SettingsError naming the bad input."""
+
+    def get(name: str, parse: Callable[[Any], Any], default: Any) -> Any:
+        raw, origin = _pick(name, cli, env, ini)
+        if raw is None:
+            return default
+        return _parse(name, raw, origin, parse)
+
+    def joined(raw: Any) -> str:
+        return ",".join(raw) if isinstance(raw, list | tuple) else str(raw)
+
+    names = get("arms", lambda raw: _names(joined(raw)), ())
+    if not names:
+        return Settings(arms=())
+    arms = resolve_arms(names, named_arms)
+
+    launcher = get("launcher", _choice("process", "docker", "external"), "process")
+    model = get("model", lambda raw: str(raw).strip(), None) or None
+    if model is not None and looks_like_path(model):
+        path = Path(model).expanduser()
+        if not path.is_absolute():
+            path = (rootdir / path) if not path.exists() else path.resolve()
+        if not path.is_dir():
+            raise SettingsError(f"--kv-model: model folder {model!r} does not exist")
+        model = str(path.resolve())
+
+    endpoints = get(
+        "endpoint", lambda raw: _endpoints([raw] if isinstance(raw, str) else list(raw)), {}
+    )
+    arm_names = [a.name for a in arms]
+    if endpoints and launcher != "external":
+        raise SettingsError("--kv-endpoint requires --kv-launcher=external")
+    if launcher == "external":
+        stray = sorted(set(endpoints) - set(arm_names))
+        if stray:
+            raise SettingsError(
+                f"--kv-endpoint names arm(s) not in --kv-arms: {', '.join(stray)} (arms: {', '.join(arm_names)})"
+            )
+        missing = [n for n in arm_names if n not in endpoints]
+        if missing:
+            raise SettingsError(f"--kv-launcher=external needs --kv-endpoint ARM=URL for: {', '.join(missing)}")
+
+    if model is None and launcher != "external":
+        gpu_only = [a for a in arms if a.kv_cache_dtype is not None and a.kv_cache_dtype not in CPU_KV_CACHE_DTYPES]
+        if gpu_only:
+            listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in gpu_only)
+            raise SettingsError(
+                f"arm(s) {listed} need a GPU: the embedded CPU default serves only "
+                f"{', '.join(sorted(CPU_KV_CACHE_DTYPES))}. Give --kv-model (and a GPU engine) to test them."
+            )
+        fp8 = [a for a in arms if (a.kv_cache_dtype or "").startswith("fp8")]
+        if fp8 and fp8_kv_unsupported:
+            listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in fp8)
+            raise SettingsError(f"arm(s) {listed} cannot run on the embedded CPU default here: {fp8_kv_unsupported}")
+
+    engine_cmd = get("engine_cmd", lambda raw: _args(joined(raw)), ())
+    engine_args = get("engine_args", lambda raw: _args(" ".join(raw) if isinstance(raw, list) else raw), ())
+    report_dir = Path(get("report_dir", lambda raw: str(raw), ".kvcache/runs")).expanduser()
+    if not report_dir.is_absolute():
+        report_dir = rootdir / report_dir
+
+    return Settings(
+        arms=arms,
+        launcher=launcher,
+        model=model,
+        engine_args=engine_args,
+        engine_cmd=engine_cmd,
+        endpoints=endpoints,
+        port=get("port", lambda raw: _port(str(raw)), None),
+        startup_timeout_s=get("startup_timeout", lambda raw: _positive_float(str(raw)), 600.0),
+        request_timeout_s=get("request_timeout", lambda raw: _positive_float(str(raw)), 600.0),
+        stall_timeout_s=get("stall_timeout", lambda raw: _positive_float(str(raw)), 120.0),
+        warmups=get("warmups", lambda raw: _count(0)(str(raw)), 3),
+        runs=get("runs", lambda raw: _count(1)(str(raw)), 5),
+        max_tokens=get("max_tokens", lambda raw: _count(1)(str(raw)), None),
+        sampling=get("sampling", _choice("greedy", "sampled"), "greedy"),
+        report_dir=report_dir,
+        suite=not get("no_suite", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
+        seed=get("seed", lambda raw: _count(0)(str(raw)), 0),
+    )

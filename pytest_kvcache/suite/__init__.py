@@ -1,0 +1,1 @@
+"""The stock probe tests, collected automatically when ``--kv-arms`` is given (not with --kv-no-suite)."""

