@@ -164,6 +164,11 @@ class Client:
         response.raise_for_status()
         return response.json()
 
+    def get_text(self, path: str, timeout_s: float = 10.0) -> str:
+        response = self._http.get(path, timeout=timeout_s)
+        response.raise_for_status()
+        return response.text
+
     def post_json(self, path: str, body: Mapping[str, Any], timeout_s: float = 60.0) -> Any:
         response = self._http.post(path, content=json.dumps(body).encode(), timeout=timeout_s)
         response.raise_for_status()

@@ -15,7 +15,7 @@ def cpu_flags(cpuinfo: str | None = None) -> tuple[str, set[str]]:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             return "", set()
-    model, flags = "", set()
+    model, flags = "", set[str]()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()

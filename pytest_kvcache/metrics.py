@@ -61,3 +61,40 @@ def delta(before: Scrape, after: Scrape, name: str, **match: str) -> float | Non
     if a is None or b is None:
         return None
     return b - a
+
+
+#: Engine counters read around each request: name in records → Prometheus sample name.
+ENGINE_COUNTERS: dict[str, str] = {
+    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "engine_ttft_s": "vllm:time_to_first_token_seconds_sum",
+    "engine_prefill_s": "vllm:request_prefill_time_seconds_sum",
+    "engine_decode_s": "vllm:request_decode_time_seconds_sum",
+    "engine_queue_s": "vllm:request_queue_time_seconds_sum",
+    "preemptions": "vllm:num_preemptions_total",
+    "spec_drafts": "vllm:spec_decode_num_drafts_total",
+    "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+}
+REQUEST_SUCCESS = "vllm:request_success_total"
+SPEC_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def engine_delta(before: Scrape, after: Scrape) -> dict[str, object]:
+    """Counter deltas between two scrapes; a counter the engine does not export is left out.
+
+    ``spec_accepted_per_position`` lists accepted tokens per draft position when the engine exports it.
+    """
+    out: dict[str, object] = {}
+    for key, name in ENGINE_COUNTERS.items():
+        value = delta(before, after, name)
+        if value is not None:
+            out[key] = int(value) if name.endswith("_total") else value
+    rows_before = {r[0].get("position"): r[1] for r in before.samples.get(SPEC_PER_POSITION, ())}
+    rows_after = {r[0].get("position"): r[1] for r in after.samples.get(SPEC_PER_POSITION, ())}
+    if rows_after:
+        positions = sorted(rows_after, key=lambda p: int(p) if p and p.isdigit() else 0)
+        out["spec_accepted_per_position"] = [int(rows_after[p] - rows_before.get(p, 0.0)) for p in positions]
+    return out

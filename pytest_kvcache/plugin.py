@@ -41,8 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             group.addoption(spec.cli, dest=spec.dest, action="store_true", default=None, help=help_text)
             parser.addini(spec.ini, spec.help, type="bool", default=False)
         elif spec.repeatable:
-            group.addoption(spec.cli, dest=spec.dest, action="append", default=None, metavar=spec.metavar,
-                            help=help_text)
+            group.addoption(
+                spec.cli, dest=spec.dest, action="append", default=None, metavar=spec.metavar, help=help_text
+            )
             parser.addini(spec.ini, spec.help, type="linelist", default=[])
         else:
             group.addoption(spec.cli, dest=spec.dest, default=None, metavar=spec.metavar, help=help_text)
@@ -91,9 +92,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "kvcache-session")
     session.install()
-    if settings.suite:
-        suite_files = sorted(str(p) for p in SUITE_DIR.glob("test_*.py"))
-        config.args.extend(f for f in suite_files if f not in config.args)
+    if settings.suite and str(SUITE_DIR) not in config.args:
+        # The folder, not its files: node ids then read ``test_short.py::test_short[fp8-code]``.
+        config.args.append(str(SUITE_DIR))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -153,10 +154,13 @@ def kv_arm(request: pytest.FixtureRequest) -> Boot:
 def kv_server(request: pytest.FixtureRequest, kv_arm: Boot) -> Iterator[Server]:
     """The running engine of this test's arm: ``url``, ``arm``, ``model``, ``evidence``."""
     session = _session(request.config)
+    failure: str | None = None
     try:
         server = session.boot(kv_arm)
     except EngineError as exc:
-        pytest.fail(exc.render(), pytrace=False)
+        failure = exc.render()
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)  # outside the except block: no chained traceback
     yield server
     session.stop(kv_arm.boot_id)
 

@@ -85,8 +85,9 @@ def evidence_lines(boot_id: str, evidence: Mapping[str, Any]) -> list[str]:
     cache = evidence.get("cache_config") or {}
     log = evidence.get("log") or {}
     ready = evidence.get("ready_s")
+    declared = evidence.get("declared_kv_cache_dtype") or "auto"
     parts = [
-        f"declared {evidence.get('declared_kv_cache_dtype') or 'auto'} → cache_dtype={resolved_cache_dtype(dict(evidence))}",
+        f"declared {declared} → cache_dtype={resolved_cache_dtype(dict(evidence))}",
         f"kv_cache_size_tokens={kv_capacity_tokens(dict(evidence))}",
         f"block_size={cache.get('block_size', '?')}",
         f"prefix_caching={cache.get('enable_prefix_caching', '?')}",

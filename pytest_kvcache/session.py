@@ -15,9 +15,10 @@ from importlib import metadata
 from types import FrameType
 from typing import Any
 
+import httpx
 import pytest
 
-from pytest_kvcache import report
+from pytest_kvcache import metrics, report
 from pytest_kvcache.client import Client, Sample
 from pytest_kvcache.engines import embedded_model_path
 from pytest_kvcache.engines.base import Engine, EngineError, tail
@@ -27,6 +28,11 @@ from pytest_kvcache.records import RunFolder, make_record
 from pytest_kvcache.settings import Arm, Boot, Settings
 
 SESSION_KEY = pytest.StashKey["KvSession"]()
+#: Failures that may mean the engine died; ``DEATH_GRACE_S`` is how long its exit may lag the socket.
+TRANSPORT_FAILURES = frozenset({"dropped", "connection_error", "stall", "server_error"})
+DEATH_GRACE_S = 2.0
+#: How long the "after" /metrics scrape waits for the request to be counted as finished.
+SUCCESS_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class ArmClient:
     def __init__(self, client: Client, server: Server) -> None:
         self.client = client
         self.server = server
+        self._no_metrics = False
 
     @property
     def base_url(self) -> str:
@@ -58,10 +65,50 @@ class ArmClient:
 
     def stream_chat(self, payload: dict[str, Any], *, keep_text: bool = False) -> Sample:
         sample = self.client.stream_chat(payload, keep_text=keep_text)
+        if not sample.ok and sample.error_kind in TRANSPORT_FAILURES:
+            # A dying engine closes its sockets a moment before its process is gone: give it that moment.
+            deadline = time.monotonic() + DEATH_GRACE_S
+            while self.server.engine.alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
         if not sample.ok and not self.server.engine.alive():
             headline, log_tail = death_notice(self.server)
             sample.fail("engine_died", f"{headline} (request ended with: {sample.error})\n{log_tail}")
         return sample
+
+    def scrape(self) -> metrics.Scrape | None:
+        """One ``/metrics`` scrape, or None when the server has none (then never asked again)."""
+        if self._no_metrics:
+            return None
+        try:
+            return metrics.parse(self.client.get_text("/metrics"))
+        except (httpx.HTTPError, ValueError):
+            self._no_metrics = True
+            return None
+
+    def measure(self, payload: dict[str, Any], *, keep_text: bool = False) -> tuple[Sample, dict[str, Any] | None]:
+        """Stream one request with ``/metrics`` read before and after it (outside the timed window).
+
+        The "after" scrape waits (up to ``SUCCESS_WAIT_S``) until ``vllm:request_success_total`` has
+        moved, since the engine's counters lag the response. Returns the sample and the counter deltas.
+        """
+        before = self.scrape()
+        sample = self.stream_chat(payload, keep_text=keep_text)
+        if before is None or not self.server.engine.alive():
+            return sample, None
+        goal = (before.total(metrics.REQUEST_SUCCESS) or 0.0) + 1
+        deadline = time.monotonic() + SUCCESS_WAIT_S
+        after = self.scrape()
+        while after is not None and sample.ok and time.monotonic() < deadline:
+            if (after.total(metrics.REQUEST_SUCCESS) or 0.0) >= goal:
+                break
+            time.sleep(0.02)
+            after = self.scrape()
+        if after is None:
+            return sample, None
+        delta: dict[str, Any] = dict(metrics.engine_delta(before, after))
+        if sample.ok and (after.total(metrics.REQUEST_SUCCESS) or 0.0) < goal:
+            delta["lagging"] = True
+        return sample, delta
 
     def get_json(self, path: str, timeout_s: float = 10.0) -> Any:
         return self.client.get_json(path, timeout_s)

@@ -453,9 +453,7 @@ def resolve(
             raise SettingsError(f"--kv-model: model folder {model!r} does not exist")
         model = str(path.resolve())
 
-    endpoints = get(
-        "endpoint", lambda raw: _endpoints([raw] if isinstance(raw, str) else list(raw)), {}
-    )
+    endpoints = get("endpoint", lambda raw: _endpoints([raw] if isinstance(raw, str) else list(raw)), {})
     arm_names = [a.name for a in arms]
     if endpoints and launcher != "external":
         raise SettingsError("--kv-endpoint requires --kv-launcher=external")

@@ -66,7 +66,7 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-LOG_PREFIX = re.compile(r"^(?:\([^)]*\)\s+)?(?:[A-Z]+\s+\d\d-\d\d\s+[\d:.]+\s+\[[^\]]*\]\s+)?")
+LOG_PREFIX = re.compile(r"^(?:\([^)]*\)\s+)?(?:[A-Z]+\s+(?:\d\d-\d\d\s+[\d:.]+\s+)?\[[^\]]*\]\s+)?")
 SALIENT = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception)|[\w./\-]+: error):\s.+")
 
 

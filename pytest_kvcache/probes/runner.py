@@ -45,24 +45,32 @@ class ProbeOutcome:
         return f"{self.label}: " + "; ".join(self.problems())
 
 
+Send = Callable[[str, int], tuple[Sample, dict[str, Any]]]
+
+
+def engine_died(sample: Sample) -> bool:
+    return sample.error_kind == "engine_died"
+
+
 def run_repeated(
-    send: Callable[[], Sample],
+    send: Send,
     record: Record,
     *,
     label: str,
     warmups: int,
     runs: int,
-    stop_on_failure: Callable[[Sample], bool] = lambda s: False,
+    stop_on_failure: Callable[[Sample], bool] = engine_died,
 ) -> ProbeOutcome:
     """Send ``warmups`` unmeasured then ``runs`` measured requests, recording each before the next.
 
-    ``stop_on_failure`` ends the loop early (e.g. the engine died: further requests cannot succeed).
+    ``send(phase, index)`` returns the sample and extra record fields (engine counter deltas, depth …).
+    ``stop_on_failure`` ends the loop early (the engine died: further requests cannot succeed).
     """
     outcome = ProbeOutcome(label=label, requested=runs)
     for phase, count in (("warmup", warmups), ("measured", runs)):
         for index in range(count):
-            sample = send()
-            outcome.records.append(record(sample, phase=phase, index=index))
+            sample, extra = send(phase, index)
+            outcome.records.append(record(sample, phase=phase, index=index, **extra))
             if not sample.ok and stop_on_failure(sample):
                 return outcome
     return outcome

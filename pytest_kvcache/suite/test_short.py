@@ -14,13 +14,17 @@ from pytest_kvcache.probes.short import SHAPES, ShortShape, build_payload
 @pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
 def test_short(kv_server, kv_client, kv_record, kv_settings, shape: ShortShape) -> None:
     payload = build_payload(shape, kv_server.model, kv_settings.sampling, kv_settings.max_tokens)
+
+    def send(phase: str, index: int):
+        sample, engine = kv_client.measure(payload)
+        return sample, {"engine": engine}
+
     outcome = run_repeated(
-        lambda: kv_client.stream_chat(payload),
+        send,
         functools.partial(kv_record, probe="short", shape=shape.name),
         label=f"short {shape.name} on {kv_server.name}",
         warmups=kv_settings.warmups,
         runs=kv_settings.runs,
-        stop_on_failure=lambda sample: sample.error_kind == "engine_died",
     )
     if outcome.problems():
         pytest.fail(outcome.message(), pytrace=False)

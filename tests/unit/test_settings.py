@@ -15,8 +15,14 @@ from pytest_kvcache.settings import (
 )
 
 
-def settings(tmp_path: Path, cli: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-             ini: dict[str, Any] | None = None, named: dict[str, Any] | None = None, **kw: Any):
+def settings(
+    tmp_path: Path,
+    cli: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    ini: dict[str, Any] | None = None,
+    named: dict[str, Any] | None = None,
+    **kw: Any,
+):
     return resolve(cli or {}, env or {}, ini or {}, named or {}, tmp_path, **kw)
 
 
@@ -64,13 +70,13 @@ def test_gpu_only_dtype_allowed_with_a_model(tmp_path: Path) -> None:
 
 
 def test_fp8_refused_when_the_cpu_cannot_serve_it(tmp_path: Path) -> None:
-    with pytest.raises(SettingsError, match="fp8 \\(fp8_e4m3\\) cannot run.*AVX-512"):
+    with pytest.raises(SettingsError, match=r"fp8 \(fp8_e4m3\) cannot run.*AVX-512"):
         settings(tmp_path, {"arms": "auto,fp8"}, fp8_kv_unsupported="needs AVX-512 or AMX")
     assert settings(tmp_path, {"arms": "auto,float16"}, fp8_kv_unsupported="x").arms[1].kv_cache_dtype == "float16"
 
 
 def test_missing_model_path(tmp_path: Path) -> None:
-    with pytest.raises(SettingsError, match="model folder './nope' does not exist"):
+    with pytest.raises(SettingsError, match=r"model folder '\./nope' does not exist"):
         settings(tmp_path, {"arms": "auto", "model": "./nope"})
 
 
@@ -105,8 +111,7 @@ def test_precedence_cli_over_env_over_ini(tmp_path: Path) -> None:
 
 
 def test_env_arms(tmp_path: Path) -> None:
-    assert [a.name for a in settings(tmp_path, env={"PYTEST_KVCACHE_ARMS": "auto,float16"}).arms] == [
-        "auto", "float16"]
+    assert [a.name for a in settings(tmp_path, env={"PYTEST_KVCACHE_ARMS": "auto,float16"}).arms] == ["auto", "float16"]
 
 
 @pytest.mark.parametrize(
@@ -133,8 +138,9 @@ def test_env_origin_is_named(tmp_path: Path) -> None:
 
 
 def test_endpoints(tmp_path: Path) -> None:
-    s = settings(tmp_path, {"arms": "fp8,int8", "launcher": "external",
-                            "endpoint": ["fp8=http://h:8000/", "int8=http://h:8001"]})
+    s = settings(
+        tmp_path, {"arms": "fp8,int8", "launcher": "external", "endpoint": ["fp8=http://h:8000/", "int8=http://h:8001"]}
+    )
     assert dict(s.endpoints) == {"fp8": "http://h:8000", "int8": "http://h:8001"}
 
 
@@ -143,8 +149,10 @@ def test_endpoints(tmp_path: Path) -> None:
     [
         ({"endpoint": ["auto=http://h:1"]}, "--kv-endpoint requires --kv-launcher=external"),
         ({"launcher": "external", "endpoint": ["auto=http://h:1"]}, "needs --kv-endpoint ARM=URL for: float16"),
-        ({"launcher": "external", "endpoint": ["auto=http://h:1", "float16=http://h:2", "x=http://h:3"]},
-         "names arm(s) not in --kv-arms: x"),
+        (
+            {"launcher": "external", "endpoint": ["auto=http://h:1", "float16=http://h:2", "x=http://h:3"]},
+            "names arm(s) not in --kv-arms: x",
+        ),
         ({"launcher": "external", "endpoint": ["auto"]}, "expected ARM=URL, got 'auto'"),
         ({"launcher": "external", "endpoint": ["auto=ftp://h"]}, "expected an http(s) URL"),
     ],

@@ -1,0 +1,89 @@
+"""The real-engine tier: real vLLM (CPU build) boots. Each boot costs ~1 minute: runs are shared."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_kvcache.hostcpu import fp8_kv_unsupported_reason
+from pytest_kvcache.records import read_records
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM is not installed (bash scripts/setup.sh installs its CPU build)", allow_module_level=True)
+
+#: The arm set to the baseline: fp8 where vLLM's CPU build can serve it, float16 KV elsewhere.
+SECOND_ARM = "float16" if fp8_kv_unsupported_reason() else "fp8"
+SECOND_DTYPE = {"fp8": "fp8_e4m3", "float16": "float16"}[SECOND_ARM]
+
+
+def vllm_processes(tag: str) -> list[int]:
+    """Live vLLM server processes (any of the group) whose arguments include ``tag``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if "vllm.entrypoints.openai.api_server" in argv[:3] and tag in argv and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    folder: Path
+    tag: str
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_records(self.folder / "requests.jsonl")
+
+    def evidence(self, boot: str) -> dict[str, Any]:
+        return json.loads((self.folder / "arms" / boot / "evidence.json").read_text())
+
+
+def run_pytest(workdir: Path, *args: str, timeout: float = 900) -> Run:
+    """Run pytest with the plugin in ``workdir`` (a user's project), on real vLLM, tagged to find leaks."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    tag = f"kvtest-{uuid.uuid4().hex[:10]}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-rA",
+        f"--kv-engine-args=--served-model-name {tag}",
+        "--kv-startup-timeout=300",
+        *args,
+    ]
+    proc = subprocess.run(
+        cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    latest = workdir / ".kvcache" / "runs" / "latest"
+    return Run(proc.returncode, proc.stdout + proc.stderr, latest.resolve() if latest.exists() else latest, tag)
+
+
+@pytest.fixture(scope="session")
+def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One real two-arm A/B on the embedded default, shared by the assertions of this tier (2 boots)."""
+    return run_pytest(
+        tmp_path_factory.mktemp("ab"),
+        f"--kv-arms=auto,{SECOND_ARM}",
+        "--kv-warmups=1",
+        "--kv-runs=3",
+        "--kv-max-tokens=32",
+    )
