@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -23,4 +23,13 @@ def pytest_kvcache_make_engine(
     plugin can launch engines its own way (a cluster scheduler, a remote box). ``start()`` must clean up
     after itself on failure and raise ``EngineError``; ``stop()`` must be idempotent. An engine that
     spawns processes should ``registry.add(key, pid)`` them so a later run can reap them if pytest dies.
+    """
+
+
+@pytest.hookspec()
+def pytest_kvcache_report(config: pytest.Config, report: dict[str, Any]) -> None:
+    """Called once per run after all probes (also when some failed), with the built report.
+
+    ``report`` is ``report.json``'s content (arms, summary, deltas, crossovers, verdicts, gates); the
+    files are already written in the run folder (``report["run_folder"]``). Use it to publish results.
     """

@@ -14,16 +14,21 @@ from typing import Any
 import pytest
 
 from pytest_kvcache import hookspecs
+from pytest_kvcache.cli import rerender
 from pytest_kvcache.client import Client, Sample
 from pytest_kvcache.engines import make_engine
 from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.registry import EngineRegistry
 from pytest_kvcache.hostcpu import fp8_kv_unsupported_reason
+from pytest_kvcache.probes.prefill import depth_label
 from pytest_kvcache.session import SESSION_KEY, ArmClient, KvSession, Server, death_notice, get_session
-from pytest_kvcache.settings import OPTIONS, Boot, Settings, SettingsError, resolve
+from pytest_kvcache.settings import OPTION_BY_NAME, OPTIONS, Boot, Settings, SettingsError, resolve
 
 MARKERS = {
     "short": "short: short-context probe (one short prompt, long decode) — narrative and code shapes.",
+    "prefill": "prefill: fresh-prefill probe at exact depths (--kv-depths), every request proven cold.",
+    "agentic": "agentic: multi-turn coding-assistant session growing its context (--kv-sessions, --kv-turns).",
+    "depth": "depth: the long-context probes (prefill and agentic); -m depth selects exactly those.",
 }
 
 SUITE_DIR = Path(__file__).parent / "suite"
@@ -36,7 +41,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kvcache", "pytest-kvcache: A/B-test vLLM serving variants")
     for spec in OPTIONS:
-        help_text = f"{spec.help} [ini: {spec.ini}; env: {spec.env}]"
+        help_text = f"{spec.help} [ini: {spec.ini}; env: {spec.env}]".replace("%", "%%")  # argparse formats help
         if spec.flag:
             group.addoption(spec.cli, dest=spec.dest, action="store_true", default=None, help=help_text)
             parser.addini(spec.ini, spec.help, type="bool", default=False)
@@ -72,6 +77,21 @@ def load_settings(config: pytest.Config) -> Settings:
     return resolve(
         cli, os.environ, ini, _named_arms(config), config.rootpath, fp8_kv_unsupported=fp8_kv_unsupported_reason()
     )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """``--kv-rerender=RUN_DIR``: rebuild a stored run's report and gates; no collection, no boots."""
+    spec = OPTION_BY_NAME["rerender"]
+    run_dir = config.getoption(spec.dest) or os.environ.get(spec.env) or config.getini(spec.ini)
+    if not run_dir:
+        return None
+    gate_texts = config.getoption(OPTION_BY_NAME["fail"].dest) or config.getini(OPTION_BY_NAME["fail"].ini) or []
+    inconclusive = config.getoption(OPTION_BY_NAME["inconclusive"].dest) or "warn"
+    path = Path(str(run_dir)).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    return rerender(path, list(gate_texts), inconclusive=str(inconclusive))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -113,8 +133,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     session = get_session(metafunc.config)
     if session is None:
         return
-    boots = session.settings.boots()
+    settings = session.settings
+    boots = settings.boots()
     metafunc.parametrize("kv_arm", boots, indirect=True, scope="session", ids=[b.boot_id for b in boots])
+    if "kv_depth" in metafunc.fixturenames:
+        metafunc.parametrize("kv_depth", settings.depths, ids=[depth_label(d) for d in settings.depths])
+    if "kv_agentic_session" in metafunc.fixturenames:
+        numbers = range(1, settings.sessions + 1)
+        metafunc.parametrize("kv_agentic_session", numbers, ids=[f"s{n}" for n in numbers])
 
 
 @pytest.hookimpl(trylast=True)

@@ -136,6 +136,8 @@ def iter_run_folders(root: Path) -> Iterator[Path]:
 
 
 CONTEXT_KEYS = ("probe", "shape", "depth", "turn", "session", "phase", "index")
+#: Engine-side timings (``/metrics`` histogram-sum deltas around the request) promoted to metrics.
+ENGINE_METRICS = ("engine_ttft_s", "engine_prefill_s", "engine_decode_s", "engine_queue_s")
 
 
 def make_record(sample: Sample, *, run_id: str, arm: str, boot: str, replicate: int, **context: Any) -> dict[str, Any]:
@@ -151,6 +153,10 @@ def make_record(sample: Sample, *, run_id: str, arm: str, boot: str, replicate: 
         excluded = f"{sample.error_kind}: {sample.error}"
     for metric in voided:
         metrics[metric] = None
+    engine = context.get("engine") or {}
+    for key in ENGINE_METRICS:
+        if key in engine and sample.ok:
+            metrics[key] = engine[key]
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,

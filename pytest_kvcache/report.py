@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -11,6 +11,7 @@ from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_d
 from pytest_kvcache.stats import SUMMARY_FIELDS, describe
 
 SHORT_METRICS = ("wall_tps", "decode_tps", "ttft_s")
+PREFILL_METRICS = ("ttft_s", "prefill_tps", "engine_prefill_s", "prompt_tokens")
 
 
 def measured_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
@@ -22,6 +23,9 @@ def measured_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         row = {k: r.get(k) for k in ("arm", "boot", "probe", "shape", "depth", "turn", "session", "index")}
         row["valid"] = bool(r.get("ok")) and not r.get("excluded_reason")
         row["flagged"] = bool(r.get("flags"))
+        sample = r.get("sample") or {}
+        row["prompt_tokens"] = sample.get("prompt_tokens")
+        row["cached_tokens"] = sample.get("cached_tokens")
         row.update(r.get("metrics") or {})
         rows.append(row)
     return pd.DataFrame(rows)
@@ -38,6 +42,7 @@ def summary_table(
     rows = []
     order = {name: i for i, name in enumerate(arm_order)}
     for (probe, shape, arm), group in frame.groupby(["probe", "shape", "arm"], sort=False, dropna=False):
+        group = group.dropna(axis=1, how="all")
         valid = group[group["valid"]]
         for metric in metrics:
             if metric not in group:
@@ -74,7 +79,7 @@ def _fmt(value: Any, metric: str) -> str:
     if value is None or value != value:
         return "-"
     if metric.endswith("_s"):
-        return f"{value * 1000:.1f}ms"
+        return f"{value:.3f}s" if abs(value) >= 1 else f"{value * 1000:.1f}ms"
     return f"{value:.2f}"
 
 
@@ -101,3 +106,79 @@ def evidence_lines(boot_id: str, evidence: Mapping[str, Any]) -> list[str]:
     for warning in evidence.get("warnings", []):
         lines.append(f"{boot_id}: warning: {warning}")
     return lines
+
+
+def agentic_turns(records: Iterable[Mapping[str, Any]], arm_order: list[str]) -> pd.DataFrame:
+    """Per arm and turn, means across sessions of prompt/cached tokens, ttft_s and decode_tps."""
+    frame = measured_frame(r for r in records if r.get("probe") == "agentic")
+    if frame.empty:
+        return pd.DataFrame()
+    valid = frame[frame["valid"]]
+    table = (
+        valid.groupby(["arm", "turn"])
+        .agg(
+            sessions=("session", "nunique"),
+            prompt_tokens=("prompt_tokens", "mean"),
+            cached_tokens=("cached_tokens", "mean"),
+            ttft_s=("ttft_s", "mean"),
+            ttft_s_std=("ttft_s", "std"),
+            decode_tps=("decode_tps", "mean"),
+        )
+        .reset_index()
+    )
+    order = {name: i for i, name in enumerate(arm_order)}
+    table["_arm"] = table["arm"].map(lambda a: order.get(a, len(order)))
+    return table.sort_values(["_arm", "turn"]).drop(columns="_arm").reset_index(drop=True)
+
+
+def agentic_lines(records: Sequence[Mapping[str, Any]], arm_order: list[str]) -> list[str]:
+    """The per-turn table (one column pair per arm) and each arm's TTFT-growth verdict."""
+    from pytest_kvcache.probes.agentic import growth_verdict
+
+    table = agentic_turns(records, arm_order)
+    if table.empty:
+        return ["(no valid agentic turns)"]
+    arms = [a for a in arm_order if a in set(table["arm"])]
+    wide = table.pivot(index="turn", columns="arm", values=["prompt_tokens", "ttft_s", "decode_tps"])
+    rows = []
+    for turn in wide.index:
+        row: dict[str, Any] = {"turn": int(turn), "prompt_tokens": f"{wide['prompt_tokens'].loc[turn].mean():,.0f}"}
+        for arm in arms:
+            row[f"{arm} ttft"] = _fmt(wide["ttft_s"].loc[turn].get(arm), "ttft_s")
+            row[f"{arm} decode_tps"] = _fmt(wide["decode_tps"].loc[turn].get(arm), "decode_tps")
+        rows.append(row)
+    lines = pd.DataFrame(rows).to_string(index=False).splitlines()
+    for arm in arms:
+        sub = table[table["arm"] == arm]
+        verdict = growth_verdict(
+            dict(zip(sub["turn"], sub["ttft_s"], strict=True)),
+            dict(zip(sub["turn"], sub["prompt_tokens"], strict=True)),
+        )
+        if "ttft_growth" in verdict:
+            lines.append(
+                f"{arm}: TTFT grew {verdict['ttft_growth']:.1f}× while context grew {verdict['context_growth']:.1f}× "
+                f"(turn 2 → {verdict['last_turn']}): {verdict['verdict']}"
+            )
+            for turn, note in verdict["flags"].items():
+                lines.append(f"{arm}: turn {turn}: {note}")
+        else:
+            lines.append(f"{arm}: {verdict['verdict']} for a growth verdict")
+    return lines
+
+
+def spec_decode_lines(records: Sequence[Mapping[str, Any]], arm_order: list[str]) -> list[str]:
+    """Speculative-decoding acceptance per arm and probe from /metrics deltas, or "not enabled"."""
+    lines = []
+    for arm in arm_order:
+        for probe in sorted({str(r.get("probe")) for r in records if r.get("arm") == arm}):
+            engines = [
+                r.get("engine") or {}
+                for r in records
+                if r.get("arm") == arm and r.get("probe") == probe and r.get("phase") == "measured"
+            ]
+            drafted = sum(e.get("spec_draft_tokens", 0) for e in engines)
+            accepted = sum(e.get("spec_accepted_tokens", 0) for e in engines)
+            if not any("spec_draft_tokens" in e for e in engines) or drafted == 0:
+                continue
+            lines.append(f"{arm} {probe}: {accepted}/{drafted} draft tokens accepted ({100 * accepted / drafted:.1f}%)")
+    return lines or ["not enabled (no vllm:spec_decode_* counters moved)"]

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import FrameType
@@ -24,10 +25,13 @@ from pytest_kvcache.engines import embedded_model_path
 from pytest_kvcache.engines.base import Engine, EngineError, tail
 from pytest_kvcache.engines.evidence import collect, resolved_cache_dtype
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
+from pytest_kvcache.finish import Finished, finish, summary_lines
 from pytest_kvcache.records import RunFolder, make_record
 from pytest_kvcache.settings import Arm, Boot, Settings
 
 SESSION_KEY = pytest.StashKey["KvSession"]()
+#: Within one boot, probes run in the seed's order: short, then prefill, then agentic, then the rest.
+PROBE_ORDER = {"short": 0, "prefill": 1, "agentic": 2}
 #: Failures that may mean the engine died; ``DEATH_GRACE_S`` is how long its exit may lag the socket.
 TRANSPORT_FAILURES = frozenset({"dropped", "connection_error", "stall", "server_error"})
 DEATH_GRACE_S = 2.0
@@ -153,6 +157,8 @@ class KvSession:
     reaped: list[str] = field(default_factory=list)
     plan: list[dict[str, Any]] = field(default_factory=list)
     started_unix_s: float = field(default_factory=time.time)
+    done: Finished | None = None
+    report_error: str | None = None
     _previous_sigterm: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -308,9 +314,10 @@ class KvSession:
         """Group tests by boot explicitly: all of arm A, then all of arm B (stable within a boot)."""
         order = {b.boot_id: b.index for b in self.settings.boots()}
 
-        def key(item: pytest.Item) -> int:
+        def key(item: pytest.Item) -> tuple[int, int]:
             boot = boot_of(item)
-            return -1 if boot is None else order.get(boot.boot_id, len(order))
+            probe = next((PROBE_ORDER[m.name] for m in item.iter_markers() if m.name in PROBE_ORDER), len(PROBE_ORDER))
+            return (-1 if boot is None else order.get(boot.boot_id, len(order))), probe
 
         items[:] = sorted(items, key=key)
         counts: dict[str, int] = {}
@@ -348,10 +355,57 @@ class KvSession:
         if current is not None and (following is None or following.boot_id != current.boot_id):
             self.stop(current.boot_id)
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        """After the probes (also when some failed): report, gates, baselines. Failed gates exit 1."""
+        try:
+            return (yield)
+        finally:
+            self.stop_all()
+            self.finish_run(session)
+
+    def finish_run(self, session: pytest.Session) -> None:
+        if self.run is None:
+            return
+        self.write_run_json(status="finished")
+        settings = self.settings
+        saved = settings.baselines_dir / settings.compare if settings.compare else None
+        save_as = settings.baselines_dir / settings.save if settings.save else None
+        try:
+            self.done = finish(
+                self.run.path, settings.gates, inconclusive=settings.inconclusive, saved_run=saved, save_as=save_as
+            )
+        except Exception as exc:  # a report bug must not hide the measurements, which are on disk already
+            self.report_error = f"{type(exc).__name__}: {exc}"
+            return
+        self.config.hook.pytest_kvcache_report(config=self.config, report=self.done.report)
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:
+            with open(summary, "a", encoding="utf-8") as fh:
+                fh.write((self.run.path / "report.md").read_text(encoding="utf-8"))
+        if self.done.failed_gates:
+            session.testsfailed += len(self.done.failed_gates)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+        """Per-test figures as JUnit XML properties (``--junitxml``): arm and mean of each metric."""
+        if call.when != "call" or boot_of(item) is None:
+            return
+        mine = [r for r in self.records if r.get("test") == item.nodeid and r.get("phase") == "measured"]
+        if not mine:
+            return
+        item.user_properties.append(("kv_arm", mine[0]["arm"]))
+        valid = [r for r in mine if r.get("ok") and not r.get("excluded_reason")]
+        item.user_properties.append(("kv_valid_samples", len(valid)))
+        for metric in ("ttft_s", "wall_tps", "decode_tps", "prefill_tps"):
+            values = [r["metrics"][metric] for r in valid if r["metrics"].get(metric) is not None]
+            if values:
+                item.user_properties.append((f"kv_{metric}_mean", round(sum(values) / len(values), 6)))
+
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         self.stop_all()
-        status = "interrupted" if exitstatus == pytest.ExitCode.INTERRUPTED else "finished"
-        self.write_run_json(status=status)
+        if exitstatus == pytest.ExitCode.INTERRUPTED:
+            self.write_run_json(status="interrupted")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.run is None and not self.reaped:
@@ -372,10 +426,43 @@ class KvSession:
             tr.line("short probes (measured samples; excluded = failed or excluded, flagged = warnings):")
             for line in report.format_summary(report.summary_table(short, arm_order)):
                 tr.line("  " + line)
+        prefill = [r for r in self.records if r.get("probe") == "prefill"]
+        if prefill:
+            tr.line("")
+            tr.line("fresh prefill (measured, proven cold; excluded = failed, not cold or off-depth):")
+            table = report.summary_table(prefill, arm_order, report.PREFILL_METRICS)
+            for line in report.format_summary(table):
+                tr.line("  " + line)
+            for r in prefill:
+                if r.get("phase") == "measured" and r.get("excluded_reason") and r.get("ok"):
+                    tr.line(f"  excluded: {r['boot']} {r['shape']} #{r['index']}: {r['excluded_reason']}", yellow=True)
+        agentic = [r for r in self.records if r.get("probe") == "agentic"]
+        if agentic:
+            tr.line("")
+            tr.line("agentic decode-at-depth (per-turn means across sessions):")
+            for line in report.agentic_lines(agentic, arm_order):
+                tr.line("  " + line)
+        if self.records:
+            tr.line("")
+            tr.line("speculative decoding: " + "; ".join(report.spec_decode_lines(self.records, arm_order)))
         flagged = [r for r in self.records if r.get("phase") == "measured" and r.get("flags")]
         if flagged:
             kinds = sorted({f for r in flagged for f in r["flags"]})
             tr.line(f"warning: {len(flagged)} measured sample(s) flagged: {', '.join(kinds)}", yellow=True)
+        if self.report_error:
+            tr.line(f"the report could not be built: {self.report_error}", red=True)
+        if self.done is not None:
+            tr.line("")
+            tr.line("A/B (ratio of means − 1, [95% CI]):")
+            for message in self.done.messages:
+                tr.line(message, yellow=True)
+            for line in summary_lines(self.done):
+                bad = line.startswith(("gate FAIL", "gate INCONCLUSIVE"))
+                tr.line(line, red=line.startswith("gate FAIL"), yellow=bad and "INCONCLUSIVE" in line)
+            if self.done.failed_gates:
+                tr.line(f"{len(self.done.failed_gates)} gate(s) failed: exit code 1", red=True)
+            assert self.run is not None
+            tr.line(f"report: {self.run.path / 'report.md'} (also report.json, report.html, summary.csv)")
 
 
 def get_session(config: pytest.Config) -> KvSession | None:

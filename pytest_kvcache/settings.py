@@ -56,6 +56,7 @@ ALIASES: Mapping[str, str] = {
 
 LauncherKind = Literal["process", "docker", "external"]
 Sampling = Literal["greedy", "sampled"]
+AgenticMode = Literal["replay", "live"]
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
 
@@ -125,6 +126,17 @@ class Settings:
     report_dir: Path = Path(".kvcache/runs")
     suite: bool = True
     seed: int = 0
+    depths: tuple[int, ...] = (10_000, 90_000)
+    depth_warmups: int = 1
+    depth_runs: int = 3
+    sessions: int = 2
+    turns: int | None = None
+    agentic_mode: AgenticMode = "replay"
+    agentic_max_tokens: int = 600
+    gates: tuple[str, ...] = ()
+    inconclusive: Literal["fail", "warn"] = "warn"
+    save: str | None = None
+    compare: str | None = None
 
     @property
     def active(self) -> bool:
@@ -161,7 +173,22 @@ class Settings:
             "report_dir": str(self.report_dir),
             "suite": self.suite,
             "seed": self.seed,
+            "depths": list(self.depths),
+            "depth_warmups": self.depth_warmups,
+            "depth_runs": self.depth_runs,
+            "sessions": self.sessions,
+            "turns": self.turns,
+            "agentic_mode": self.agentic_mode,
+            "agentic_max_tokens": self.agentic_max_tokens,
+            "gates": list(self.gates),
+            "inconclusive": self.inconclusive,
+            "save": self.save,
+            "compare": self.compare,
         }
+
+    @property
+    def baselines_dir(self) -> Path:
+        return self.report_dir.parent / "baselines"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -228,6 +255,51 @@ def _bool(raw: str) -> bool:
     if lowered in {"0", "false", "no", "off", ""}:
         return False
     raise SettingsError(f"expected true or false, got {raw!r}")
+
+
+DEPTH = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kK]?)\s*$")
+
+
+def parse_depths(raw: str) -> tuple[int, ...]:
+    """``"10k,90k"`` → (10000, 90000). Raises ValueError naming the bad part."""
+    depths = []
+    for part in raw.split(","):
+        m = DEPTH.match(part)
+        if not m:
+            raise ValueError(f"expected depths like 2k,8k,90k or 12000; bad part {part.strip()!r}")
+        value = float(m.group(1)) * (1000 if m.group(2) else 1)
+        if value < 64 or value != int(value):
+            raise ValueError(f"a depth must be a whole number of tokens >= 64; got {part.strip()!r}")
+        depths.append(int(value))
+    if len(set(depths)) != len(depths):
+        raise ValueError(f"depths must be distinct; got {raw!r}")
+    return tuple(depths)
+
+
+def _depths(raw: Any) -> tuple[int, ...]:
+    try:
+        return parse_depths(",".join(raw) if isinstance(raw, list | tuple) else str(raw))
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def _gates(raw: Any, arms: list[str]) -> tuple[str, ...]:
+    from pytest_kvcache.gates import GateError, parse
+
+    texts = [raw] if isinstance(raw, str) else list(raw)
+    for text in texts:
+        try:
+            parse(text, arms=arms)
+        except GateError as exc:
+            raise SettingsError(str(exc)) from None
+    return tuple(texts)
+
+
+def _baseline_name(raw: Any) -> str:
+    name = str(raw).strip()
+    if not ARM_NAME.match(name):
+        raise SettingsError(f"a baseline name must be letters, digits, '-' or '_'; got {name!r}")
+    return name
 
 
 def _endpoints(values: Sequence[str]) -> dict[str, str]:
@@ -316,6 +388,30 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("report_dir", "folder that holds run folders (default .kvcache/runs).", "DIR"),
     OptionSpec("no_suite", "do not collect the stock probe tests; run only your own.", flag=True),
     OptionSpec("seed", "run seed: salts and ordering derive from it (default 0).", "N"),
+    OptionSpec("depths", "prefill depths in prompt tokens, 'k' = 1000 (default 10k,90k).", "D1,D2"),
+    OptionSpec("depth_warmups", "unmeasured prefill requests per depth (default 1).", "N"),
+    OptionSpec("depth_runs", "measured prefill requests per depth (default 3).", "N"),
+    OptionSpec("sessions", "independent agentic sessions per arm (default 2).", "N"),
+    OptionSpec("turns", "run only the first N turns of the agentic fixture (default: all).", "N"),
+    OptionSpec(
+        "agentic_mode",
+        "replay (default: prompts from the fixture alone, identical in every arm, greedy) or live "
+        "(the model's own replies and tool calls are appended, as the seed did).",
+        "MODE",
+    ),
+    OptionSpec("agentic_max_tokens", "max_tokens per agentic turn (default 600).", "N"),
+    OptionSpec(
+        "fail",
+        "a regression gate 'METRIC[PROBE[@POINT]]: CONDITION' (repeatable), e.g. "
+        "'decode_tps[short]: int8 >= fp8 * 1.20', 'ttft_s[prefill]: <= +10%', 'decode_tps[agentic@turn15]: >= 30', "
+        "'ttft_s[prefill]: <= saved +5%'. Failed gates exit 1.",
+        "EXPR",
+        repeatable=True,
+    ),
+    OptionSpec("inconclusive", "what an inconclusive gate does: warn (default) or fail.", "MODE"),
+    OptionSpec("save", "store this run as the baseline NAME (.kvcache/baselines/NAME).", "NAME"),
+    OptionSpec("compare", "compare this run with the stored baseline NAME (and enable 'saved' gates).", "NAME"),
+    OptionSpec("rerender", "rebuild the report (and gates) of a stored run folder; boots nothing.", "RUN_DIR"),
 )
 
 OPTION_BY_NAME: Mapping[str, OptionSpec] = {spec.name: spec for spec in OPTIONS}
@@ -485,6 +581,12 @@ def resolve(
     report_dir = Path(get("report_dir", lambda raw: str(raw), ".kvcache/runs")).expanduser()
     if not report_dir.is_absolute():
         report_dir = rootdir / report_dir
+    compare = get("compare", _baseline_name, None)
+    if compare is not None and not (report_dir.parent / "baselines" / compare / "requests.jsonl").is_file():
+        raise SettingsError(
+            f"--kv-compare: no stored baseline {compare!r} in {report_dir.parent / 'baselines'} "
+            "(store one with --kv-save=NAME)"
+        )
 
     return Settings(
         arms=arms,
@@ -504,4 +606,15 @@ def resolve(
         report_dir=report_dir,
         suite=not get("no_suite", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
         seed=get("seed", lambda raw: _count(0)(str(raw)), 0),
+        depths=get("depths", _depths, (10_000, 90_000)),
+        depth_warmups=get("depth_warmups", lambda raw: _count(0)(str(raw)), 1),
+        depth_runs=get("depth_runs", lambda raw: _count(1)(str(raw)), 3),
+        sessions=get("sessions", lambda raw: _count(1)(str(raw)), 2),
+        turns=get("turns", lambda raw: _count(1)(str(raw)), None),
+        agentic_mode=get("agentic_mode", _choice("replay", "live"), "replay"),
+        agentic_max_tokens=get("agentic_max_tokens", lambda raw: _count(1)(str(raw)), 600),
+        gates=get("fail", lambda raw: _gates(raw, [a.name for a in arms]), ()),
+        inconclusive=get("inconclusive", _choice("fail", "warn"), "warn"),
+        save=get("save", _baseline_name, None),
+        compare=compare,
     )

@@ -38,6 +38,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--standin-report-dtype", default=None, help="report this cache_dtype in /metrics")
     parser.add_argument("--standin-ignore-sigterm", action="store_true")
+    parser.add_argument("--standin-no-tokenize", action="store_true", help="answer /tokenize with 404")
+    parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--standin-ttft", type=float, default=0.02)
     parser.add_argument("--standin-itl", type=float, default=0.002)
     args, _unknown = parser.parse_known_args(argv)
@@ -69,7 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         "mamba_cache_dtype": "auto",
     }
     schedule = Schedule(ttft_s=args.standin_ttft, itl_s=args.standin_itl)
-    server = StreamServer(schedule, host=args.host, port=args.port, model_name=args.model, cache_config_labels=labels)
+    server = StreamServer(
+        schedule,
+        host=args.host,
+        port=args.port,
+        model_name=args.model,
+        max_model_len=args.max_model_len,
+        cache_config_labels=labels,
+        count_prompt_tokens=True,
+        disabled_paths=frozenset({"/tokenize"}) if args.standin_no_tokenize else frozenset(),
+    )
     server.start()
     log(f"Started server process on http://{args.host}:{args.port}")
     stop = threading.Event()

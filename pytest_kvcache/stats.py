@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,3 +28,142 @@ def describe(values: Iterable[float | None]) -> dict[str, Any]:
         "min": float(data.min()),
         "max": float(data.max()),
     }
+
+
+# ------------------------------------------------------------------------------- A/B statistics
+
+BOOTSTRAP_SAMPLES = 4000
+CONFIDENCE = 0.95
+
+
+def higher_is_better(metric: str) -> bool:
+    """Throughputs (``*_tps``) are better higher; times (``*_s``) and token counts better lower."""
+    return metric.endswith("_tps")
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def _percentiles(values: np.ndarray, confidence: float) -> tuple[float, float]:
+    tail = 100 * (1 - confidence) / 2
+    lo, hi = np.percentile(values, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def ratio_ci(
+    base: Sequence[float],
+    arm: Sequence[float],
+    *,
+    paired: bool = False,
+    n_boot: int = BOOTSTRAP_SAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> tuple[float | None, float | None, float | None]:
+    """Ratio of means arm/base and its percentile-bootstrap CI.
+
+    Unpaired: each arm resampled on its own. Paired (``base[i]`` and ``arm[i]`` belong together, e.g. the
+    same prompt in both arms): pair indices are resampled together. With fewer than 2 values on a side
+    the CI is (None, None); an empty side gives (None, None, None).
+    """
+    b = np.asarray(base, dtype=float)
+    a = np.asarray(arm, dtype=float)
+    if b.size == 0 or a.size == 0 or b.mean() == 0:
+        return None, None, None
+    ratio = float(a.mean() / b.mean())
+    if b.size < 2 or a.size < 2:
+        return ratio, None, None
+    rng = _rng(seed)
+    if paired:
+        if a.size != b.size:
+            raise ValueError("paired samples need equal lengths")
+        idx = rng.integers(0, b.size, size=(n_boot, b.size))
+        boot = a[idx].mean(axis=1) / b[idx].mean(axis=1)
+    else:
+        bi = rng.integers(0, b.size, size=(n_boot, b.size))
+        ai = rng.integers(0, a.size, size=(n_boot, a.size))
+        boot = a[ai].mean(axis=1) / b[bi].mean(axis=1)
+    boot = boot[np.isfinite(boot)]
+    lo, hi = _percentiles(boot, confidence)
+    return ratio, lo, hi
+
+
+def mean_ci(
+    values: Sequence[float], *, n_boot: int = BOOTSTRAP_SAMPLES, confidence: float = CONFIDENCE, seed: int = 0
+) -> tuple[float | None, float | None, float | None]:
+    """Mean and its percentile-bootstrap CI."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return None, None, None
+    if v.size < 2:
+        return float(v.mean()), None, None
+    idx = _rng(seed).integers(0, v.size, size=(n_boot, v.size))
+    lo, hi = _percentiles(v[idx].mean(axis=1), confidence)
+    return float(v.mean()), lo, hi
+
+
+Verdict = str  # "better" | "worse" | "inconclusive"
+
+
+def verdict(metric: str, lo: float | None, hi: float | None) -> Verdict:
+    """Direction-aware and three-valued: a CI of the ratio that contains 1 is inconclusive."""
+    if lo is None or hi is None:
+        return "inconclusive"
+    if lo > 1.0:
+        return "better" if higher_is_better(metric) else "worse"
+    if hi < 1.0:
+        return "worse" if higher_is_better(metric) else "better"
+    return "inconclusive"
+
+
+def crossover(
+    xs: Sequence[float],
+    base: Sequence[Sequence[float]],
+    arm: Sequence[Sequence[float]],
+    *,
+    n_boot: int = 1000,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Where the arm/base ratio of a curve crosses 1 (the delta changes sign), with a bootstrap CI.
+
+    ``xs`` are the curve's positions (depth or prompt tokens), ascending; ``base[i]``/``arm[i]`` the
+    samples at ``xs[i]``. The crossing is interpolated linearly in log(ratio) between the two points that
+    bracket the first sign change. The CI comes from resampling within each point; ``share`` is the
+    fraction of resamples that cross at all.
+    """
+    points = [
+        (x, np.asarray(b, float), np.asarray(a, float))
+        for x, b, a in zip(xs, base, arm, strict=True)
+        if len(b) and len(a)
+    ]
+    if len(points) < 2:
+        return {"estimate": None, "ci_low": None, "ci_high": None, "share": 0.0, "points": len(points)}
+
+    def first_crossing(ratios: list[float]) -> float | None:
+        logs = np.log(np.asarray(ratios))
+        for i in range(len(logs) - 1):
+            if logs[i] == 0:
+                return float(points[i][0])
+            if np.sign(logs[i]) != np.sign(logs[i + 1]) and logs[i + 1] != 0:
+                x0, x1 = points[i][0], points[i + 1][0]
+                return float(x0 + (x1 - x0) * logs[i] / (logs[i] - logs[i + 1]))
+            if logs[i + 1] == 0:
+                return float(points[i + 1][0])
+        return None
+
+    estimate = first_crossing([float(a.mean() / b.mean()) for _, b, a in points])
+    rng = _rng(seed)
+    found = []
+    for _ in range(n_boot):
+        ratios = []
+        for _, b, a in points:
+            ratios.append(float(a[rng.integers(0, a.size, a.size)].mean() / b[rng.integers(0, b.size, b.size)].mean()))
+        c = first_crossing(ratios)
+        if c is not None:
+            found.append(c)
+    share = len(found) / n_boot
+    lo = hi = None
+    if found and estimate is not None:
+        lo, hi = _percentiles(np.asarray(found), confidence)
+    return {"estimate": estimate, "ci_low": lo, "ci_high": hi, "share": share, "points": len(points)}

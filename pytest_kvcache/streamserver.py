@@ -38,7 +38,7 @@ import traceback
 import uuid
 import zlib
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
 from typing import Any, Literal, cast, get_args
@@ -408,7 +408,7 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError as exc:
                 parse_error = f"request body is not JSON: {exc}"
         record = self._new_record(body)
-        if path not in _POST_PATHS:
+        if path not in _POST_PATHS or path in self._owner.disabled_paths:
             status = 405 if path in _GET_PATHS else 404
             self._send_json(status, {"detail": "Method Not Allowed" if status == 405 else "Not Found"})
             record.status = status
@@ -448,6 +448,11 @@ class _Handler(BaseHTTPRequestHandler):
             record.status = 400
             self._finish(record, "http_error")
             return
+        if owner.count_prompt_tokens:
+            prompt_tokens = len(_toy_tokenize(body))
+            schedule = replace(
+                schedule, prompt_tokens=prompt_tokens, cached_tokens=min(schedule.cached_tokens, prompt_tokens)
+            )
         record.schedule = schedule
         model = body.get("model")
         if model is not None and model != owner.model_name:
@@ -744,7 +749,14 @@ class StreamServer:
         model_name: str = "stream-test",
         max_model_len: int = 8192,
         cache_config_labels: Mapping[str, str] | None = None,
+        count_prompt_tokens: bool = False,
+        disabled_paths: frozenset[str] = frozenset(),
     ) -> None:
+        #: Report ``usage.prompt_tokens`` as the toy tokenizer's count of the request (as /tokenize does)
+        #: instead of the schedule's fixed number.
+        self.count_prompt_tokens = count_prompt_tokens
+        #: POST paths answered 404, like a server without them (e.g. ``{"/tokenize"}``).
+        self.disabled_paths = disabled_paths
         self.host = host
         self.port = port
         self.model_name = model_name

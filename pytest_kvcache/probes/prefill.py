@@ -8,10 +8,13 @@ and arm B's k-th request are byte-identical and pair up, while no two requests o
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from pytest_kvcache.settings import parse_depths
+
+__all__ = ["depth_label", "parse_depths", "salt_for", "size_prompt"]
 
 #: The filler sentence; ``{salt}`` is woven into every repeat so cached blocks never match.
 FILLER = (
@@ -24,24 +27,6 @@ PAD_WORD = " {salt}"
 
 #: Depth tolerance: a measured prompt must lie within this share of its target.
 DEPTH_TOLERANCE = 0.01
-
-DEPTH = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kK]?)\s*$")
-
-
-def parse_depths(raw: str) -> tuple[int, ...]:
-    """``"10k,90k"`` → (10000, 90000). Raises ValueError naming the bad part."""
-    depths = []
-    for part in raw.split(","):
-        m = DEPTH.match(part)
-        if not m:
-            raise ValueError(f"expected depths like 2k,8k,90k or 12000; bad part {part.strip()!r}")
-        value = float(m.group(1)) * (1000 if m.group(2) else 1)
-        if value < 64 or value != int(value):
-            raise ValueError(f"a depth must be a whole number of tokens >= 64; got {part.strip()!r}")
-        depths.append(int(value))
-    if len(set(depths)) != len(depths):
-        raise ValueError(f"depths must be distinct; got {raw!r}")
-    return tuple(depths)
 
 
 def depth_label(depth: int) -> str:
@@ -66,26 +51,28 @@ def messages_for(text: str) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class SizedPrompt:
-    salt: str
-    messages: list[dict[str, Any]]
+    """How many filler repeats and pad words make ``target`` tokens, as measured with one salt."""
+
+    repeats: int
+    pad_words: int
     tokens: int
     target: int
     tokenize_calls: int
-    method: str  # "tokenize" | "calibrated"
 
-    @property
-    def error_pct(self) -> float:
-        return 100.0 * (self.tokens - self.target) / self.target
+    def messages(self, salt: str) -> list[dict[str, Any]]:
+        return messages_for(haystack(salt, self.repeats, self.pad_words))
 
 
 CountTokens = Callable[[list[dict[str, Any]]], int]
 
 
-def size_prompt(target: int, salt: str, count: CountTokens, method: str = "tokenize") -> SizedPrompt:
-    """Find (repeats, pad words) whose chat-rendered prompt is as close to ``target`` tokens as possible.
+def size_prompt(target: int, salt: str, count: CountTokens) -> SizedPrompt:
+    """Find (repeats, pad words) whose chat-rendered prompt is as close to ``target`` tokens as possible
+    without exceeding it.
 
-    ``count`` returns the server's token count of a message list (``/tokenize``; it applies the chat
-    template). Repeats are solved by secant steps, then single pad words close the gap from below.
+    ``count`` returns the server's token count of a message list (``/tokenize`` applies the chat
+    template, as a chat completion does). Repeats are solved by secant steps, then single pad words
+    (each one salt, ~1-3 tokens) close the gap from below.
     """
     calls = 0
 
@@ -95,34 +82,61 @@ def size_prompt(target: int, salt: str, count: CountTokens, method: str = "token
         return count(messages_for(haystack(salt, repeats, pad)))
 
     base = measure(0, 0)
-    one = measure(1, 0)
-    per_repeat = max(1.0, float(one - base))
+    per_repeat = max(1.0, float(measure(1, 0) - base))
     repeats = max(0, int((target - base) / per_repeat))
     tokens = measure(repeats, 0)
-    for _ in range(8):  # secant refinement on repeats
+    for _ in range(8):  # secant refinement on whole repeats
         if tokens <= target and target - tokens < per_repeat:
             break
-        repeats = max(0, repeats + int((target - tokens) // per_repeat))
-        new = measure(repeats, 0)
-        if new == tokens:
-            break
-        tokens = new
+        step = int((target - tokens) // per_repeat)
+        if step == 0:
+            step = -1 if tokens > target else 1
+        repeats = max(0, repeats + step)
+        tokens = measure(repeats, 0)
     while tokens > target and repeats > 0:
         repeats -= 1
         tokens = measure(repeats, 0)
-    # Pad words close the remaining gap (each adds ~1-2 tokens).
     pad = 0
-    pad_step = max(1.0, float(measure(repeats, 1) - tokens))
-    while tokens < target:
-        step = max(1, int((target - tokens) / pad_step))
+    per_pad = max(1.0, float(measure(repeats, 1) - tokens))
+    while tokens < target and calls < 60:
+        step = max(1, int((target - tokens) / per_pad))
         trial = measure(repeats, pad + step)
         if trial > target:
             if step == 1:
                 break
-            pad_step = max(pad_step, (trial - tokens) / step)
+            per_pad = max(per_pad, (trial - tokens) / step)
             continue
-        pad += step
-        tokens = trial
-        if step == 1 and calls > 40:
-            break
-    return SizedPrompt(salt, messages_for(haystack(salt, repeats, pad)), tokens, target, calls, method)
+        pad, tokens = pad + step, trial
+    return SizedPrompt(repeats, pad, tokens, target, calls)
+
+
+MAX_TOKENS = 16
+
+
+def cold_check(
+    sample_cached: int | None, engine: dict[str, Any] | None, block_size: int
+) -> tuple[list[str], str | None, str]:
+    """Was the request computed from scratch? Returns (flags, excluded_reason, proof).
+
+    Proof comes from the engine's ``vllm:prefix_cache_hits_total`` delta around the request; without
+    ``/metrics``, from ``usage.prompt_tokens_details.cached_tokens``. More than one block of hits is
+    "not cold": the sample is flagged and excluded.
+    """
+    if engine is not None and "prefix_cache_hits" in engine:
+        hits, proof = int(engine["prefix_cache_hits"]), "metrics"
+    elif sample_cached is not None:
+        hits, proof = sample_cached, "usage"
+    else:
+        return ["cold_unproven"], None, "none"
+    if hits > block_size:
+        return ["not_cold"], f"not cold: {hits} prefix-cache hit tokens > one block ({block_size})", proof
+    return [], None, proof
+
+
+def depth_check(prompt_tokens: int | None, target: int) -> tuple[list[str], str | None]:
+    if prompt_tokens is None:
+        return [], None
+    error = (prompt_tokens - target) / target
+    if abs(error) > DEPTH_TOLERANCE:
+        return ["depth_off"], f"depth off: {prompt_tokens} prompt tokens vs target {target} ({100 * error:+.2f}%)"
+    return [], None

@@ -79,11 +79,20 @@ def run_pytest(workdir: Path, *args: str, timeout: float = 900) -> Run:
 
 @pytest.fixture(scope="session")
 def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """One real two-arm A/B on the embedded default, shared by the assertions of this tier (2 boots)."""
+    """One real two-arm A/B on the embedded default — short and depth probes — shared by the assertions of
+    this tier (2 boots). Small depths and a shortened session: the code path is the main job's."""
     return run_pytest(
         tmp_path_factory.mktemp("ab"),
         f"--kv-arms=auto,{SECOND_ARM}",
+        "-m",
+        "short or depth",
         "--kv-warmups=1",
         "--kv-runs=3",
         "--kv-max-tokens=32",
+        "--kv-depths=2k,8k",
+        "--kv-depth-warmups=1",
+        "--kv-depth-runs=2",
+        "--kv-sessions=2",
+        "--kv-turns=3",
+        "--kv-agentic-max-tokens=48",
     )

@@ -47,4 +47,6 @@ def standin_args(tag: str) -> list[str]:
         "--kv-startup-timeout=20",
         "-p",
         "no:cacheprovider",
+        "-m",
+        "short",
     ]

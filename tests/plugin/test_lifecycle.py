@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_kvcache.engines.registry import reap_orphans
 from pytest_kvcache.records import read_records
 from pytest_kvcache.streamserver import StreamServer
 from tests.plugin.conftest import processes_with
@@ -50,7 +51,7 @@ def test_two_arms_boot_one_after_the_other(pytester: pytest.Pytester, standin_ar
             "auto: declared auto → cache_dtype=auto, kv_cache_size_tokens=65536*",
             "float16: declared float16 → cache_dtype=float16*",
             "short probes*",
-            "*short*code*decode_tps*auto*2*",
+            "*short*code*wall_tps*auto*2*",
         ]
     )
     folder = run_dir(pytester)
@@ -142,6 +143,8 @@ def test_external_endpoints(pytester: pytest.Pytester) -> None:
             "--kv-warmups=0",
             "--kv-runs=2",
             "--kv-max-tokens=4",
+            "-m",
+            "short",
         )
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["auto: declared auto → cache_dtype=auto*"])
@@ -174,6 +177,14 @@ def _spawn(pytester: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
     )
 
 
+def _kill_and_reap(pytester: pytest.Pytester, proc: subprocess.Popen[bytes]) -> None:
+    """If a test fails half-way, leave no pytest nor engine behind (a SIGKILLed pytest orphans its engine)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate(timeout=10)
+    reap_orphans(pytester.path / ".kvcache" / "runs")
+
+
 def _wait_for_records(pytester: pytest.Pytester, proc: subprocess.Popen[bytes], count: int = 1) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -204,9 +215,7 @@ def test_interrupt_mid_run_stops_the_engine_and_keeps_records(
         proc.send_signal(signum)
         out, _ = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
+        _kill_and_reap(pytester, proc)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
     assert not processes_with(tag)
     folder = run_dir(pytester)
@@ -223,11 +232,10 @@ def test_a_new_run_reaps_engines_left_by_a_killed_run(
         _wait_for_records(pytester, proc, 1)
         proc.kill()  # SIGKILL: no teardown can run, the engine is orphaned
         proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
-    assert processes_with(tag), "the orphaned engine should still be running"
+        assert processes_with(tag), "the orphaned engine should still be running"
+    except BaseException:
+        _kill_and_reap(pytester, proc)
+        raise
     result = pytester.runpytest_subprocess("--kv-arms=auto", *standin_args, "-m", "short")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["reaped engine 'auto' (process group *) left running by dead run *: terminated"])

@@ -1,0 +1,78 @@
+"""Fresh-prefill probes: TTFT and prefill speed at exact depths, each request proven cold."""
+
+from __future__ import annotations
+
+import functools
+
+import httpx
+import pytest
+
+from pytest_kvcache.probes import prefill
+from pytest_kvcache.probes.agentic import prompt_sha256
+from pytest_kvcache.probes.runner import run_repeated
+from pytest_kvcache.probes.short import chat_payload
+
+
+def _token_counter(kv_client, kv_server, depth: int, seed: int):
+    """/tokenize when the server has it; else calibration requests (their own salts) and say so."""
+    model = kv_server.model
+
+    def tokenize(messages):
+        return int(kv_client.post_json("/tokenize", {"model": model, "messages": messages})["count"])
+
+    try:
+        tokenize(prefill.messages_for("probe"))
+        return tokenize, "tokenize"
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        kv_server.evidence["tokenize"] = f"unavailable ({type(exc).__name__}: {exc}); prefill sized by calibration"
+
+    def calibrate(messages):
+        sample = kv_client.stream_chat(chat_payload(model, messages, "greedy", 1))
+        if not sample.ok or sample.prompt_tokens is None:
+            raise RuntimeError(f"calibration request failed: {sample.error}")
+        return sample.prompt_tokens
+
+    return calibrate, "calibrated"
+
+
+@pytest.mark.prefill
+@pytest.mark.depth
+def test_prefill(kv_server, kv_client, kv_record, kv_settings, kv_depth: int) -> None:
+    max_len = kv_server.evidence.get("max_model_len")
+    if max_len and kv_depth + prefill.MAX_TOKENS > max_len:
+        pytest.skip(
+            f"depth {kv_depth} + {prefill.MAX_TOKENS} output tokens exceeds {kv_server.name}'s max_model_len {max_len}"
+        )
+    block_size = int((kv_server.evidence.get("cache_config") or {}).get("block_size") or 16)
+    count, method = _token_counter(kv_client, kv_server, kv_depth, kv_settings.seed)
+    seed = kv_settings.seed
+
+    def send(phase: str, index: int):
+        salt = prefill.salt_for(seed, "prefill", kv_depth, phase, index)
+        sizing_salt = (
+            salt if method == "tokenize" else prefill.salt_for(seed, "prefill-calibration", kv_depth, phase, index)
+        )
+        sized = prefill.size_prompt(kv_depth, sizing_salt, count)
+        payload = chat_payload(kv_server.model, sized.messages(salt), "greedy", prefill.MAX_TOKENS)
+        sample, engine = kv_client.measure(payload)
+        flags, excluded, proof = prefill.cold_check(sample.cached_tokens, engine, block_size)
+        depth_flags, depth_excluded = prefill.depth_check(sample.prompt_tokens, kv_depth)
+        return sample, {
+            "depth": kv_depth,
+            "engine": engine,
+            "flags": flags + depth_flags,
+            "excluded_reason": excluded or depth_excluded,
+            "cold_proof": proof,
+            "prompt_sha256": prompt_sha256(payload),
+            "sizing": {"method": method, "tokens": sized.tokens, "calls": sized.tokenize_calls, "salt": salt},
+        }
+
+    outcome = run_repeated(
+        send,
+        functools.partial(kv_record, probe="prefill", shape=prefill.depth_label(kv_depth)),
+        label=f"prefill {prefill.depth_label(kv_depth)} on {kv_server.name}",
+        warmups=kv_settings.depth_warmups,
+        runs=kv_settings.depth_runs,
+    )
+    if outcome.problems():
+        pytest.fail(outcome.message(), pytrace=False)

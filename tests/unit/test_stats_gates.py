@@ -1,0 +1,189 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pytest_kvcache import gates, stats
+from pytest_kvcache.analysis import compare, frame, point_of
+
+
+def test_ratio_ci_of_constant_samples_is_exact() -> None:
+    assert stats.ratio_ci([10.0, 10.0, 10.0], [12.0, 12.0, 12.0]) == pytest.approx((1.2, 1.2, 1.2))
+
+
+def test_paired_ci_removes_shared_noise() -> None:
+    base = [1.0, 2.0, 3.0, 4.0]
+    arm = [2.0, 4.0, 6.0, 8.0]  # exactly 2× per pair, but the pairs differ widely
+    ratio, lo, hi = stats.ratio_ci(base, arm, paired=True)
+    assert (ratio, lo, hi) == pytest.approx((2.0, 2.0, 2.0))
+    _, ulo, uhi = stats.ratio_ci(base, arm, paired=False)
+    assert ulo < 2.0 < uhi and uhi - ulo > 1.0
+
+
+def test_bootstrap_matches_an_independent_computation_with_the_same_seed() -> None:
+    base, arm = np.array([9.0, 10.0, 11.0, 10.5]), np.array([12.0, 11.0, 13.0, 12.5, 12.2])
+    rng = np.random.default_rng(3)
+    bi = rng.integers(0, 4, size=(500, 4))
+    ai = rng.integers(0, 5, size=(500, 5))
+    boot = arm[ai].mean(axis=1) / base[bi].mean(axis=1)
+    expected = (arm.mean() / base.mean(), *np.percentile(boot, [2.5, 97.5]))
+    assert stats.ratio_ci(base, arm, n_boot=500, seed=3) == pytest.approx(expected)
+
+
+def test_ratio_ci_edge_cases() -> None:
+    assert stats.ratio_ci([], [1.0]) == (None, None, None)
+    assert stats.ratio_ci([2.0], [3.0]) == (1.5, None, None)
+    assert stats.mean_ci([5.0]) == (5.0, None, None)
+    mean, lo, hi = stats.mean_ci([1.0, 2.0, 3.0], seed=1)
+    assert mean == 2.0 and 1.0 <= lo <= 2.0 <= hi <= 3.0
+
+
+@pytest.mark.parametrize(
+    ("metric", "lo", "hi", "expected"),
+    [
+        ("decode_tps", 1.05, 1.2, "better"),
+        ("decode_tps", 0.8, 0.95, "worse"),
+        ("ttft_s", 1.05, 1.2, "worse"),
+        ("ttft_s", 0.8, 0.95, "better"),
+        ("ttft_s", 0.9, 1.1, "inconclusive"),
+        ("decode_tps", None, None, "inconclusive"),
+    ],
+)
+def test_verdicts_are_direction_aware(metric: str, lo: float | None, hi: float | None, expected: str) -> None:
+    assert stats.verdict(metric, lo, hi) == expected
+
+
+def test_crossover_on_a_synthetic_curve_with_a_known_crossing() -> None:
+    xs = [1000.0, 2000.0, 4000.0, 8000.0]
+    base = [[100.0, 100.0, 100.0]] * 4
+    arm = [[150.0] * 3, [120.0] * 3, [90.0] * 3, [60.0] * 3]
+    found = stats.crossover(xs, base, arm)
+    known = 2000 + 2000 * math.log(1.2) / (math.log(1.2) - math.log(0.9))  # linear in log(ratio): 3267.6
+    assert found["estimate"] == pytest.approx(known)
+    assert found["ci_low"] == pytest.approx(known) and found["ci_high"] == pytest.approx(known)
+    assert found["share"] == 1.0
+
+
+def test_crossover_with_noise_has_a_ci_around_the_crossing() -> None:
+    rng = np.random.default_rng(0)
+    xs = [1000.0, 2000.0, 4000.0, 8000.0]
+    base = [list(100 + rng.normal(0, 1, 5)) for _ in xs]
+    arm = [list(v + rng.normal(0, 1, 5)) for v in (150.0, 120.0, 90.0, 60.0)]
+    found = stats.crossover(xs, base, arm, seed=1)
+    assert 2000 < found["ci_low"] <= found["estimate"] <= found["ci_high"] < 4000
+
+
+def test_no_crossover() -> None:
+    found = stats.crossover([1.0, 2.0, 3.0], [[1.0, 1.0]] * 3, [[2.0, 2.0]] * 3)
+    assert found["estimate"] is None and found["share"] == 0.0
+
+
+# ------------------------------------------------------------------------------------------- gates
+
+
+def test_gate_grammar() -> None:
+    g = gates.parse("decode_tps[short]: int8 >= fp8 * 1.20", arms=["fp8", "int8"])
+    assert (g.kind, g.arm, g.other, g.op, g.threshold, g.point) == ("between", "int8", "fp8", ">=", 1.2, None)
+    g = gates.parse("ttft_s[prefill@10k]: <= +10%")
+    assert (g.kind, g.op, g.threshold, g.point) == ("baseline", "<=", pytest.approx(1.1), "10k")
+    g = gates.parse("decode_tps[agentic@turn15]: >= 30")
+    assert (g.kind, g.arm, g.threshold) == ("absolute", None, 30.0)
+    g = gates.parse("decode_tps[agentic@turn15]: fp8 > 30", arms=["fp8"])
+    assert (g.kind, g.arm, g.op) == ("absolute", "fp8", ">")
+    g = gates.parse("ttft_s[prefill]: <= saved +5%")
+    assert (g.kind, g.threshold) == ("saved", pytest.approx(1.05))
+    assert gates.parse("ttft_s[short]: < saved * 0.9").threshold == 0.9
+    assert gates.parse("wall_tps[short]: >= -5%").threshold == pytest.approx(0.95)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("decode_tps short >= 1", "expected METRIC[SELECTOR]: CONDITION"),
+        ("speed[short]: >= 1", "unknown metric 'speed'; known: ttft_s, wall_tps"),
+        ("decode_tps[long]: >= 1", "unknown probe 'long' in [long]; known: short, prefill"),
+        ("decode_tps[short]: int9 >= fp8", "unknown arm 'int9'; arms: fp8, int8"),
+        ("decode_tps[short]: >= lots", "cannot read the condition '>= lots'"),
+        ("decode_tps[short@]: >= 1", "empty point after '@'"),
+    ],
+)
+def test_malformed_gates_point_at_the_bad_part(text: str, message: str) -> None:
+    with pytest.raises(gates.GateError) as exc:
+        gates.parse(text, arms=["fp8", "int8"])
+    assert message in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("op", "lo", "hi", "threshold", "outcome"),
+    [
+        (">=", 1.25, 1.4, 1.2, "pass"),
+        (">=", 1.0, 1.15, 1.2, "fail"),
+        (">=", 1.1, 1.3, 1.2, "inconclusive"),
+        ("<=", 0.9, 1.05, 1.1, "pass"),
+        ("<=", 1.12, 1.3, 1.1, "fail"),
+        ("<", 1.0, 1.1, 1.1, "inconclusive"),
+        (">", 1.1, 1.2, 1.1, "inconclusive"),
+        (">=", None, None, 1.0, "inconclusive"),
+    ],
+)
+def test_a_gate_fails_only_when_the_ci_excludes_the_threshold(op, lo, hi, threshold, outcome) -> None:
+    assert gates.judge(op, lo, hi, threshold) == outcome
+
+
+def _records(arm: str, values: list[float], probe: str = "short", shape: str = "code") -> list[dict]:
+    return [
+        {
+            "arm": arm,
+            "boot": arm,
+            "probe": probe,
+            "shape": shape,
+            "phase": "measured",
+            "index": i,
+            "ok": True,
+            "excluded_reason": None,
+            "metrics": {"decode_tps": v, "ttft_s": 1 / v},
+            "sample": {},
+        }
+        for i, v in enumerate(values)
+    ]
+
+
+def test_evaluate_between_baseline_and_absolute() -> None:
+    data = frame(_records("fp8", [100.0, 101.0, 99.0, 100.5]) + _records("int8", [130.0, 131.0, 129.0, 130.5]))
+    arms = ["fp8", "int8"]
+    parsed = [
+        gates.parse(t, arms=arms)
+        for t in (
+            "decode_tps[short]: int8 >= fp8 * 1.20",
+            "decode_tps[short]: int8 >= fp8 * 1.40",
+            "ttft_s[short]: <= +10%",
+            "decode_tps[short@code]: fp8 >= 200",
+            "decode_tps[prefill]: >= 1",
+        )
+    ]
+    results = gates.evaluate(parsed, data, arms)
+    assert [r["outcome"] for r in results] == ["pass", "fail", "pass", "fail", "inconclusive"]
+    assert results[0]["name"] == "decode_tps[short@code]: int8 >= fp8 * 1.20 (int8/fp8)"
+    assert results[0]["value"] == pytest.approx(130.125 / 100.125)
+    assert results[-1]["reason"] == "no measured prefill samples"
+
+
+def test_gate_on_a_probe_without_valid_samples_is_inconclusive() -> None:
+    recs = _records("fp8", [100.0, 101.0])
+    for r in recs:
+        r["ok"], r["excluded_reason"] = False, "stall: no chunk"
+    results = gates.evaluate([gates.parse("decode_tps[short]: >= 1")], frame(recs), ["fp8"])
+    assert [(r["outcome"], r["reason"]) for r in results] == [("inconclusive", "no valid samples")]
+
+
+def test_point_and_pairing() -> None:
+    assert point_of({"probe": "prefill", "depth": 10000}) == "10k"
+    assert point_of({"probe": "prefill", "depth": 12500}) == "12500"
+    assert point_of({"probe": "agentic", "turn": 3}) == "turn3"
+    base = pd.DataFrame({"pair": [(1, 0), (1, 1), (1, 2)], "valid": [True] * 3, "decode_tps": [1.0, 2.0, 3.0]})
+    arm = pd.DataFrame({"pair": [(1, 0), (1, 1), (1, 2)], "valid": [True] * 3, "decode_tps": [2.0, 4.0, 6.0]})
+    result = compare(base, arm, "decode_tps")
+    assert result["paired"] and result["ci_low"] == pytest.approx(2.0) and result["verdict"] == "better"
