@@ -288,8 +288,14 @@ def verdict_sentences(deltas: list[dict[str, Any]], crossovers: list[dict[str, A
                 else:
                     rows = [d for d in deltas if d["arm"] == arm and d["probe"] == probe and d["metric"] == metric]
                     signs = {d["verdict"] for d in rows}
-                    word = "ahead" if signs == {"better"} else "behind" if signs == {"worse"} else "mixed"
-                    out.append(f"{arm}'s {probe} {metric}: {c['statement']}; {word} of {arms[0]} throughout.")
+                    where = (
+                        f"ahead of {arms[0]} at every point"
+                        if signs == {"better"}
+                        else f"behind {arms[0]} at every point"
+                        if signs == {"worse"}
+                        else f"no consistent difference from {arms[0]}"
+                    )
+                    out.append(f"{arm}'s {probe} {metric}: {c['statement']}; {where}.")
     return out
 
 
@@ -320,11 +326,38 @@ def arm_entries(run: Path, plan: list[dict[str, Any]], arms: list[str]) -> list[
                     "ready_s": first.get("ready_s"),
                     "status": first.get("status"),
                 },
+                "gpu": gpu_summary(first),
                 "boots": boots,
                 "evidence": evidence,
             }
         )
     return entries
+
+
+def gpu_summary(evidence: Mapping[str, Any]) -> dict[str, Any]:
+    """Per card: power cap before/after the arm, VRAM when ready and before stopping; or why none."""
+    before, after = evidence.get("gpu_before") or {}, evidence.get("gpu_after") or {}
+    if not before.get("gpu"):
+        return {"gpu": False, "reason": before.get("reason")}
+    post = {c.get("uuid"): c for c in after.get("cards") or []}
+    ready = evidence.get("vram_ready_mib") or {}
+    loaded = evidence.get("vram_before_stop_mib") or {}
+    cards = []
+    for card in before.get("cards") or []:
+        uuid = card.get("uuid")
+        cards.append(
+            {
+                "index": card.get("index"),
+                "uuid": uuid,
+                "name": card.get("name"),
+                "power_limit_before_w": card.get("power_limit_w"),
+                "power_limit_after_w": (post.get(uuid) or {}).get("power_limit_w"),
+                "vram_ready_mib": ready.get(uuid),
+                "vram_before_stop_mib": loaded.get(uuid),
+                "driver_version": before.get("driver_version"),
+            }
+        )
+    return {"gpu": True, "cards": cards, "changes": evidence.get("gpu_changes") or []}
 
 
 def load_run(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -209,6 +209,19 @@ def kv_client(kv_server: Server, kv_settings: Settings) -> Iterator[ArmClient]:
 
 
 @pytest.fixture
+def kv_benchmark(request: pytest.FixtureRequest) -> Any:
+    """pytest-benchmark's ``benchmark`` fixture when it is active, else None.
+
+    Probes never *request* ``benchmark`` (so ``--benchmark-skip`` cannot skip them); with
+    ``--benchmark-disable``/``--benchmark-skip`` they run on their own loop and feed nothing to it.
+    """
+    bs = getattr(request.config, "_benchmarksession", None)
+    if bs is None or bs.skip or bs.disabled:
+        return None
+    return request.getfixturevalue("benchmark")
+
+
+@pytest.fixture
 def kv_record(request: pytest.FixtureRequest, kv_server: Server) -> Any:
     """``kv_record(sample, probe=..., phase=..., index=..., **context)``: append one record to requests.jsonl."""
     session = _session(request.config)

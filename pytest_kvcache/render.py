@@ -122,6 +122,27 @@ def markdown(report: Mapping[str, Any], gates: Sequence[Mapping[str, Any]] = ())
         ],
         rows,
     )
+    gpu_rows = []
+    for a in report["arms"]:
+        info = a.get("gpu") or {}
+        for card in info.get("cards") or []:
+            gpu_rows.append(
+                [
+                    a["name"],
+                    f"{card['index']} {card.get('name') or ''}".strip(),
+                    fmt(card.get("power_limit_before_w"), "w") + " W",
+                    fmt(card.get("power_limit_after_w"), "w") + " W",
+                    fmt(card.get("vram_ready_mib"), "prompt_tokens") + " MiB",
+                    fmt(card.get("vram_before_stop_mib"), "prompt_tokens") + " MiB",
+                ]
+            )
+    if gpu_rows:
+        lines += ["", "## GPU state", ""]
+        lines += _md_table(
+            ["Arm", "GPU", "Power cap before", "Power cap after", "VRAM when ready", "VRAM after probes"], gpu_rows
+        )
+    elif report["arms"] and (report["arms"][0].get("gpu") or {}).get("reason"):
+        lines += ["", f"GPU state: none recorded ({report['arms'][0]['gpu']['reason']})."]
     header_tail = [f"{arm} delta" for arm in arms[1:]]
     for probe, table in ab_tables(report).items():
         lines += ["", f"## {PROBE_TITLES.get(probe, probe)}", ""]

@@ -182,3 +182,25 @@ def spec_decode_lines(records: Sequence[Mapping[str, Any]], arm_order: list[str]
                 continue
             lines.append(f"{arm} {probe}: {accepted}/{drafted} draft tokens accepted ({100 * accepted / drafted:.1f}%)")
     return lines or ["not enabled (no vllm:spec_decode_* counters moved)"]
+
+
+def gpu_lines(boot_id: str, evidence: Mapping[str, Any]) -> list[str]:
+    """Per-card power caps before/after, VRAM when ready, and what changed — or "no GPU"."""
+    before, after = evidence.get("gpu_before") or {}, evidence.get("gpu_after") or {}
+    if not before:
+        return []
+    if not before.get("gpu"):
+        return [f"{boot_id}: GPU: none recorded ({before.get('reason', 'no GPU')})"]
+    lines = []
+    after_cards = {c.get("uuid"): c for c in after.get("cards") or []}
+    vram = evidence.get("vram_ready_mib") or {}
+    for card in before.get("cards") or []:
+        uuid = card.get("uuid")
+        post = after_cards.get(uuid, {})
+        lines.append(
+            f"{boot_id}: GPU {card.get('index')} {card.get('name')} ({str(uuid)[:12]}): power cap "
+            f"{card.get('power_limit_w')} W before / {post.get('power_limit_w', '?')} W after, "
+            f"VRAM {vram.get(uuid, '?')} MiB when ready, {card.get('temp_c')}→{post.get('temp_c', '?')} °C"
+        )
+    lines += [f"{boot_id}: GPU change: {change}" for change in evidence.get("gpu_changes") or []]
+    return lines

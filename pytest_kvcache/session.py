@@ -26,6 +26,9 @@ from pytest_kvcache.engines.base import Engine, EngineError, tail
 from pytest_kvcache.engines.evidence import collect, resolved_cache_dtype
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
 from pytest_kvcache.finish import Finished, finish, summary_lines
+from pytest_kvcache.gpu import diff as gpu_diff
+from pytest_kvcache.gpu import memory_used_mib
+from pytest_kvcache.gpustate import GpuOptions, GpuState
 from pytest_kvcache.records import RunFolder, make_record
 from pytest_kvcache.settings import Arm, Boot, Settings
 
@@ -159,6 +162,9 @@ class KvSession:
     started_unix_s: float = field(default_factory=time.time)
     done: Finished | None = None
     report_error: str | None = None
+    gpu: GpuState | None = None
+    _machine_info: dict[str, Any] | None = None
+    gpu_problems: list[str] = field(default_factory=list)
     _previous_sigterm: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -176,6 +182,8 @@ class KvSession:
 
     def uninstall(self) -> None:
         self.stop_all()
+        if self.gpu is not None:
+            self.gpu_problems += self.gpu.close()
         if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
@@ -189,8 +197,21 @@ class KvSession:
             root = self.settings.report_dir
             root.mkdir(parents=True, exist_ok=True)
             self.reaped = reap_orphans(root)
+            if self.settings.launcher == "docker":
+                self.reaped += reap_dead_containers()
             self.run = RunFolder(root).create()
             self.registry = EngineRegistry(self.run.path)
+            st = self.settings
+            self.gpu = GpuState(
+                GpuOptions(
+                    power_limit=st.gpu_power_limit,
+                    require_idle=st.gpu_require_idle,
+                    settle=st.gpu_settle,
+                    hz=st.gpu_hz,
+                    max_temp_c=st.gpu_max_temp,
+                )
+            )
+            self.gpu.open(self.run.path)
             self.write_run_json(status="running")
         return self.run
 
@@ -212,10 +233,25 @@ class KvSession:
                 "settings": self.settings.to_dict(),
                 "plan": self.plan,
                 "versions": _versions(),
+                "benchmark_machine_info": self._benchmark_machine_info(),
                 "reaped": self.reaped,
                 "boots": {k: v.get("status") for k, v in self.evidence.items()},
             },
         )
+
+    def _benchmark_machine_info(self) -> dict[str, Any] | None:
+        """pytest-benchmark's machine and commit info, as evidence of where the run happened."""
+        bs = getattr(self.config, "_benchmarksession", None)
+        if bs is None:
+            return None
+        if self._machine_info is None:
+            try:
+                from pytest_benchmark.utils import get_commit_info
+
+                self._machine_info = {"machine": bs.get_machine_info(), "commit": get_commit_info()}  # type: ignore[no-untyped-call]
+            except Exception as exc:  # evidence only: never fail a run over it
+                self._machine_info = {"error": f"{type(exc).__name__}: {exc}"}
+        return self._machine_info
 
     # ------------------------------------------------------------------ engines
 
@@ -238,6 +274,10 @@ class KvSession:
         self.evidence[boot.boot_id] = evidence
         engine: Engine | None = None
         try:
+            assert self.gpu is not None
+            evidence["gpu_before"], problems = self.gpu.before_boot()
+            if problems:
+                raise EngineError(f"{boot.boot_id}: GPU state refuses this boot: " + "; ".join(problems))
             engine = self.config.hook.pytest_kvcache_make_engine(
                 config=self.config, settings=self.settings, boot=boot, arm_dir=arm_dir, registry=self.registry
             )
@@ -247,6 +287,8 @@ class KvSession:
             engine.start()
             evidence.update(engine.describe())
             evidence.update(collect(engine.url, engine.log_path))
+            evidence["gpu_ready"] = self.gpu.snapshot()
+            evidence["vram_ready_mib"] = memory_used_mib(evidence["gpu_ready"])
             self._check(boot, evidence)
         except EngineError as exc:
             evidence.update({"status": "failed", "error": exc.render()})
@@ -281,10 +323,19 @@ class KvSession:
         engine = self.engines.pop(boot_id, None)
         if engine is None:
             return
+        vram_in_use = memory_used_mib(self.gpu.snapshot()) if self.gpu is not None and self.gpu.available else {}
         engine.stop()
         evidence = self.evidence.get(boot_id)
         if evidence is not None and self.run is not None:
             evidence["stopped_unix_s"] = time.time()
+            if self.gpu is not None:
+                after = self.gpu.snapshot()
+                evidence["gpu_after"] = after
+                evidence["vram_before_stop_mib"] = vram_in_use
+                own = [p for p in [getattr(engine, "pid", None)] if isinstance(p, int)]
+                if evidence.get("gpu_before", {}).get("gpu"):
+                    evidence["gpu_changes"] = gpu_diff(evidence["gpu_before"], after, own_pids=own)
+                evidence.setdefault("warnings", []).extend(self.gpu.check(after))
             with contextlib.suppress(Exception):
                 evidence.update({k: v for k, v in engine.describe().items() if k in ("stop", "pid")})
             if evidence.get("status") == "ready":
@@ -299,6 +350,12 @@ class KvSession:
 
     def record(self, sample: Sample, boot: Boot, **context: Any) -> dict[str, Any]:
         run = self.ensure_run()
+        if self.gpu is not None and self.gpu.sampler is not None and sample.end_s is not None:
+            window, flags, excluded = self.gpu.drift(sample.send_unix_s, sample.send_unix_s + sample.end_s)
+            context["gpu"] = window
+            context["flags"] = [*(context.get("flags") or []), *flags]
+            if excluded and not context.get("excluded_reason"):
+                context["excluded_reason"] = excluded
         rec = make_record(
             sample, run_id=run.run_id, arm=boot.arm.name, boot=boot.boot_id, replicate=boot.replicate, **context
         )
@@ -320,6 +377,13 @@ class KvSession:
             return (-1 if boot is None else order.get(boot.boot_id, len(order))), probe
 
         items[:] = sorted(items, key=key)
+        for item in items:  # --benchmark-only must not skip probes: they are benchmarks (fed via pedantic)
+            if boot_of(item) is not None:
+                item.own_markers = [
+                    m
+                    for m in item.own_markers
+                    if not (m.name == "skip" and "--benchmark-only" in str(m.kwargs.get("reason", "")))
+                ]
         counts: dict[str, int] = {}
         for item in items:
             boot = boot_of(item)
@@ -362,6 +426,8 @@ class KvSession:
             return (yield)
         finally:
             self.stop_all()
+            if self.gpu is not None:
+                self.gpu_problems += self.gpu.close()
             self.finish_run(session)
 
     def finish_run(self, session: pytest.Session) -> None:
@@ -419,6 +485,10 @@ class KvSession:
         for boot_id, evidence in self.evidence.items():
             for line in report.evidence_lines(boot_id, evidence):
                 tr.line(line, red=evidence.get("status") == "failed")
+            for line in report.gpu_lines(boot_id, evidence):
+                tr.line(line)
+        for problem in self.gpu_problems:
+            tr.line(problem, red=True)
         arm_order = [a.name for a in self.settings.arms]
         short = [r for r in self.records if r.get("probe") == "short"]
         if short:
@@ -463,6 +533,21 @@ class KvSession:
                 tr.line(f"{len(self.done.failed_gates)} gate(s) failed: exit code 1", red=True)
             assert self.run is not None
             tr.line(f"report: {self.run.path / 'report.md'} (also report.json, report.html, summary.csv)")
+
+
+def reap_dead_containers() -> list[str]:
+    """Containers labelled by a pytest-kvcache run whose pytest process is gone (docker launcher)."""
+    from pytest_kvcache.engines.docker import docker_available, reap_containers
+
+    if docker_available() is not None:
+        return []
+    import docker
+
+    client = docker.from_env()
+    try:
+        return list(reap_containers(client))
+    finally:
+        client.close()
 
 
 def get_session(config: pytest.Config) -> KvSession | None:

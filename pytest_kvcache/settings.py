@@ -137,6 +137,16 @@ class Settings:
     inconclusive: Literal["fail", "warn"] = "warn"
     save: str | None = None
     compare: str | None = None
+    image: str | None = None
+    hf_cache: Path | None = None
+    gpus: str | None = None
+    pull: bool = False
+    shm_size: str | None = None
+    gpu_power_limit: str | None = None
+    gpu_require_idle: bool = False
+    gpu_settle: tuple[float, float] | None = None
+    gpu_hz: float = 4.0
+    gpu_max_temp: float | None = None
 
     @property
     def active(self) -> bool:
@@ -184,6 +194,16 @@ class Settings:
             "inconclusive": self.inconclusive,
             "save": self.save,
             "compare": self.compare,
+            "image": self.image,
+            "hf_cache": str(self.hf_cache) if self.hf_cache else None,
+            "gpus": self.gpus,
+            "pull": self.pull,
+            "shm_size": self.shm_size,
+            "gpu_power_limit": self.gpu_power_limit,
+            "gpu_require_idle": self.gpu_require_idle,
+            "gpu_settle": list(self.gpu_settle) if self.gpu_settle else None,
+            "gpu_hz": self.gpu_hz,
+            "gpu_max_temp": self.gpu_max_temp,
         }
 
     @property
@@ -293,6 +313,30 @@ def _gates(raw: Any, arms: list[str]) -> tuple[str, ...]:
         except GateError as exc:
             raise SettingsError(str(exc)) from None
     return tuple(texts)
+
+
+def _power_limit(raw: Any) -> str:
+    from pytest_kvcache.gpu import parse_power_limit
+
+    try:
+        parse_power_limit(str(raw))
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    return str(raw)
+
+
+def _gpus(raw: Any) -> str:
+    value = str(raw).strip()
+    if value != "all" and not re.fullmatch(r"[A-Za-z0-9\-]+(,[A-Za-z0-9\-]+)*", value):
+        raise SettingsError(f"expected all or comma-separated GPU indices/UUIDs, got {raw!r}")
+    return value
+
+
+def _settle(raw: Any) -> tuple[float, float]:
+    temp, sep, power = str(raw).partition(":")
+    if not sep:
+        raise SettingsError(f"expected TEMP_C:POWER_W like 45:150, got {raw!r}")
+    return _positive_float(temp), _positive_float(power)
 
 
 def _baseline_name(raw: Any) -> str:
@@ -412,6 +456,28 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("save", "store this run as the baseline NAME (.kvcache/baselines/NAME).", "NAME"),
     OptionSpec("compare", "compare this run with the stored baseline NAME (and enable 'saved' gates).", "NAME"),
     OptionSpec("rerender", "rebuild the report (and gates) of a stored run folder; boots nothing.", "RUN_DIR"),
+    OptionSpec(
+        "image", "the docker launcher's image (e.g. vllm/vllm-openai:v0.25.1); a named arm may set its own.", "IMAGE"
+    ),
+    OptionSpec("hf_cache", "host HF cache mounted at /root/.cache/huggingface (default ~/.cache/huggingface).", "DIR"),
+    OptionSpec("gpus", "GPUs for containers: all, or indices/UUIDs like 0,1,2,3 (default: none).", "GPUS"),
+    OptionSpec(
+        "pull", "let the docker launcher pull a missing image (default: a missing image is an error).", flag=True
+    ),
+    OptionSpec("shm_size", "container shared memory (e.g. 16g) instead of --ipc=host.", "SIZE"),
+    OptionSpec(
+        "gpu_power_limit",
+        "pin GPU power caps before the first arm, verify them around every arm, restore them at the end: "
+        "'300' (all cards, W), '0:300,1:250' (by index), 'GPU-ab12:300' (by UUID prefix); 'verify:300' only "
+        "checks. Setting needs root.",
+        "SPEC",
+    ),
+    OptionSpec(
+        "gpu_require_idle", "refuse to boot an arm while a foreign process holds a GPU or it is busy.", flag=True
+    ),
+    OptionSpec("gpu_settle", "between arms, wait until every GPU is at or below TEMP_C:POWER_W (e.g. 45:150).", "T:W"),
+    OptionSpec("gpu_hz", "GPU sampling rate during the run (default 4 Hz).", "HZ"),
+    OptionSpec("gpu_max_temp", "exclude samples whose window saw a GPU above this temperature (°C).", "C"),
 )
 
 OPTION_BY_NAME: Mapping[str, OptionSpec] = {spec.name: spec for spec in OPTIONS}
@@ -563,6 +629,15 @@ def resolve(
         if missing:
             raise SettingsError(f"--kv-launcher=external needs --kv-endpoint ARM=URL for: {', '.join(missing)}")
 
+    if launcher == "docker":
+        image = get("image", lambda raw: str(raw).strip(), None)
+        without = [a.name for a in arms if not (a.image or image)]
+        if without:
+            raise SettingsError(
+                f"--kv-launcher=docker needs an image: give --kv-image or an 'image' in the arm's table "
+                f"(missing for: {', '.join(without)})"
+            )
+
     if model is None and launcher != "external":
         gpu_only = [a for a in arms if a.kv_cache_dtype is not None and a.kv_cache_dtype not in CPU_KV_CACHE_DTYPES]
         if gpu_only:
@@ -617,4 +692,14 @@ def resolve(
         inconclusive=get("inconclusive", _choice("fail", "warn"), "warn"),
         save=get("save", _baseline_name, None),
         compare=compare,
+        image=get("image", lambda raw: str(raw).strip(), None),
+        hf_cache=Path(get("hf_cache", lambda raw: str(raw), "~/.cache/huggingface")).expanduser(),
+        gpus=get("gpus", _gpus, None),
+        pull=get("pull", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
+        shm_size=get("shm_size", lambda raw: str(raw).strip(), None),
+        gpu_power_limit=get("gpu_power_limit", _power_limit, None),
+        gpu_require_idle=get("gpu_require_idle", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
+        gpu_settle=get("gpu_settle", _settle, None),
+        gpu_hz=get("gpu_hz", lambda raw: _positive_float(str(raw)), 4.0),
+        gpu_max_temp=get("gpu_max_temp", lambda raw: _positive_float(str(raw)), None),
     )

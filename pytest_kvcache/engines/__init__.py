@@ -26,6 +26,10 @@ __all__ = [
 EMBEDDED_ARGS: tuple[str, ...] = ("--load-format", "dummy", "--enforce-eager")
 #: vLLM's CPU build sizes its KV cache from this (GiB); without it startup can fail on a small machine.
 EMBEDDED_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
+#: Host environment variables the docker launcher passes into containers.
+PASSTHROUGH_PREFIXES = ("NCCL_", "VLLM_", "PYTORCH_", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OMP_")
+#: Where a model folder is mounted inside a container.
+CONTAINER_MODEL = "/model"
 #: What measurement needs from every engine: cached-token counts in ``usage``.
 MEASUREMENT_ARGS: tuple[str, ...] = ("--enable-prompt-tokens-details",)
 
@@ -92,4 +96,37 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
             on_spawn=lambda e: registry.add(e.boot_id, e.pid or 0, argv0=argv[0]),
             on_stop=lambda e: registry.remove(e.boot_id),
         )
-    raise EngineError(f"{boot.boot_id}: the {settings.launcher} launcher is not available in this version")
+    if settings.launcher == "docker":
+        from pytest_kvcache.engines.docker import DockerEngine
+
+        image = boot.arm.image or settings.image
+        assert image is not None  # settings refuse a docker arm without an image
+        model_mount = None
+        if settings.model is None:
+            model, model_mount = CONTAINER_MODEL, (str(embedded_model_path()), CONTAINER_MODEL)
+        elif Path(settings.model).is_dir():
+            model, model_mount = CONTAINER_MODEL, (settings.model, CONTAINER_MODEL)
+        else:
+            model = settings.model  # a hub id, from the mounted HF cache
+        args, env_overrides = build_engine_args(settings, boot.arm, model)
+        # A container does not inherit our environment: pass what engines read (NCCL_*, VLLM_*, HF_TOKEN …).
+        passthrough = {k: v for k, v in os.environ.items() if k.startswith(PASSTHROUGH_PREFIXES)}
+        env_overrides = {**passthrough, **(EMBEDDED_ENV if settings.embedded else {}), **env_overrides}
+        run_id = arm_dir.parent.parent.name
+        return DockerEngine(
+            boot.boot_id,
+            image=image,
+            engine_args=args,
+            env=env_overrides,
+            port=settings.port or free_port(),
+            log_path=log_path,
+            startup_timeout_s=settings.startup_timeout_s,
+            run_id=run_id,
+            arm=boot.arm.name,
+            model_mount=model_mount,
+            hf_cache=settings.hf_cache if settings.hf_cache and settings.hf_cache.is_dir() else None,
+            gpus=settings.gpus,
+            shm_size=settings.shm_size,
+            pull=settings.pull,
+        )
+    raise EngineError(f"{boot.boot_id}: unknown launcher {settings.launcher!r}")

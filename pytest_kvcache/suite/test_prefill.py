@@ -37,7 +37,7 @@ def _token_counter(kv_client, kv_server, depth: int, seed: int):
 
 @pytest.mark.prefill
 @pytest.mark.depth
-def test_prefill(kv_server, kv_client, kv_record, kv_settings, kv_depth: int) -> None:
+def test_prefill(kv_server, kv_client, kv_record, kv_settings, kv_benchmark, kv_depth: int) -> None:
     max_len = kv_server.evidence.get("max_model_len")
     if max_len and kv_depth + prefill.MAX_TOKENS > max_len:
         pytest.skip(
@@ -73,6 +73,7 @@ def test_prefill(kv_server, kv_client, kv_record, kv_settings, kv_depth: int) ->
         label=f"prefill {prefill.depth_label(kv_depth)} on {kv_server.name}",
         warmups=kv_settings.depth_warmups,
         runs=kv_settings.depth_runs,
+        bench=kv_benchmark,
     )
     if outcome.problems():
         pytest.fail(outcome.message(), pytrace=False)

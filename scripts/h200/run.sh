@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# On the GPU machine: `run.sh start` launches the plugin detached; `run.sh collect` waits (≤ 9 min) and
+# packs the run folder into $OUT/run.tar.gz.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+source "$repo/scripts/h200/env.sh"
+work=/tmp/kvproject
+out=${OUT:-/tmp/out}
+case "${1:?start|collect}" in
+  start)
+    mkdir -p "$work"
+    printf '[tool.pytest.ini_options]\naddopts = ["-p", "no:cacheprovider", "-rA"]\n' > "$work/pyproject.toml"
+    cd "$work"
+    setsid nohup python3 -m pytest -p pytest_kvcache.plugin \
+      --kv-arms=fp8,int8 -m "short or depth" \
+      --kv-model="$repo/fixtures/qwen3-8b-shape" \
+      --kv-engine-args="--load-format dummy --gpu-memory-utilization 0.5 --max-model-len 131072" \
+      --kv-depths=10k,60k --kv-depth-warmups=1 --kv-depth-runs=2 \
+      --kv-sessions=2 --kv-startup-timeout=900 \
+      --kv-fail="decode_tps[short]: int8 >= fp8 * 1.0" --kv-fail="prefill_tps[prefill]: >= -50%" \
+      > "$work/pytest.log" 2>&1 < /dev/null &
+    echo "started pid $!"
+    ;;
+  collect)
+    cd "$work"
+    for _ in $(seq 1 108); do
+      pgrep -f "pytest -p pytest_kvcache.plugin" > /dev/null || break
+      sleep 5
+    done
+    pgrep -f "pytest -p pytest_kvcache.plugin" > /dev/null && echo "still running" || echo "finished"
+    tail -60 pytest.log
+    mkdir -p "$out"
+    run=$(readlink -f .kvcache/runs/latest || true)
+    [ -n "$run" ] && tar czf "$out/run.tar.gz" -C "$(dirname "$run")" "$(basename "$run")" && cp pytest.log "$out/"
+    ls -la "$out"
+    ;;
+esac
