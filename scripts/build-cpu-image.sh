@@ -31,10 +31,16 @@ PYTHON=/usr/bin/python3.11
 VENV=${KV_IMAGE_VENV:-/opt/kvcache-venv}
 apt_mirror() {
   # The mirror this machine's apt already uses (deb822 "URIs:" or one-line "deb URL suite …").
-  grep -hsE '^(URIs:|deb )' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list /etc/apt/sources.list |
-    grep -v security | head -n 1 | sed -E 's/^URIs:[[:space:]]*//; s/^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?//' | awk '{print $1}'
+  local files=() f
+  for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list /etc/apt/sources.list; do
+    [ -f "$f" ] && files+=("$f")
+  done
+  [ ${#files[@]} -gt 0 ] || return 0
+  { grep -hE '^(URIs:|deb )' "${files[@]}" || true; } | { grep -v security || true; } | head -n 1 |
+    sed -E 's/^URIs:[[:space:]]*//; s/^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?//' | awk '{print $1}'
 }
 MIRROR=${KV_DEBIAN_MIRROR:-$(apt_mirror)}
+[ -n "$MIRROR" ] || { echo "build-cpu-image: no Debian mirror found in apt's sources; set KV_DEBIAN_MIRROR" >&2; exit 1; }
 REPO=pytest-kvcache/vllm-cpu
 
 log() { echo "build-cpu-image: $*" >&2; }
