@@ -76,6 +76,7 @@ def frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             "index": r.get("index"),
             "pair": pair_key(r),
             "valid": bool(r.get("ok")) and not r.get("excluded_reason"),
+            "flagged": bool(r.get("flags")),
             "excluded_reason": r.get("excluded_reason"),
             "prompt_tokens": sample.get("prompt_tokens"),
             "cached_tokens": sample.get("cached_tokens"),

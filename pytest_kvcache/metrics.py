@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -27,9 +26,6 @@ class Scrape:
             return None
         return sum(value for labels, value in rows if all(labels.get(k) == v for k, v in match.items()))
 
-    def names(self) -> list[str]:
-        return sorted(self.samples)
-
 
 def parse(text: str) -> Scrape:
     samples: dict[str, list[tuple[Mapping[str, str], float]]] = {}
@@ -37,13 +33,6 @@ def parse(text: str) -> Scrape:
         for sample in family.samples:
             samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
     return Scrape({name: tuple(rows) for name, rows in samples.items()})
-
-
-def scrape(base_url: str, timeout_s: float = 10.0, client: httpx.Client | None = None) -> Scrape:
-    url = base_url.rstrip("/") + "/metrics"
-    response = client.get(url, timeout=timeout_s) if client is not None else httpx.get(url, timeout=timeout_s)
-    response.raise_for_status()
-    return parse(response.text)
 
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"

@@ -117,9 +117,6 @@ class RunFolder:
             self._fh.flush()
             os.fsync(self._fh.fileno())
 
-    def records(self) -> list[dict[str, Any]]:
-        return read_records(self.requests_path)
-
     def close(self) -> None:
         with self._lock:
             if self._fh is not None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from pytest_kvcache import analysis
 from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype
 from pytest_kvcache.stats import SUMMARY_FIELDS, describe
 
@@ -15,20 +16,8 @@ PREFILL_METRICS = ("ttft_s", "prefill_tps", "engine_prefill_s", "prompt_tokens")
 
 
 def measured_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per measured request: context columns plus one column per metric (None when voided)."""
-    rows = []
-    for r in records:
-        if r.get("phase") != "measured":
-            continue
-        row = {k: r.get(k) for k in ("arm", "boot", "probe", "shape", "depth", "turn", "session", "index")}
-        row["valid"] = bool(r.get("ok")) and not r.get("excluded_reason")
-        row["flagged"] = bool(r.get("flags"))
-        sample = r.get("sample") or {}
-        row["prompt_tokens"] = sample.get("prompt_tokens")
-        row["cached_tokens"] = sample.get("cached_tokens")
-        row.update(r.get("metrics") or {})
-        rows.append(row)
-    return pd.DataFrame(rows)
+    """``analysis.frame`` (one row per measured request) with the axis point named ``shape``."""
+    return analysis.frame(list(records)).rename(columns={"point": "shape"})
 
 
 def summary_table(
