@@ -11,10 +11,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from pytest_kvcache import stats
+from pytest_kvcache import confounds, stats
 from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype
+from pytest_kvcache.probes import agreement
 from pytest_kvcache.records import read_json, read_records
 
 REPORT_VERSION = 1
@@ -24,10 +26,31 @@ PROBE_METRICS: dict[str, tuple[str, ...]] = {
     "short": ("wall_tps", "decode_tps", "ttft_s"),
     "prefill": ("prefill_tps", "ttft_s", "engine_prefill_s", "prompt_tokens"),
     "agentic": ("decode_tps", "ttft_s", "prompt_tokens", "cached_tokens"),
+    "concurrency": ("aggregate_tps", "stream_tps_median", "ttft_p95_s"),
 }
+#: The one metric per probe that adaptive sampling, per-boot tables and round decisions look at.
+PRIMARY_METRIC = {
+    "short": "decode_tps",
+    "prefill": "prefill_tps",
+    "agentic": "decode_tps",
+    "concurrency": "aggregate_tps",
+}
+#: With this many boots per arm or more, CIs are computed over boots (hierarchical bootstrap).
+MIN_BOOTS_FOR_BOOT_CI = 3
 CLIENT_METRICS = ("ttft_s", "wall_tps", "decode_tps", "prefill_tps")
 KNOWN_METRICS = tuple(
-    dict.fromkeys([*CLIENT_METRICS, "engine_prefill_s", "engine_ttft_s", "prompt_tokens", "cached_tokens"])
+    dict.fromkeys(
+        [
+            *CLIENT_METRICS,
+            "engine_prefill_s",
+            "engine_ttft_s",
+            "prompt_tokens",
+            "cached_tokens",
+            "aggregate_tps",
+            "stream_tps_median",
+            "ttft_p95_s",
+        ]
+    )
 )
 KNOWN_PROBES = ("short", "prefill", "agentic", "concurrency")
 PROBE_ORDER = {name: i for i, name in enumerate(KNOWN_PROBES)}
@@ -50,11 +73,12 @@ def point_of(record: Mapping[str, Any]) -> str:
 
 def pair_key(record: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """Requests that are the same prompt in every arm pair up: prefill by index, agentic replay by
-    (session, turn). Short probes are compared unpaired."""
+    (session, turn), each within the same replicate (A.r2 pairs with B.r2). Short probes are unpaired."""
+    replicate = record.get("replicate") or 1
     if record.get("probe") == "prefill":
-        return (record.get("depth"), record.get("index"))
+        return (replicate, record.get("depth"), record.get("index"))
     if record.get("probe") == "agentic" and record.get("shape") == "replay":
-        return (record.get("session"), record.get("turn"))
+        return (replicate, record.get("session"), record.get("turn"))
     return None
 
 
@@ -84,7 +108,47 @@ def frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         for metric, value in (r.get("metrics") or {}).items():
             row[metric] = value
         rows.append(row)
+    rows += concurrency_trials(records)
     return pd.DataFrame(rows)
+
+
+def concurrency_trials(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per concurrency trial (N simultaneous streams): aggregate TPS (all streams' tokens over the
+    span from the first send to the last ``[DONE]``), the median of per-stream decode TPS, and p95 TTFT.
+    A trial with a failed or excluded stream is invalid as a whole."""
+    trials: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for r in records:
+        if r.get("probe") == "concurrency" and r.get("phase") == "measured":
+            trials.setdefault((r.get("boot"), r.get("shape"), r.get("index")), []).append(r)
+    rows = []
+    for (_, _, index), streams in trials.items():
+        first = streams[0]
+        valid = all(s.get("ok") and not s.get("excluded_reason") for s in streams)
+        starts = [s["sample"]["send_unix_s"] for s in streams]
+        ends = [s["sample"]["send_unix_s"] + (s["sample"].get("end_s") or 0.0) for s in streams]
+        tokens = sum(s["sample"].get("completion_tokens") or 0 for s in streams)
+        tps = [s["metrics"].get("decode_tps") for s in streams if s["metrics"].get("decode_tps") is not None]
+        ttfts = [s["metrics"].get("ttft_s") for s in streams if s["metrics"].get("ttft_s") is not None]
+        span = max(ends) - min(starts)
+        reasons = sorted({str(s.get("excluded_reason")) for s in streams if s.get("excluded_reason")})
+        rows.append(
+            {
+                "arm": first.get("arm"),
+                "boot": first.get("boot"),
+                "probe": "concurrency",
+                "point": point_of(first),
+                "index": index,
+                "pair": None,
+                "valid": valid,
+                "flagged": any(s.get("flags") for s in streams),
+                "excluded_reason": "; ".join(reasons) or None,
+                "streams": len(streams),
+                "aggregate_tps": tokens / span if valid and span > 0 else None,
+                "stream_tps_median": float(np.median(tps)) if valid and tps else None,
+                "ttft_p95_s": float(np.percentile(ttfts, 95)) if valid and ttfts else None,
+            }
+        )
+    return rows
 
 
 def _values(group: pd.DataFrame, metric: str) -> list[float]:
@@ -96,6 +160,8 @@ def _values(group: pd.DataFrame, metric: str) -> list[float]:
 def _point_sort(point: str) -> tuple[int, float, str]:
     if point.startswith("turn") and point[4:].isdigit():
         return (1, float(point[4:]), point)
+    if point.startswith("c") and point[1:].isdigit():  # concurrency level
+        return (1, float(point[1:]), point)
     digits = point[:-1] if point.endswith("k") else point
     try:
         return (0, float(digits) * (1000 if point.endswith("k") else 1), point)
@@ -143,27 +209,54 @@ def _paired_values(base: pd.DataFrame, arm: pd.DataFrame, metric: str) -> tuple[
     return [float(b[k]) for k in keys], [float(a[k]) for k in keys]
 
 
+def _by_boot(group: pd.DataFrame, metric: str) -> list[list[float]]:
+    if group.empty or "boot" not in group:
+        return []
+    return [values for _, g in group.groupby("boot", sort=False) if (values := _values(g, metric))]
+
+
 def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int = 0) -> dict[str, Any]:
-    """Ratio other/base of one metric at one point, its CI and verdict; paired where requests pair up."""
+    """Ratio other/base of one metric at one point, its CI and verdict.
+
+    With ``MIN_BOOTS_FOR_BOOT_CI`` boots or more on both sides the boot is the unit: ratio of boot-level
+    means with a hierarchical bootstrap (``ci_method`` "boots"). Otherwise samples are pooled, paired where
+    requests pair up, and the CI covers only the noise within a boot ("within-boot").
+    """
     bv, av = _values(base, metric), _values(other, metric)
-    paired = bool(len(base) and base["pair"].notna().all() and other["pair"].notna().all())
-    if paired:
-        pb, pa = _paired_values(base[base["valid"]], other[other["valid"]], metric)
-        if len(pb) >= 2:
-            bv, av = pb, pa
-        else:
-            paired = False
-    ratio, lo, hi = stats.ratio_ci(bv, av, paired=paired, seed=seed)
+    base_boots, arm_boots = _by_boot(base, metric), _by_boot(other, metric)
+    paired = False
+    base_value: float | None
+    arm_value: float | None
+    if len(base_boots) >= MIN_BOOTS_FOR_BOOT_CI and len(arm_boots) >= MIN_BOOTS_FOR_BOOT_CI:
+        method = "boots"
+        ratio, lo, hi = stats.ratio_ci_boots(base_boots, arm_boots, seed=seed)
+        base_value = float(np.mean([np.mean(b) for b in base_boots]))
+        arm_value = float(np.mean([np.mean(a) for a in arm_boots]))
+    else:
+        method = "within-boot"
+        paired = bool(len(base) and base["pair"].notna().all() and other["pair"].notna().all())
+        if paired:
+            pb, pa = _paired_values(base[base["valid"]], other[other["valid"]], metric)
+            if len(pb) >= 2:
+                bv, av = pb, pa
+            else:
+                paired = False
+        ratio, lo, hi = stats.ratio_ci(bv, av, paired=paired, seed=seed)
+        base_value = (sum(bv) / len(bv)) if bv else None
+        arm_value = (sum(av) / len(av)) if av else None
     return {
-        "baseline_value": (sum(bv) / len(bv)) if bv else None,
-        "arm_value": (sum(av) / len(av)) if av else None,
+        "baseline_value": base_value,
+        "arm_value": arm_value,
         "ratio": ratio,
         "delta_pct": (ratio - 1) * 100 if ratio is not None else None,
         "ci_low": lo,
         "ci_high": hi,
         "paired": paired,
+        "ci_method": method,
         "n_baseline": len(bv),
         "n_arm": len(av),
+        "boots_baseline": len(base_boots),
+        "boots_arm": len(arm_boots),
         "direction": "higher" if stats.higher_is_better(metric) else "lower",
         "verdict": stats.verdict(metric, lo, hi),
     }
@@ -197,6 +290,29 @@ def delta_rows(data: pd.DataFrame, arms: list[str], seed: int = 0) -> list[dict[
                         }
                     )
     return rows
+
+
+def ci_half_width_pct(row: Mapping[str, Any]) -> float | None:
+    """Half the width of a ratio's CI, in percentage points (None without a CI)."""
+    if row.get("ci_low") is None or row.get("ci_high") is None:
+        return None
+    return float((row["ci_high"] - row["ci_low"]) / 2 * 100)
+
+
+def rounds_check(data: pd.DataFrame, arms: list[str], target_pct: float, seed: int = 0) -> dict[str, Any]:
+    """Is every delta of a probe's primary metric narrow enough (CI half-width ≤ ``target_pct``)?
+
+    Returns ``done`` and the widest delta (``probe``, ``point``, ``metric``, ``arm``, ``half_width_pct``);
+    a delta without a CI counts as too wide.
+    """
+    rows = [r for r in delta_rows(data, arms, seed) if PRIMARY_METRIC.get(r["probe"]) == r["metric"]]
+    if not rows:
+        return {"done": False, "widest": None, "reason": "no deltas of the primary metrics yet"}
+    widths = [(ci_half_width_pct(r), r) for r in rows]
+    worst_width, worst = max(widths, key=lambda w: float("inf") if w[0] is None else w[0])
+    widest = {k: worst[k] for k in ("probe", "point", "metric", "arm")} | {"half_width_pct": worst_width}
+    done = all(w is not None and w <= target_pct for w, _ in widths)
+    return {"done": done, "widest": widest}
 
 
 def _curve(data: pd.DataFrame, probe: str, arm: str, metric: str) -> list[tuple[float, list[float]]]:
@@ -372,8 +488,139 @@ def load_run(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return meta, records
 
 
-def build(run: Path) -> dict[str, Any]:
-    """The report of one run folder (``report.json``'s content)."""
+def boot_entries(run: Path, meta: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every planned boot in run order: position, arm, replicate, whether it ran (or why not)."""
+    out = []
+    for position, entry in enumerate(meta.get("plan") or [], 1):
+        path = run / "arms" / entry["boot"] / "evidence.json"
+        evidence = read_json(path) if path.exists() else {}
+        out.append(
+            {
+                "position": position,
+                "boot": entry["boot"],
+                "arm": entry.get("arm"),
+                "replicate": entry.get("replicate", 1),
+                "extra": bool(entry.get("extra")),
+                "status": evidence.get("status") or ("skipped" if entry.get("skipped") else "not booted"),
+                "skipped": entry.get("skipped"),
+                "ready_s": evidence.get("ready_s"),
+                "started_unix_s": evidence.get("started_unix_s"),
+            }
+        )
+    return out
+
+
+def boot_results(data: pd.DataFrame, boots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per boot, per probe point: the probe's primary metric (mean and n of valid samples)."""
+    rows: list[dict[str, Any]] = []
+    if data.empty:
+        return rows
+    for boot in boots:
+        mine = data[data["boot"] == boot["boot"]]
+        for probe in sorted(mine["probe"].unique(), key=lambda p: PROBE_ORDER.get(p, 99)):
+            metric = PRIMARY_METRIC.get(probe, "decode_tps")
+            by_probe = mine[mine["probe"] == probe]
+            for point in sorted(by_probe["point"].unique(), key=_point_sort):
+                values = _values(by_probe[by_probe["point"] == point], metric)
+                if values:
+                    rows.append(
+                        {
+                            "boot": boot["boot"],
+                            "arm": boot["arm"],
+                            "position": boot["position"],
+                            "probe": probe,
+                            "point": point,
+                            "metric": metric,
+                            "mean": float(np.mean(values)),
+                            "n": len(values),
+                        }
+                    )
+    return rows
+
+
+def ci_statement(boots: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> dict[str, Any]:
+    """How many boots each arm had, and what the report's CIs therefore cover."""
+    ran = [b for b in boots if b["status"] in ("ready", "stopped")]
+    per_arm = {arm: sum(1 for b in ran if b["arm"] == arm) for arm in arms}
+    fewest = min(per_arm.values()) if per_arm else 0
+    if fewest >= MIN_BOOTS_FOR_BOOT_CI:
+        text = (
+            f"CIs are computed over boots (hierarchical bootstrap: boots, then samples within a boot); "
+            f"boots per arm: {', '.join(f'{a} {n}' for a, n in per_arm.items())}."
+        )
+    else:
+        text = (
+            f"CIs cover within-boot noise only (boots per arm: {', '.join(f'{a} {n}' for a, n in per_arm.items())}; "
+            f"boot-to-boot variation is not in them — use --kv-replicates={MIN_BOOTS_FOR_BOOT_CI} or more)."
+        )
+    return {
+        "boots_per_arm": per_arm,
+        "method": "boots" if fewest >= MIN_BOOTS_FOR_BOOT_CI else "within-boot",
+        "order": [b["boot"] for b in ran],
+        "text": text,
+    }
+
+
+def agreement_report(run: Path, arms: Sequence[str]) -> dict[str, Any]:
+    """Output agreement from ``agreement.jsonl``: between each arm and the baseline (same replicate, same
+    request index), within a boot (request 0 vs 1) and across boots of one arm (request 0 of each)."""
+    records = read_records(run / "agreement.jsonl")
+    if not records:
+        return {"rows": [], "notes": []}
+    tokens = {
+        (r["boot"], r["shape"], r["index"]): agreement.Tokens(tuple(r["ids"]), tuple(r["logprobs"]))
+        for r in records
+        if r.get("ok")
+    }
+    notes = sorted({f"{r['boot']} {r['shape']}: {r.get('error')}" for r in records if not r.get("ok")})
+    shapes = list(dict.fromkeys(r["shape"] for r in records))
+    boots_of: dict[str, dict[int, str]] = {}
+    indices = sorted({int(r["index"]) for r in records})
+    for r in records:
+        boots_of.setdefault(r["arm"], {})[int(r.get("replicate") or 1)] = r["boot"]
+    rows: list[dict[str, Any]] = []
+
+    def add(kind: str, arm: str, other: str, shape: str, pairs: list[tuple[Any, Any]]) -> None:
+        found = [agreement.compare_pair(tokens[a], tokens[b]) for a, b in pairs if a in tokens and b in tokens]
+        if found:
+            rows.append({"kind": kind, "arm": arm, "baseline": other, "shape": shape, **agreement.summarize(found)})
+
+    base = arms[0] if arms else None
+    for shape in shapes:
+        for arm in arms[1:]:
+            if base is None:
+                continue
+            reps = sorted(set(boots_of.get(base, {})) & set(boots_of.get(arm, {})))
+            pairs = [((boots_of[base][r], shape, i), (boots_of[arm][r], shape, i)) for r in reps for i in indices]
+            add("between arms", arm, base, shape, pairs)
+        for arm in arms:
+            boots = [boots_of.get(arm, {})[r] for r in sorted(boots_of.get(arm, {}))]
+            if len(indices) >= 2:
+                add("within a boot", arm, arm, shape, [((b, shape, indices[0]), (b, shape, indices[1])) for b in boots])
+            if len(boots) >= 2:
+                add("across boots", arm, arm, shape, [((boots[0], shape, 0), (b, shape, 0)) for b in boots[1:]])
+    return {"rows": rows, "notes": notes}
+
+
+def sampling_report(run: Path) -> list[dict[str, Any]]:
+    """Why each adaptive loop stopped (``sampling.jsonl``), as written during the run."""
+    return read_records(run / "sampling.jsonl")
+
+
+def confound_report(run: Path, boots: Sequence[Mapping[str, Any]], allow: Sequence[str]) -> dict[str, Any]:
+    evidence = []
+    for boot in boots:
+        path = run / "arms" / boot["boot"] / "evidence.json"
+        if path.exists():
+            evidence.append(read_json(path))
+    found = confounds.find(evidence, allow)
+    found["lines"] = [confounds.describe(e) for e in found["confounds"]]
+    return found
+
+
+def build(run: Path, allow_diff: Sequence[str] = ()) -> dict[str, Any]:
+    """The report of one run folder (``report.json``'s content). ``allow_diff`` adds to the run's own
+    ``--kv-allow-diff`` keys."""
     meta, records = load_run(run)
     settings = meta.get("settings") or {}
     arms = [a["name"] for a in settings.get("arms", [])] or list(dict.fromkeys(r["arm"] for r in records))
@@ -381,6 +628,7 @@ def build(run: Path) -> dict[str, Any]:
     data = frame(records)
     deltas = delta_rows(data, arms, seed)
     crossovers = crossover_rows(data, arms, seed)
+    boots = boot_entries(run, meta)
     notes = []
     if not records:
         notes.append("no requests were recorded")
@@ -389,6 +637,8 @@ def build(run: Path) -> dict[str, Any]:
             p.get("arm") == arm for p in meta.get("plan", [])
         ):
             notes.append(f"no evidence for arm {arm}")
+    ci = ci_statement(boots, arms)
+    allow = [*(settings.get("allow_diff") or []), *allow_diff]
     return {
         "report_version": REPORT_VERSION,
         "run_id": meta.get("run_id"),
@@ -396,6 +646,13 @@ def build(run: Path) -> dict[str, Any]:
         "model": meta.get("model"),
         "versions": meta.get("versions"),
         "arms": arm_entries(run, meta.get("plan", []), arms),
+        "boots": boots,
+        "boot_results": boot_results(data, boots),
+        "ci": ci,
+        "confounds": confound_report(run, boots, allow),
+        "agreement": agreement_report(run, arms),
+        "sampling": sampling_report(run),
+        "self_check": meta.get("self_check"),
         "summary": summary_rows(data, arms),
         "deltas": deltas,
         "crossovers": crossovers,

@@ -16,11 +16,21 @@ when there is no data).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-KNOWN_METRICS = ("ttft_s", "wall_tps", "decode_tps", "prefill_tps", "engine_prefill_s", "engine_ttft_s")
+KNOWN_METRICS = (
+    "ttft_s",
+    "wall_tps",
+    "decode_tps",
+    "prefill_tps",
+    "engine_prefill_s",
+    "engine_ttft_s",
+    "aggregate_tps",
+    "stream_tps_median",
+    "ttft_p95_s",
+)
 KNOWN_PROBES = ("short", "prefill", "agentic", "concurrency")
 
 Op = Literal[">=", "<=", ">", "<"]
@@ -121,9 +131,18 @@ def judge(op: str, lo: float | None, hi: float | None, threshold: float) -> str:
 
 
 def evaluate(
-    gates: Sequence[Gate], data: Any, arms: Sequence[str], saved: Any = None, seed: int = 0
+    gates: Sequence[Gate],
+    data: Any,
+    arms: Sequence[str],
+    saved: Any = None,
+    seed: int = 0,
+    noise: Mapping[tuple[str, str, str], float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Evaluate gates on the analysis frame (``analysis.frame``); ``saved`` is a stored run's frame."""
+    """Evaluate gates on the analysis frame (``analysis.frame``); ``saved`` is a stored run's frame.
+
+    ``noise`` (an A/A run's band per (probe, point, metric), in ratio units) widens every ratio's CI by
+    the band before it is judged: a difference counts only beyond the noise floor.
+    """
     from pytest_kvcache import analysis, stats
 
     results: list[dict[str, Any]] = []
@@ -181,16 +200,21 @@ def evaluate(
                     )
                     continue
                 cmp = analysis.compare(base, other, gate.metric, seed=seed)
-                outcome = judge(gate.op, cmp["ci_low"], cmp["ci_high"], gate.threshold)
-                reason = "" if cmp["ci_low"] is not None else "too few samples for a CI"
+                lo, hi = cmp["ci_low"], cmp["ci_high"]
+                band = (noise or {}).get((gate.probe, point, gate.metric))
+                reason = "" if lo is not None else "too few samples for a CI"
+                if band is not None and lo is not None and hi is not None:
+                    lo, hi = lo - band, hi + band
+                    reason = f"CI widened by the A/A noise band ±{band * 100:.1f}%"
+                outcome = judge(gate.op, lo, hi, gate.threshold)
                 results.append(
                     _result(
                         gate,
                         f"{label} ({who})",
                         outcome,
                         cmp["ratio"],
-                        cmp["ci_low"],
-                        cmp["ci_high"],
+                        lo,
+                        hi,
                         reason,
                         ratio=True,
                     )

@@ -20,6 +20,8 @@ from pytest_kvcache.engines import make_engine
 from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.registry import EngineRegistry
 from pytest_kvcache.hostcpu import fp8_kv_unsupported_reason
+from pytest_kvcache.probes.agreement import REQUESTS
+from pytest_kvcache.probes.concurrency import level_label
 from pytest_kvcache.probes.prefill import depth_label
 from pytest_kvcache.session import SESSION_KEY, ArmClient, KvSession, Server, death_notice, get_session
 from pytest_kvcache.settings import OPTION_BY_NAME, OPTIONS, Boot, Settings, SettingsError, resolve
@@ -29,6 +31,7 @@ MARKERS = {
     "prefill": "prefill: fresh-prefill probe at exact depths (--kv-depths), every request proven cold.",
     "agentic": "agentic: multi-turn coding-assistant session growing its context (--kv-sessions, --kv-turns).",
     "depth": "depth: the long-context probes (prefill and agentic); -m depth selects exactly those.",
+    "concurrency": "concurrency: N simultaneous streams per arm (--kv-concurrency), aggregate and per-stream speed.",
 }
 
 SUITE_DIR = Path(__file__).parent / "suite"
@@ -88,10 +91,12 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         return None
     gate_texts = config.getoption(OPTION_BY_NAME["fail"].dest) or config.getini(OPTION_BY_NAME["fail"].ini) or []
     inconclusive = config.getoption(OPTION_BY_NAME["inconclusive"].dest) or "warn"
+    allow = config.getoption(OPTION_BY_NAME["allow_diff"].dest) or config.getini(OPTION_BY_NAME["allow_diff"].ini) or []
     path = Path(str(run_dir)).expanduser()
     if not path.is_absolute():
         path = Path.cwd() / path
-    return rerender(path, list(gate_texts), inconclusive=str(inconclusive))
+    keys = [k.strip() for text in allow for k in str(text).split(",") if k.strip()]
+    return rerender(path, list(gate_texts), inconclusive=str(inconclusive), allow_diff=keys)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -138,6 +143,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("kv_arm", boots, indirect=True, scope="session", ids=[b.boot_id for b in boots])
     if "kv_depth" in metafunc.fixturenames:
         metafunc.parametrize("kv_depth", settings.depths, ids=[depth_label(d) for d in settings.depths])
+    if "kv_concurrency" in metafunc.fixturenames:
+        levels = settings.concurrency
+        metafunc.parametrize("kv_concurrency", levels, ids=[level_label(n) for n in levels])
     if "kv_agentic_session" in metafunc.fixturenames:
         numbers = range(1, settings.sessions + 1)
         metafunc.parametrize("kv_agentic_session", numbers, ids=[f"s{n}" for n in numbers])
@@ -180,6 +188,9 @@ def kv_arm(request: pytest.FixtureRequest) -> Boot:
 def kv_server(request: pytest.FixtureRequest, kv_arm: Boot) -> Iterator[Server]:
     """The running engine of this test's arm: ``url``, ``arm``, ``model``, ``evidence``."""
     session = _session(request.config)
+    skipped = session.skip_reason(kv_arm)
+    if skipped:
+        pytest.skip(f"adaptive round {kv_arm.replicate} not booted: {skipped}")
     failure: str | None = None
     try:
         server = session.boot(kv_arm)
@@ -221,12 +232,39 @@ def kv_benchmark(request: pytest.FixtureRequest) -> Any:
     return request.getfixturevalue("benchmark")
 
 
+class Recorder:
+    """``kv_record(sample, probe=..., phase=..., index=..., **context)`` appends one record to
+    ``requests.jsonl``; ``kv_record.sampling(info, **context)`` says why an adaptive loop stopped."""
+
+    def __init__(self, session: KvSession, server: Server, test: str) -> None:
+        self.session, self.server, self.test = session, server, test
+
+    def __call__(self, sample: Sample, **context: Any) -> dict[str, Any]:
+        return self.session.record(sample, self.server.boot, test=self.test, **context)
+
+    def sampling(self, info: dict[str, Any], **context: Any) -> None:
+        boot = self.server.boot
+        entry = {"kind": "requests", "boot": boot.boot_id, "arm": boot.arm.name, "test": self.test, **context}
+        self.session.log("sampling.jsonl", {**entry, **info})
+
+
 @pytest.fixture
-def kv_record(request: pytest.FixtureRequest, kv_server: Server) -> Any:
-    """``kv_record(sample, probe=..., phase=..., index=..., **context)``: append one record to requests.jsonl."""
+def kv_record(request: pytest.FixtureRequest, kv_server: Server) -> Recorder:
+    """Records measured samples of this test into the run folder (see :class:`Recorder`)."""
+    return Recorder(_session(request.config), kv_server, request.node.nodeid)
+
+
+@pytest.fixture
+def kv_agreement(request: pytest.FixtureRequest, kv_server: Server, kv_client: ArmClient) -> Any:
+    """``kv_agreement(shape, payload)``: the unmeasured greedy token-id requests of output agreement
+    (logged to ``agreement.jsonl``; nothing when ``--kv-no-agreement``)."""
     session = _session(request.config)
 
-    def record(sample: Sample, **context: Any) -> dict[str, Any]:
-        return session.record(sample, kv_server.boot, test=request.node.nodeid, **context)
+    def agree(shape: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        if not session.settings.agreement:
+            return []
+        return session.record_agreement(
+            kv_client, kv_server.boot, test=request.node.nodeid, shape=shape, payload=payload, requests=REQUESTS
+        )
 
-    return record
+    return agree

@@ -6,6 +6,9 @@ Layout (``docs/records.md`` documents every field)::
         run.json                 settings, boot plan, versions (rewritten as the run progresses)
         engines.json             pids of live engines and the owning pytest pid (for the reaper)
         requests.jsonl           one record per request, appended and fsync'ed before the next starts
+        agreement.jsonl          greedy token ids and logprobs per short shape and boot (output agreement)
+        sampling.jsonl           why each adaptive sampling loop or round of boots stopped
+        selfcheck.json           the measuring client's own error and overhead on this machine
         arms/<boot_id>/engine.log
         arms/<boot_id>/evidence.json
     <report_dir>/latest -> <run_id>
@@ -116,6 +119,14 @@ class RunFolder:
             self._fh.write(line + "\n")
             self._fh.flush()
             os.fsync(self._fh.fileno())
+
+    def log(self, name: str, record: Mapping[str, Any]) -> None:
+        """Append one line to a side log of the run (``agreement.jsonl``, ``sampling.jsonl`` …), durably."""
+        line = json.dumps(record, default=str, separators=(",", ":"))
+        with self._lock, (self.path / name).open("a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
 
     def close(self) -> None:
         with self._lock:

@@ -34,7 +34,9 @@ def fmt_delta(row: Mapping[str, Any]) -> str:
     if row.get("ci_low") is not None:
         text += f" [{(row['ci_low'] - 1) * 100:+.1f}, {(row['ci_high'] - 1) * 100:+.1f}]"
     verdict = row.get("verdict")
-    if verdict and verdict != "inconclusive":
+    if row.get("verdict_note"):
+        text += f" ({row['verdict_note']})"
+    elif verdict and verdict != "inconclusive":
         text += f" {verdict}"
     elif verdict:
         text += " (inconclusive)"
@@ -87,7 +89,105 @@ PROBE_TITLES = {
     "short": "Short-context probes",
     "prefill": "Fresh-prefill probes",
     "agentic": "Agentic decode-at-depth",
+    "concurrency": "Concurrency (per trial: aggregate TPS, median per-stream decode TPS, p95 TTFT)",
 }
+
+
+def boot_table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Rows = boots in run order; columns = each probe point's primary metric (mean, n)."""
+    results = report.get("boot_results") or []
+    columns = list(dict.fromkeys((r["probe"], r["point"], r["metric"]) for r in results))
+    by = {(r["boot"], r["probe"], r["point"], r["metric"]): r for r in results}
+    header = ["#", "Boot", "Arm", "Status", "Ready after", *[f"{p}@{q} {m}" for p, q, m in columns]]
+    rows = []
+    for b in report.get("boots") or []:
+        status = b["status"] + (" (adaptive)" if b.get("extra") else "")
+        cells = [str(b["position"]), b["boot"], str(b["arm"]), status, fmt(b.get("ready_s"), "ready_s")]
+        for p, q, m in columns:
+            r = by.get((b["boot"], p, q, m))
+            cells.append(f"{fmt(r['mean'], m)} (n={r['n']})" if r else "–")
+        rows.append(cells)
+    return header, rows
+
+
+def confound_lines(report: Mapping[str, Any]) -> list[str]:
+    found = report.get("confounds") or {}
+    status = found.get("status")
+    if status == "CONFOUNDED":
+        lines = [
+            f"**CONFOUNDED** — the boots differ in ways the arms do not declare (compared with "
+            f"{found.get('reference')} and each arm's first boot; allow one with --kv-allow-diff=PATH):",
+            "",
+        ]
+        lines += [f"- {line}" for line in found.get("lines") or []]
+    elif status == "clean":
+        lines = [
+            f"Clean: {found.get('compared', 0)} evidence paths compared across boots; every difference is "
+            "declared by the arms or allowed."
+        ]
+    else:
+        return [f"Not checked: {found.get('reason') or 'no evidence'}."]
+    declared = found.get("declared") or []
+    if declared:
+        lines += ["", "Declared differences (expected):"]
+        seen = set()
+        for d in declared:
+            key = (d["path"], json_text(d["reference_value"]), json_text(d["value"]))
+            if key in seen:
+                continue
+            seen.add(key)
+            lines.append(
+                f"- {d['path']}: {json_text(d['reference_value'])} ({d['reference']}) → "
+                f"{json_text(d['value'])} ({d['boot']}) — {d.get('why', 'declared')}"
+            )
+    for a in found.get("allowed") or []:
+        lines.append(
+            f"- allowed by --kv-allow-diff={a['allowed_by']}: {a['path']}: {json_text(a['reference_value'])} → "
+            f"{json_text(a['value'])} ({a['boot']})"
+        )
+    return lines
+
+
+def json_text(value: Any) -> str:
+    return "absent" if value is None else str(value)
+
+
+def agreement_table(report: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for r in (report.get("agreement") or {}).get("rows") or []:
+        who = f"{r['arm']} vs {r['baseline']}" if r["kind"] == "between arms" else r["arm"]
+        lp = r.get("mean_abs_logprob_diff")
+        rows.append(
+            [
+                r["kind"],
+                who,
+                r["shape"],
+                f"{r['identical_share'] * 100:.0f}% of {r['pairs']}",
+                "–" if r.get("mean_first_divergence") is None else f"{r['mean_first_divergence']:.1f} of {r['length']}",
+                "–" if lp is None else f"{lp:.2e}",
+            ]
+        )
+    return rows
+
+
+def sampling_lines(report: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for s in report.get("sampling") or []:
+        if s.get("kind") == "rounds":
+            lines.append(f"round {s['round']}: {s['decision']} — {s['reason']}")
+        else:
+            lines.append(f"{s.get('probe')}@{s.get('point')} on {s.get('boot')}: {s.get('reason')}")
+    return lines
+
+
+def self_check_line(report: Mapping[str, Any]) -> str | None:
+    check = report.get("self_check")
+    if not check:
+        return None
+    if check.get("error"):
+        return f"Measuring-client self-check failed: {check['error']}"
+    summary = check.get("summary")
+    return str(summary) if summary else None
 
 
 def markdown(report: Mapping[str, Any], gates: Sequence[Mapping[str, Any]] = ()) -> str:
@@ -143,10 +243,34 @@ def markdown(report: Mapping[str, Any], gates: Sequence[Mapping[str, Any]] = ())
         )
     elif report["arms"] and (report["arms"][0].get("gpu") or {}).get("reason"):
         lines += ["", f"GPU state: none recorded ({report['arms'][0]['gpu']['reason']})."]
+    if report.get("boots"):
+        ci = report.get("ci") or {}
+        lines += ["", "## Boots and order", ""]
+        if ci.get("order"):
+            lines += ["Order: " + " → ".join(ci["order"]), ""]
+        if ci.get("text"):
+            lines += [ci["text"], ""]
+        header, rows = boot_table(report)
+        lines += _md_table(header, rows)
+        skipped = [b for b in report["boots"] if b.get("skipped")]
+        if skipped:
+            lines += ["", *[f"- {b['boot']} not booted: {b['skipped']}" for b in skipped]]
+    if report.get("confounds"):
+        lines += ["", "## Confounds", "", *confound_lines(report)]
     header_tail = [f"{arm} delta" for arm in arms[1:]]
     for probe, table in ab_tables(report).items():
         lines += ["", f"## {PROBE_TITLES.get(probe, probe)}", ""]
         lines += _md_table(["Metric", *arms, *header_tail], table)
+    agreement = agreement_table(report)
+    notes = (report.get("agreement") or {}).get("notes") or []
+    if agreement or notes:
+        lines += ["", "## Output agreement (greedy token ids, unmeasured requests)", ""]
+        if agreement:
+            lines += _md_table(
+                ["Comparison", "Arms", "Shape", "Identical", "First divergence (mean index)", "Mean |Δ logprob|"],
+                agreement,
+            )
+        lines += [f"- not available: {n}" for n in notes]
     crossovers = report.get("crossovers") or []
     if crossovers:
         lines += ["", "## Crossover", ""]
@@ -169,12 +293,27 @@ def markdown(report: Mapping[str, Any], gates: Sequence[Mapping[str, Any]] = ())
                 for g in gates
             ],
         )
-    if report.get("notes"):
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
+    sampling = sampling_lines(report)
+    if sampling:
+        lines += ["", "## Sampling", ""] + [f"- {line}" for line in sampling]
+    noise = report.get("noise")
+    check = self_check_line(report)
+    notes = list(report.get("notes") or [])
+    if noise:
+        notes.append(
+            f"verdicts and ratio gates are judged against the A/A noise band of stored run {noise['run']} "
+            f"(a CI must clear 1 ± band); {noise['missing']} delta(s) had no band there"
+        )
+    if check:
+        notes.append(check)
+    notes += (report.get("self_check") or {}).get("warnings") or []
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     lines += [
         "",
-        "Deltas: ratio of means arm/baseline − 1, with the 95% bootstrap CI in brackets (paired by request",
-        "or turn where the probe pairs them); verdict direction-aware, inconclusive when the CI contains 0.",
+        "Deltas: ratio of means arm/baseline − 1, with the 95% bootstrap CI in brackets — over boots (boots,",
+        "then samples) with 3+ boots per arm, else within boots, paired by request or turn where the probe",
+        "pairs them; verdict direction-aware, inconclusive when the CI contains 0.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -343,4 +482,15 @@ def terminal_lines(report: Mapping[str, Any]) -> list[str]:
     for c in report.get("crossovers") or []:
         lines.append(f"crossover {c['probe']} {c['metric']}: {c['statement']}")
     lines += [f"verdict: {v}" for v in report.get("verdicts") or []]
+    ci = report.get("ci") or {}
+    if ci.get("order") and len(ci["order"]) > len(arms):
+        lines.append("boot order: " + " → ".join(ci["order"]))
+    if ci.get("text"):
+        lines.append(ci["text"])
+    for row in agreement_table(report):
+        lines.append(f"agreement {row[0]} {row[1]} {row[2]}: identical {row[3]}, first divergence {row[4]}")
+    lines += [f"sampling: {line}" for line in sampling_lines(report)]
+    found = report.get("confounds") or {}
+    if found.get("status") == "clean":
+        lines.append(f"confounds: none ({found.get('compared', 0)} evidence paths compared)")
     return lines

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_kvcache import metrics, report
+from pytest_kvcache import analysis, metrics, report
 from pytest_kvcache.client import Client, Sample
 from pytest_kvcache.engines import embedded_model_path
 from pytest_kvcache.engines.base import Engine, EngineError, tail
@@ -34,7 +34,7 @@ from pytest_kvcache.settings import Arm, Boot, Settings
 
 SESSION_KEY = pytest.StashKey["KvSession"]()
 #: Within one boot, probes run in the seed's order: short, then prefill, then agentic, then the rest.
-PROBE_ORDER = {"short": 0, "prefill": 1, "agentic": 2}
+PROBE_ORDER = {"short": 0, "prefill": 1, "agentic": 2, "concurrency": 3}
 #: Failures that may mean the engine died; ``DEATH_GRACE_S`` is how long its exit may lag the socket.
 TRANSPORT_FAILURES = frozenset({"dropped", "connection_error", "stall", "server_error"})
 DEATH_GRACE_S = 2.0
@@ -165,6 +165,7 @@ class KvSession:
     gpu: GpuState | None = None
     _machine_info: dict[str, Any] | None = None
     gpu_problems: list[str] = field(default_factory=list)
+    round_decisions: dict[int, str | None] = field(default_factory=dict)
     _previous_sigterm: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -393,6 +394,8 @@ class KvSession:
             {
                 "boot": b.boot_id,
                 "arm": b.arm.name,
+                "replicate": b.replicate,
+                "extra": b.extra,
                 "kv_cache_dtype": b.arm.kv_cache_dtype,
                 "args": list(b.arm.args),
                 "tests": counts.get(b.boot_id, 0),
@@ -402,15 +405,95 @@ class KvSession:
 
     def pytest_report_collectionfinish(self) -> list[str]:
         model = self.settings.model or "embedded tiny-qwen3 (CPU, dummy weights)"
-        lines = [f"kvcache boot plan — launcher {self.settings.launcher}, model {model}:"]
+        st = self.settings
+        order = f", order {st.order}" if st.replicates >= 2 else ""
+        lines = [f"kvcache boot plan — launcher {st.launcher}, model {model}{order}:"]
         for i, entry in enumerate(self.plan, 1):
             extra = f" args={' '.join(entry['args'])}" if entry["args"] else ""
             baseline = " (baseline)" if i == 1 else ""
+            adaptive = f" (adaptive: only while the CI is wider than ±{st.target_ci_pct:g}%)" if entry["extra"] else ""
             lines.append(
                 f"  {i}. {entry['boot']}{baseline}: kv_cache_dtype={entry['kv_cache_dtype'] or 'default'}{extra}"
-                f" — {entry['tests']} test(s)"
+                f" — {entry['tests']} test(s){adaptive}"
             )
         return lines
+
+    # ------------------------------------------------------------------ adaptive rounds, side logs
+
+    def skip_reason(self, boot: Boot) -> str | None:
+        """Why an adaptive round's boot does not run (its round's deltas are already narrow enough).
+
+        Decided once per round, when its first boot is due, from everything measured so far; logged to
+        ``sampling.jsonl``.
+        """
+        if not boot.extra or self.settings.target_ci_pct is None:
+            return None
+        if boot.replicate not in self.round_decisions:
+            if self.round_decisions.get(boot.replicate - 1):
+                reason = self.round_decisions[boot.replicate - 1]
+            else:
+                target = self.settings.target_ci_pct
+                arms = [a.name for a in self.settings.arms]
+                check = analysis.rounds_check(analysis.frame(self.records), arms, target, self.settings.seed)
+                widest = check.get("widest") or {}
+                width = widest.get("half_width_pct")
+                where = (
+                    f"widest: {widest['arm']} {widest['probe']}@{widest['point']} {widest['metric']} ±{width:.2f}%"
+                    if widest and width is not None
+                    else "no CI yet"
+                )
+                done = boot.replicate - 1
+                reason = f"target ±{target:g}% reached after {done} round(s) ({where})" if check["done"] else None
+                self.log(
+                    "sampling.jsonl",
+                    {
+                        "kind": "rounds",
+                        "round": boot.replicate,
+                        "rounds_done": done,
+                        "target_pct": target,
+                        "widest": widest or None,
+                        "decision": "skip" if reason else "boot",
+                        "reason": reason or f"CI still wider than ±{target:g}% after {done} round(s) ({where})",
+                    },
+                )
+            self.round_decisions[boot.replicate] = reason
+        reason = self.round_decisions[boot.replicate]
+        if reason:
+            for entry in self.plan:
+                if entry["boot"] == boot.boot_id:
+                    entry["skipped"] = reason
+            self.write_run_json(status="running")
+        return reason
+
+    def log(self, name: str, record: dict[str, Any]) -> None:
+        self.ensure_run().log(name, record)
+
+    def record_agreement(
+        self, client: ArmClient, boot: Boot, *, test: str, shape: str, payload: dict[str, Any], requests: int
+    ) -> list[dict[str, Any]]:
+        """Send the unmeasured greedy token-id requests of one short shape; log each to ``agreement.jsonl``."""
+        from pytest_kvcache.probes.agreement import parse_response
+
+        out = []
+        for index in range(requests):
+            entry: dict[str, Any] = {
+                "arm": boot.arm.name,
+                "boot": boot.boot_id,
+                "replicate": boot.replicate,
+                "shape": shape,
+                "index": index,
+                "test": test,
+            }
+            try:
+                tokens = parse_response(
+                    client.post_json("/v1/chat/completions", payload, self.settings.request_timeout_s)
+                )
+                entry.update(ok=True, ids=list(tokens.ids), logprobs=list(tokens.logprobs))
+            except (httpx.HTTPError, ValueError) as exc:
+                entry.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+            self.log("agreement.jsonl", entry)
+            out.append(entry)
+        return out
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
@@ -437,9 +520,15 @@ class KvSession:
         settings = self.settings
         saved = settings.baselines_dir / settings.compare if settings.compare else None
         save_as = settings.baselines_dir / settings.save if settings.save else None
+        noise = settings.baselines_dir / settings.noise if settings.noise else None
         try:
             self.done = finish(
-                self.run.path, settings.gates, inconclusive=settings.inconclusive, saved_run=saved, save_as=save_as
+                self.run.path,
+                settings.gates,
+                inconclusive=settings.inconclusive,
+                saved_run=saved,
+                save_as=save_as,
+                noise_run=noise,
             )
         except Exception as exc:  # a report bug must not hide the measurements, which are on disk already
             self.report_error = f"{type(exc).__name__}: {exc}"
@@ -451,6 +540,8 @@ class KvSession:
                 fh.write((self.run.path / "report.md").read_text(encoding="utf-8"))
         if self.done.failed_gates:
             session.testsfailed += len(self.done.failed_gates)
+        if self.done.confounded:
+            session.testsfailed += 1
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> None:
@@ -531,6 +622,8 @@ class KvSession:
                 tr.line(line, red=line.startswith("gate FAIL"), yellow=bad and "INCONCLUSIVE" in line)
             if self.done.failed_gates:
                 tr.line(f"{len(self.done.failed_gates)} gate(s) failed: exit code 1", red=True)
+            if self.done.confounded:
+                tr.line("the A/B is CONFOUNDED (see above): exit code 1", red=True)
             assert self.run is not None
             tr.line(f"report: {self.run.path / 'report.md'} (also report.json, report.html, summary.csv)")
 

@@ -10,6 +10,7 @@ This module is plain Python (no pytest): the plugin feeds it the raw values it r
 from __future__ import annotations
 
 import os
+import random
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -57,6 +58,8 @@ ALIASES: Mapping[str, str] = {
 LauncherKind = Literal["process", "docker", "external"]
 Sampling = Literal["greedy", "sampled"]
 AgenticMode = Literal["replay", "live"]
+Order = Literal["sequential", "abba", "random"]
+SelfCheck = Literal["quick", "full", "off"]
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
 
@@ -76,6 +79,9 @@ class Arm:
     image: str | None = None
     source: str = "dtype"  # "alias" | "dtype" | "pyproject"
     typed_as: str = ""
+    #: What this arm declares it changes (None: everything it sets — dtype, args, env, image). A named
+    #: arm's ``knobs`` narrows it; anything else that differs between arms is a confound.
+    knobs: tuple[str, ...] | None = None
 
     @property
     def expected_cache_dtype(self) -> str:
@@ -91,20 +97,49 @@ class Arm:
             "env": dict(self.env),
             "image": self.image,
             "source": self.source,
+            "knobs": list(self.knobs) if self.knobs is not None else None,
         }
 
 
 @dataclass(frozen=True)
 class Boot:
-    """One boot of one arm. ``boot_id`` names it in test ids and folders (``fp8``, ``fp8.r2``)."""
+    """One boot of one arm. ``boot_id`` names it in test ids and folders: the arm's name with one boot
+    per arm (``fp8``), ``fp8.r1``, ``fp8.r2`` … with replicates. ``index`` is its position in the run's
+    boot order; ``extra`` marks an adaptive round, booted only while ``--kv-target-ci`` is not reached."""
 
     arm: Arm
     index: int
     replicate: int = 1
+    replicates: int = 1
+    extra: bool = False
 
     @property
     def boot_id(self) -> str:
-        return self.arm.name if self.replicate == 1 else f"{self.arm.name}.r{self.replicate}"
+        return self.arm.name if self.replicates == 1 else f"{self.arm.name}.r{self.replicate}"
+
+
+def boot_order(
+    arms: Sequence[Arm], rounds: int, order: Order, seed: int = 0, planned: int | None = None
+) -> tuple[Boot, ...]:
+    """The run's boots: ``rounds`` rounds of every arm, each round ordered by ``order``.
+
+    ``sequential``: every round in the declared order (A B A B); ``abba``: the declared order, then
+    reversed, alternately (A B B A A B …), so drift over time and "the second boot is faster" cancel;
+    ``random``: each round shuffled by a generator seeded with ``seed``. ``planned`` (≤ ``rounds``) is the
+    number of rounds that always run; later rounds are adaptive extras.
+    """
+    rng = random.Random(seed)
+    boots: list[Boot] = []
+    for r in range(1, rounds + 1):
+        round_arms = list(arms)
+        if order == "abba" and r % 2 == 0:
+            round_arms.reverse()
+        elif order == "random":
+            rng.shuffle(round_arms)
+        for arm in round_arms:
+            extra = planned is not None and r > planned
+            boots.append(Boot(arm=arm, index=len(boots), replicate=r, replicates=rounds, extra=extra))
+    return tuple(boots)
 
 
 @dataclass(frozen=True)
@@ -147,6 +182,18 @@ class Settings:
     gpu_settle: tuple[float, float] | None = None
     gpu_hz: float = 4.0
     gpu_max_temp: float | None = None
+    replicates: int = 1
+    order: Order = "sequential"
+    order_seed: int = 0
+    target_ci_pct: float | None = None
+    max_runs: int | None = None
+    max_replicates: int | None = None
+    noise: str | None = None
+    allow_diff: tuple[str, ...] = ()
+    agreement: bool = True
+    self_check: SelfCheck = "quick"
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    concurrency_max_tokens: int = 128
 
     @property
     def active(self) -> bool:
@@ -160,8 +207,16 @@ class Settings:
     def embedded(self) -> bool:
         return self.model is None
 
+    @property
+    def rounds(self) -> int:
+        """Boots per arm the plan holds: ``--kv-replicates``, or up to ``--kv-max-replicates`` when
+        ``--kv-target-ci`` may add rounds."""
+        if self.target_ci_pct is not None and self.replicates >= 2 and self.max_replicates:
+            return max(self.replicates, self.max_replicates)
+        return self.replicates
+
     def boots(self) -> tuple[Boot, ...]:
-        return tuple(Boot(arm=arm, index=i) for i, arm in enumerate(self.arms))
+        return boot_order(self.arms, self.rounds, self.order, self.order_seed, planned=self.replicates)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -204,6 +259,18 @@ class Settings:
             "gpu_settle": list(self.gpu_settle) if self.gpu_settle else None,
             "gpu_hz": self.gpu_hz,
             "gpu_max_temp": self.gpu_max_temp,
+            "replicates": self.replicates,
+            "order": self.order,
+            "order_seed": self.order_seed,
+            "target_ci_pct": self.target_ci_pct,
+            "max_runs": self.max_runs,
+            "max_replicates": self.rounds if self.target_ci_pct is not None else None,
+            "noise": self.noise,
+            "allow_diff": list(self.allow_diff),
+            "agreement": self.agreement,
+            "self_check": self.self_check,
+            "concurrency": list(self.concurrency),
+            "concurrency_max_tokens": self.concurrency_max_tokens,
         }
 
     @property
@@ -346,6 +413,77 @@ def _baseline_name(raw: Any) -> str:
     return name
 
 
+def _order(raw: Any) -> tuple[Order, int | None]:
+    """``sequential``, ``abba``, ``random`` or ``random:SEED``."""
+    text = str(raw).strip()
+    name, sep, seed = text.partition(":")
+    if name not in ("sequential", "abba", "random") or (sep and name != "random"):
+        raise SettingsError(f"expected sequential, abba, random or random:SEED; got {text!r}")
+    if not sep:
+        return name, None  # type: ignore[return-value]
+    return "random", _count(0)(seed)
+
+
+def _pct(raw: Any) -> float:
+    text = str(raw).strip().removesuffix("%")
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingsError(f"expected a percentage like 2 or 2.5%, got {raw!r}") from None
+    if not 0 < value < 100:
+        raise SettingsError(f"expected a percentage between 0 and 100, got {raw!r}")
+    return value
+
+
+def _levels(raw: Any) -> tuple[int, ...]:
+    text = ",".join(raw) if isinstance(raw, list | tuple) else str(raw)
+    levels = []
+    for part in text.split(","):
+        try:
+            value = int(part.strip())
+        except ValueError:
+            raise SettingsError(f"expected stream counts like 1,4,16; bad part {part.strip()!r}") from None
+        if not 1 <= value <= 1024:
+            raise SettingsError(f"a stream count must be between 1 and 1024; got {value}")
+        levels.append(value)
+    if len(set(levels)) != len(levels):
+        raise SettingsError(f"stream counts must be distinct; got {text!r}")
+    return tuple(levels)
+
+
+DOTTED = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
+
+
+def _dotted(raw: Any) -> tuple[str, ...]:
+    texts = [raw] if isinstance(raw, str) else list(raw)
+    keys = []
+    for text in texts:
+        for key in (k.strip() for k in str(text).split(",")):
+            if not DOTTED.match(key):
+                raise SettingsError(f"expected a dotted evidence path like cache_config.block_size, got {key!r}")
+            keys.append(key)
+    return tuple(keys)
+
+
+def _noise_run(name: str, baselines: Path) -> str:
+    """A stored A/A run: its arms are one arm typed twice or more (``fp8,fp8``)."""
+    from pytest_kvcache.records import read_json
+
+    path = baselines / name / "run.json"
+    if not path.is_file():
+        raise SettingsError(
+            f"--kv-noise: no stored run {name!r} in {baselines} (store an A/A run with --kv-arms=X,X --kv-save={name})"
+        )
+    arms = (read_json(path).get("settings") or {}).get("arms") or []
+    typed = {a.get("typed_as") or a.get("name") for a in arms}
+    if len(arms) < 2 or len(typed) != 1:
+        names = ", ".join(str(a.get("name")) for a in arms)
+        raise SettingsError(
+            f"--kv-noise: stored run {name!r} is not an A/A run (its arms: {names}); save one made with --kv-arms=X,X"
+        )
+    return name
+
+
 def _endpoints(values: Sequence[str]) -> dict[str, str]:
     endpoints: dict[str, str] = {}
     for value in values:
@@ -478,6 +616,52 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("gpu_settle", "between arms, wait until every GPU is at or below TEMP_C:POWER_W (e.g. 45:150).", "T:W"),
     OptionSpec("gpu_hz", "GPU sampling rate during the run (default 4 Hz).", "HZ"),
     OptionSpec("gpu_max_temp", "exclude samples whose window saw a GPU above this temperature (°C).", "C"),
+    OptionSpec(
+        "replicates",
+        "boots per arm (default 1). Each boot runs every selected probe; with 3 or more the report's CIs are "
+        "computed over boots (boots, then samples within a boot).",
+        "N",
+    ),
+    OptionSpec(
+        "order",
+        "the boot order: sequential (A B A B), abba (A B B A A B …; the default with 2+ replicates) or "
+        "random[:SEED] (each round shuffled; default seed: --kv-seed).",
+        "MODE",
+    ),
+    OptionSpec(
+        "target_ci",
+        "adaptive sampling: add measured requests within a boot until the probe's CI half-width is below PCT "
+        "of its mean (up to --kv-max-runs); with 2+ replicates, also add rounds of boots until every delta's "
+        "CI half-width is below PCT (up to --kv-max-replicates).",
+        "PCT",
+    ),
+    OptionSpec("max_runs", "with --kv-target-ci: measured requests per probe shape at most (default 4 × runs).", "N"),
+    OptionSpec(
+        "max_replicates", "with --kv-target-ci and 2+ replicates: boots per arm at most (default 2 × replicates).", "N"
+    ),
+    OptionSpec(
+        "noise",
+        "a stored A/A run (--kv-arms=X,X --kv-save=NAME) whose deltas are the noise band: verdicts and gates "
+        "count a difference only beyond it.",
+        "NAME",
+    ),
+    OptionSpec(
+        "allow_diff",
+        "an evidence path (e.g. cache_config.block_size, engine_version, argv.--max-num-seqs) allowed to differ "
+        "between boots without marking the A/B CONFOUNDED (repeatable; a prefix allows everything below it).",
+        "KEY",
+        repeatable=True,
+    ),
+    OptionSpec("no_agreement", "skip the output-agreement requests (greedy token ids per short shape).", flag=True),
+    OptionSpec(
+        "self_check",
+        "run the full measuring-client self-check against a calibrated stream at the start "
+        "(default: a ~1 s quick one).",
+        flag=True,
+    ),
+    OptionSpec("no_self_check", "skip the measuring-client self-check at the start of the run.", flag=True),
+    OptionSpec("concurrency", "simultaneous streams per level of the concurrency probe (default 1,4,16).", "N1,N2"),
+    OptionSpec("concurrency_max_tokens", "max_tokens of each concurrency-probe stream (default 128).", "N"),
 )
 
 OPTION_BY_NAME: Mapping[str, OptionSpec] = {spec.name: spec for spec in OPTIONS}
@@ -510,7 +694,7 @@ def _parse(name: str, raw: Any, origin: str, parse: Callable[[Any], Any]) -> Any
 
 
 def _named_arm(name: str, table: Mapping[str, Any]) -> Arm:
-    known = {"kv_cache_dtype", "args", "env", "image"}
+    known = {"kv_cache_dtype", "args", "env", "image", "knobs"}
     unknown = sorted(set(table) - known)
     where = f"[tool.pytest_kvcache.arms.{name}]"
     if unknown:
@@ -535,6 +719,9 @@ def _named_arm(name: str, table: Mapping[str, Any]) -> Arm:
     image = table.get("image")
     if image is not None and not isinstance(image, str):
         raise SettingsError(f"{where}: image must be a string")
+    knobs = table.get("knobs")
+    if knobs is not None and (not isinstance(knobs, list) or not all(isinstance(k, str) and k for k in knobs)):
+        raise SettingsError(f"{where}: knobs must be a list of names (kv_cache_dtype, image, an arg or env name)")
     return Arm(
         name=name,
         kv_cache_dtype=dtype,
@@ -543,6 +730,7 @@ def _named_arm(name: str, table: Mapping[str, Any]) -> Arm:
         image=image,
         source="pyproject",
         typed_as=name,
+        knobs=tuple(knobs) if knobs is not None else None,
     )
 
 
@@ -663,6 +851,29 @@ def resolve(
             "(store one with --kv-save=NAME)"
         )
 
+    replicates = get("replicates", lambda raw: _count(1)(str(raw)), 1)
+    order, order_seed = get("order", _order, ("abba" if replicates >= 2 else "sequential", None))
+    seed = get("seed", lambda raw: _count(0)(str(raw)), 0)
+    target_ci = get("target_ci", _pct, None)
+    runs = get("runs", lambda raw: _count(1)(str(raw)), 5)
+    max_runs = get("max_runs", lambda raw: _count(1)(str(raw)), None)
+    max_replicates = get("max_replicates", lambda raw: _count(1)(str(raw)), None)
+    if target_ci is None and (max_runs is not None or max_replicates is not None):
+        raise SettingsError("--kv-max-runs and --kv-max-replicates only apply with --kv-target-ci")
+    if max_runs is not None and max_runs < runs:
+        raise SettingsError(f"--kv-max-runs ({max_runs}) must be at least --kv-runs ({runs})")
+    if max_replicates is not None and max_replicates < replicates:
+        raise SettingsError(f"--kv-max-replicates ({max_replicates}) must be at least --kv-replicates ({replicates})")
+    if target_ci is not None and replicates >= 2 and max_replicates is None:
+        max_replicates = 2 * replicates
+    noise = get("noise", _baseline_name, None)
+    if noise is not None:
+        _noise_run(noise, report_dir.parent / "baselines")
+    full_check = get("self_check", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False)
+    no_check = get("no_self_check", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False)
+    if full_check and no_check:
+        raise SettingsError("--kv-self-check and --kv-no-self-check contradict each other")
+
     return Settings(
         arms=arms,
         launcher=launcher,
@@ -675,12 +886,12 @@ def resolve(
         request_timeout_s=get("request_timeout", lambda raw: _positive_float(str(raw)), 600.0),
         stall_timeout_s=get("stall_timeout", lambda raw: _positive_float(str(raw)), 120.0),
         warmups=get("warmups", lambda raw: _count(0)(str(raw)), 3),
-        runs=get("runs", lambda raw: _count(1)(str(raw)), 5),
+        runs=runs,
         max_tokens=get("max_tokens", lambda raw: _count(1)(str(raw)), None),
         sampling=get("sampling", _choice("greedy", "sampled"), "greedy"),
         report_dir=report_dir,
         suite=not get("no_suite", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
-        seed=get("seed", lambda raw: _count(0)(str(raw)), 0),
+        seed=seed,
         depths=get("depths", _depths, (10_000, 90_000)),
         depth_warmups=get("depth_warmups", lambda raw: _count(0)(str(raw)), 1),
         depth_runs=get("depth_runs", lambda raw: _count(1)(str(raw)), 3),
@@ -702,4 +913,16 @@ def resolve(
         gpu_settle=get("gpu_settle", _settle, None),
         gpu_hz=get("gpu_hz", lambda raw: _positive_float(str(raw)), 4.0),
         gpu_max_temp=get("gpu_max_temp", lambda raw: _positive_float(str(raw)), None),
+        replicates=replicates,
+        order=order,
+        order_seed=seed if order_seed is None else order_seed,
+        target_ci_pct=target_ci,
+        max_runs=max_runs,
+        max_replicates=max_replicates,
+        noise=noise,
+        allow_diff=get("allow_diff", _dotted, ()),
+        agreement=not get("no_agreement", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
+        self_check="off" if no_check else "full" if full_check else "quick",
+        concurrency=get("concurrency", _levels, (1, 4, 16)),
+        concurrency_max_tokens=get("concurrency_max_tokens", lambda raw: _count(1)(str(raw)), 128),
     )

@@ -88,6 +88,51 @@ def ratio_ci(
     return ratio, lo, hi
 
 
+def _boot_level_means(
+    boots: Sequence[Sequence[float]], rng: np.random.Generator, n_boot: int
+) -> tuple[float, np.ndarray]:
+    """Mean of boot means, and ``n_boot`` two-level resamples of it: pick boots with replacement, then
+    resample the samples within each picked boot."""
+    arrays = [np.asarray(b, dtype=float) for b in boots]
+    # within[j, i]: boot j's mean in resample i (its samples resampled with replacement)
+    within = np.stack([a[rng.integers(0, a.size, size=(n_boot, a.size))].mean(axis=1) for a in arrays])
+    picks = rng.integers(0, len(arrays), size=(n_boot, len(arrays)))
+    resampled = within[picks, np.arange(n_boot)[:, None]].mean(axis=1)
+    return float(np.mean([a.mean() for a in arrays])), resampled
+
+
+def ratio_ci_boots(
+    base: Sequence[Sequence[float]],
+    arm: Sequence[Sequence[float]],
+    *,
+    n_boot: int = BOOTSTRAP_SAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> tuple[float | None, float | None, float | None]:
+    """Ratio of boot-level means arm/base with a hierarchical bootstrap CI (boots, then samples).
+
+    ``base``/``arm`` hold one sequence of samples per boot. The boot is the unit: each boot's mean counts
+    once, however many samples it holds, and the CI covers boot-to-boot variation as well as the noise
+    within a boot. Boots without samples are ignored; fewer than 2 boots on a side gives no CI.
+    """
+    b = [x for x in base if len(x)]
+    a = [x for x in arm if len(x)]
+    if not b or not a:
+        return None, None, None
+    rng = _rng(seed)
+    base_mean, base_boot = _boot_level_means(b, rng, n_boot)
+    arm_mean, arm_boot = _boot_level_means(a, rng, n_boot)
+    if base_mean == 0:
+        return None, None, None
+    ratio = arm_mean / base_mean
+    if len(b) < 2 or len(a) < 2:
+        return ratio, None, None
+    boot = arm_boot / base_boot
+    boot = boot[np.isfinite(boot)]
+    lo, hi = _percentiles(boot, confidence)
+    return ratio, lo, hi
+
+
 def mean_ci(
     values: Sequence[float], *, n_boot: int = BOOTSTRAP_SAMPLES, confidence: float = CONFIDENCE, seed: int = 0
 ) -> tuple[float | None, float | None, float | None]:

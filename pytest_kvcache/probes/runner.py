@@ -7,9 +7,35 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_kvcache import stats
 from pytest_kvcache.client import Sample
+from pytest_kvcache.settings import Settings
 
 Record = Callable[..., dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """``--kv-target-ci``: after the planned runs, keep measuring until the CI half-width of ``metric``'s
+    mean is at most ``target_pct`` of the mean, or ``max_runs`` measured requests were sent."""
+
+    metric: str
+    target_pct: float
+    max_runs: int
+
+    @classmethod
+    def of(cls, settings: Settings, metric: str, runs: int) -> Adaptive | None:
+        """The run's adaptive sampling for a probe planned with ``runs`` requests (None without --kv-target-ci)."""
+        if settings.target_ci_pct is None:
+            return None
+        return cls(metric, settings.target_ci_pct, max(runs, settings.max_runs or 4 * runs))
+
+    def half_width_pct(self, records: list[dict[str, Any]]) -> float | None:
+        values = [r["metrics"].get(self.metric) for r in records]
+        mean, lo, hi = stats.mean_ci([v for v in values if v is not None])
+        if mean is None or lo is None or hi is None or mean == 0:
+            return None
+        return float((hi - lo) / 2 / abs(mean) * 100)
 
 
 @dataclass
@@ -19,6 +45,8 @@ class ProbeOutcome:
     label: str
     requested: int
     records: list[dict[str, Any]] = field(default_factory=list)
+    #: Why measuring stopped, when ``--kv-target-ci`` drove it (metric, target, n, half width, reason).
+    sampling: dict[str, Any] | None = None
 
     @property
     def measured(self) -> list[dict[str, Any]]:
@@ -73,18 +101,23 @@ def run_repeated(
     runs: int,
     stop_on_failure: Callable[[Sample], bool] = engine_died,
     bench: Any = None,
+    adaptive: Adaptive | None = None,
 ) -> ProbeOutcome:
     """Send ``warmups`` unmeasured then ``runs`` measured requests, recording each before the next.
 
     ``send(phase, index)`` returns the sample and extra record fields (engine counter deltas, depth …).
     ``stop_on_failure`` ends the loop early (the engine died: further requests cannot succeed).
+    ``adaptive`` adds measured requests after the planned ones until its target is met (or its cap).
     """
     outcome = ProbeOutcome(label=label, requested=runs)
+    alive = True
 
     def one(phase: str, index: int) -> bool:
+        nonlocal alive
         sample, extra = send(phase, index)
         outcome.records.append(record(sample, phase=phase, index=index, **extra))
-        return sample.ok or not stop_on_failure(sample)
+        alive = sample.ok or not stop_on_failure(sample)
+        return alive
 
     for index in range(warmups):
         if not one("warmup", index):
@@ -93,9 +126,41 @@ def run_repeated(
         for index in range(runs):
             if not one("measured", index):
                 break
-        return outcome
-    # pytest-benchmark drives the measured loop: one pedantic round = one measured request (its time is
-    # the request's round trip, recording included); our own metrics go to extra_info.
+    else:
+        _benchmarked(one, runs, bench, outcome)
+    if adaptive is not None and alive:
+        _adapt(one, adaptive, outcome)
+    return outcome
+
+
+def _adapt(one: Callable[[str, int], bool], adaptive: Adaptive, outcome: ProbeOutcome) -> None:
+    width = adaptive.half_width_pct(outcome.valid)
+    while (width is None or width > adaptive.target_pct) and len(outcome.measured) < adaptive.max_runs:
+        if not one("measured", len(outcome.measured)):
+            break
+        width = adaptive.half_width_pct(outcome.valid)
+    n = len(outcome.measured)
+    if width is not None and width <= adaptive.target_pct:
+        reason = f"target reached: CI half-width ±{width:.2f}% ≤ ±{adaptive.target_pct:g}% after {n} request(s)"
+    elif n >= adaptive.max_runs:
+        shown = f"±{width:.2f}%" if width is not None else "no CI"
+        reason = f"cap reached: {n} request(s) (--kv-max-runs) with CI half-width {shown} > ±{adaptive.target_pct:g}%"
+    else:
+        reason = f"stopped after {n} request(s): the engine died"
+    outcome.sampling = {
+        "metric": adaptive.metric,
+        "target_pct": adaptive.target_pct,
+        "max_runs": adaptive.max_runs,
+        "n": n,
+        "half_width_pct": width,
+        "reason": reason,
+    }
+
+
+def _benchmarked(one: Callable[[str, int], bool], runs: int, bench: Any, outcome: ProbeOutcome) -> None:
+    """pytest-benchmark drives the planned measured loop: one pedantic round = one measured request (its
+    time is the request's round trip, recording included); our own metrics go to extra_info. Adaptive
+    extra requests run after it and are not in pytest-benchmark's statistics."""
     counter = iter(range(runs))
 
     def round_() -> None:
@@ -105,7 +170,6 @@ def run_repeated(
     with contextlib.suppress(_Stop):
         bench.pedantic(round_, rounds=runs, iterations=1, warmup_rounds=0)
     bench.extra_info.update(outcome.extra_info())
-    return outcome
 
 
 class _Stop(Exception):

@@ -20,6 +20,9 @@ SHAPES: tuple[ShortShape, ...] = (
     ShortShape("code", "Write a well-commented Python function that sorts a list using quicksort.", 800),
 )
 
+#: Output agreement compares at most this many greedy tokens per shape (unmeasured requests).
+AGREEMENT_MAX_TOKENS = 256
+
 #: The seed's sampling (PROTOCOL.md): each arm then generates different text and lengths.
 SEED_SAMPLING: dict[str, Any] = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
 

@@ -9,7 +9,7 @@ import pytest
 
 from pytest_kvcache.probes import prefill
 from pytest_kvcache.probes.agentic import prompt_sha256
-from pytest_kvcache.probes.runner import run_repeated
+from pytest_kvcache.probes.runner import Adaptive, run_repeated
 from pytest_kvcache.probes.short import chat_payload
 
 
@@ -74,6 +74,9 @@ def test_prefill(kv_server, kv_client, kv_record, kv_settings, kv_benchmark, kv_
         warmups=kv_settings.depth_warmups,
         runs=kv_settings.depth_runs,
         bench=kv_benchmark,
+        adaptive=Adaptive.of(kv_settings, "prefill_tps", kv_settings.depth_runs),
     )
+    if outcome.sampling:
+        kv_record.sampling(outcome.sampling, probe="prefill", point=prefill.depth_label(kv_depth))
     if outcome.problems():
         pytest.fail(outcome.message(), pytrace=False)

@@ -1,4 +1,5 @@
-"""Short-context probes: decode speed and TTFT on a short prompt, per arm and shape."""
+"""Short-context probes: decode speed and TTFT on a short prompt, per arm and shape; then the unmeasured
+greedy token-id requests that compare the arms' outputs (output agreement)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import functools
 
 import pytest
 
-from pytest_kvcache.probes.runner import run_repeated
-from pytest_kvcache.probes.short import SHAPES, ShortShape, build_payload
+from pytest_kvcache.probes.agreement import agreement_payload
+from pytest_kvcache.probes.runner import Adaptive, run_repeated
+from pytest_kvcache.probes.short import AGREEMENT_MAX_TOKENS, SHAPES, ShortShape, build_payload
 
 
 @pytest.mark.short
 @pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
-def test_short(kv_server, kv_client, kv_record, kv_settings, kv_benchmark, shape: ShortShape) -> None:
+def test_short(kv_server, kv_client, kv_record, kv_settings, kv_benchmark, kv_agreement, shape: ShortShape) -> None:
     payload = build_payload(shape, kv_server.model, kv_settings.sampling, kv_settings.max_tokens)
 
     def send(phase: str, index: int):
@@ -26,6 +28,11 @@ def test_short(kv_server, kv_client, kv_record, kv_settings, kv_benchmark, shape
         warmups=kv_settings.warmups,
         runs=kv_settings.runs,
         bench=kv_benchmark,
+        adaptive=Adaptive.of(kv_settings, "decode_tps", kv_settings.runs),
     )
+    if outcome.sampling:
+        kv_record.sampling(outcome.sampling, probe="short", point=shape.name)
     if outcome.problems():
         pytest.fail(outcome.message(), pytrace=False)
+    tokens = min(kv_settings.max_tokens or shape.max_tokens, AGREEMENT_MAX_TOKENS)
+    kv_agreement(shape.name, agreement_payload(kv_server.model, shape.prompt, tokens))

@@ -1,0 +1,158 @@
+"""Replicated ABBA boots, confound refusal, the A/A noise band and adaptive rounds, through pytest on the
+stand-in engine (real vLLM runs the same paths in tests/engine)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_kvcache.records import read_records
+
+
+def latest(pytester: pytest.Pytester) -> Path:
+    return (pytester.path / ".kvcache" / "runs" / "latest").resolve()
+
+
+def report_of(pytester: pytest.Pytester) -> dict[str, Any]:
+    return json.loads((latest(pytester) / "report.json").read_text())
+
+
+@pytest.fixture
+def args(standin_args: list[str]) -> list[str]:
+    return [a for a in standin_args if not a.startswith(("--kv-warmups", "--kv-runs"))] + [
+        "--kv-warmups=0",
+        "--kv-runs=3",
+        "-k",
+        "code",
+    ]
+
+
+def test_two_replicates_boot_abba_and_the_report_shows_each_boot(pytester: pytest.Pytester, args: list[str]) -> None:
+    result = pytester.runpytest_subprocess(*args, "--kv-arms=auto,float16", "--kv-replicates=2", "-v")
+    assert result.ret == 0, result.stdout.str()
+    ran = re.findall(r"test_short\[(\S+?)-code\] PASSED", result.stdout.str())
+    assert ran == ["auto.r1", "float16.r1", "float16.r2", "auto.r2"]
+    result.stdout.fnmatch_lines(["*order abba*", "*1. auto.r1 (baseline)*", "*3. float16.r2*"])
+    run = latest(pytester)
+    assert sorted(p.name for p in (run / "arms").iterdir()) == ["auto.r1", "auto.r2", "float16.r1", "float16.r2"]
+    started = {b: json.loads((run / "arms" / b / "evidence.json").read_text())["started_unix_s"] for b in ran}
+    assert sorted(started, key=started.__getitem__) == ran  # booted in that order, one at a time
+    assert {(r["boot"], r["replicate"]) for r in read_records(run / "requests.jsonl")} == {
+        ("auto.r1", 1),
+        ("float16.r1", 1),
+        ("float16.r2", 2),
+        ("auto.r2", 2),
+    }
+    report = report_of(pytester)
+    assert [b["boot"] for b in report["boots"]] == ran and report["ci"]["order"] == ran
+    assert report["ci"]["method"] == "within-boot" and "within-boot noise only" in report["ci"]["text"]
+    assert {r["boot"] for r in report["boot_results"]} == set(ran)
+    assert all(d["ci_method"] == "within-boot" and d["boots_arm"] == 2 for d in report["deltas"])
+    assert report["confounds"]["status"] == "clean", report["confounds"]
+    kinds = {(r["kind"], r["arm"]): r for r in report["agreement"]["rows"]}
+    assert set(kinds) == {
+        ("between arms", "float16"),
+        ("within a boot", "auto"),
+        ("within a boot", "float16"),
+        ("across boots", "auto"),
+        ("across boots", "float16"),
+    }
+    between = kinds[("between arms", "float16")]
+    assert between["pairs"] == 4 and between["identical_share"] == 1.0 and between["mean_abs_logprob_diff"] == 0
+    assert len(read_records(run / "agreement.jsonl")) == 8  # 2 requests per boot
+    md = (run / "report.md").read_text()
+    assert "## Output agreement" in md
+    assert "Order: auto.r1 → float16.r1 → float16.r2 → auto.r2" in md
+    assert "| # | Boot | Arm | Status | Ready after | short@code decode_tps |" in md
+
+
+CONFOUNDED_ARM = """
+[tool.pytest_kvcache.arms.f16x]
+kv_cache_dtype = "float16"
+args = ["--max-num-seqs", "4"]
+knobs = ["kv_cache_dtype"]
+"""
+
+
+def test_an_undeclared_engine_arg_makes_the_ab_confounded_and_exit_1(
+    pytester: pytest.Pytester, args: list[str]
+) -> None:
+    pytester.makepyprojecttoml(CONFOUNDED_ARM)
+    result = pytester.runpytest_subprocess(*args, "--kv-arms=auto,f16x")
+    assert result.ret == 1, result.stdout.str()
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*CONFOUNDED: the boots differ in 1 way(s) the arms do not declare*",
+            '*argv.--max-num-seqs: "4" in f16x vs absent in auto*',
+            "*the A/B is CONFOUNDED (see above): exit code 1*",
+        ]
+    )
+    report = report_of(pytester)
+    assert report["confounds"]["status"] == "CONFOUNDED"
+    assert "**CONFOUNDED**" in (latest(pytester) / "report.md").read_text()
+    allowed = pytester.runpytest_subprocess(*args, "--kv-arms=auto,f16x", "--kv-allow-diff=argv.--max-num-seqs")
+    assert allowed.ret == 0, allowed.stdout.str()
+    found = report_of(pytester)["confounds"]
+    assert found["status"] == "clean" and found["allowed"][0]["allowed_by"] == "argv.--max-num-seqs"
+
+
+def test_the_a_a_noise_band_is_saved_and_used_by_gates(pytester: pytest.Pytester, args: list[str]) -> None:
+    aa = pytester.runpytest_subprocess(*args, "--kv-arms=auto,auto", "--kv-save=noise")
+    assert aa.ret == 0, aa.stdout.str()
+    assert [a["name"] for a in report_of(pytester)["arms"]] == ["auto", "auto.2"]
+    bad = pytester.runpytest_subprocess(*args, "--kv-arms=auto,float16", "--kv-noise=nope")
+    assert bad.ret == 4 and "no stored run 'nope'" in bad.stderr.str()
+    result = pytester.runpytest_subprocess(
+        *args, "--kv-arms=auto,float16", "--kv-noise=noise", "--kv-fail=wall_tps[short]: >= -50%"
+    )
+    assert result.ret == 0, result.stdout.str()
+    report = report_of(pytester)
+    assert report["noise"]["run"] == "noise" and report["noise"]["bands"]
+    assert all(d["noise_pct"] is not None for d in report["deltas"])
+    assert "A/A noise band" in report["gates"][0]["reason"]
+
+
+def test_target_ci_skips_adaptive_rounds_once_narrow_enough(pytester: pytest.Pytester, args: list[str]) -> None:
+    result = pytester.runpytest_subprocess(
+        *args, "--kv-arms=auto,float16", "--kv-replicates=2", "--kv-target-ci=90", "--kv-max-replicates=3", "-v", "-rs"
+    )
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*5. auto.r3*(adaptive: only while the CI is wider than ±90%)*"])
+    result.assert_outcomes(passed=4, skipped=2)
+    result.stdout.fnmatch_lines(["*adaptive round 3 not booted: target ±90% reached after 2 round(s)*"])
+    run = latest(pytester)
+    assert not (run / "arms" / "auto.r3").exists()
+    sampling = read_records(run / "sampling.jsonl")
+    assert [s["decision"] for s in sampling if s["kind"] == "rounds"] == ["skip"]
+    assert {s["kind"] for s in sampling} == {"rounds", "requests"}
+    report = report_of(pytester)
+    assert [b["status"] for b in report["boots"]][-2:] == ["skipped", "skipped"]
+    assert "## Sampling" in (run / "report.md").read_text()
+
+
+def test_concurrency_probe_reports_aggregate_and_per_stream_figures(
+    pytester: pytest.Pytester, standin_args: list[str]
+) -> None:
+    args = [a for a in standin_args if a not in ("-m", "short")]
+    result = pytester.runpytest_subprocess(
+        *args, "--kv-arms=auto,float16", "--kv-concurrency=1,4", "--kv-warmups=0", "-m", "concurrency", "-v"
+    )
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*test_concurrency[[]auto-c1[]] PASSED*", "*test_concurrency[[]float16-c4[]] PASSED*"])
+    run = latest(pytester)
+    recs = [r for r in read_records(run / "requests.jsonl") if r["phase"] == "measured"]
+    four = [r for r in recs if r["shape"] == "c4" and r["boot"] == "auto"]
+    assert len(four) == 2 * 4 and {r["stream"] for r in four} == {0, 1, 2, 3}
+    sends = [r["sample"]["send_unix_s"] for r in four if r["index"] == 0]
+    assert max(sends) - min(sends) < 0.5  # released together
+    report = report_of(pytester)
+    rows = {(s["point"], s["metric"], s["arm"]): s for s in report["summary"] if s["probe"] == "concurrency"}
+    assert {m for _, m, _ in rows} == {"aggregate_tps", "stream_tps_median", "ttft_p95_s"}
+    assert rows[("c4", "aggregate_tps", "auto")]["n"] == 2
+    assert rows[("c4", "aggregate_tps", "auto")]["mean"] > rows[("c1", "aggregate_tps", "auto")]["mean"]
+    assert [s["point"] for s in report["summary"] if s["metric"] == "aggregate_tps"][:2] == ["c1", "c1"]
