@@ -618,6 +618,51 @@ def confound_report(run: Path, boots: Sequence[Mapping[str, Any]], allow: Sequen
     return found
 
 
+def measured_itl_s(records: Sequence[Mapping[str, Any]]) -> float | None:
+    """Median time between token chunks over the run's valid measured streams (decode window / gaps)."""
+    gaps = []
+    for r in records:
+        sample = r.get("sample") or {}
+        chunks = sample.get("token_chunks") or 0
+        first, last = sample.get("first_token_s"), sample.get("last_token_s")
+        if r.get("phase") == "measured" and r.get("ok") and chunks > 1 and first is not None and last is not None:
+            gaps.append((last - first) / (chunks - 1))
+    return float(np.median(gaps)) if gaps else None
+
+
+def self_check_report(check: Mapping[str, Any] | None, records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The run's self-check in one sentence, and a warning when the client's own time per chunk exceeds 2%
+    of the inter-token time this run measured."""
+    if not check:
+        return None
+    from pytest_kvcache.selfcheck import overhead_warning
+
+    if check.get("error"):
+        return {"error": check["error"], "warnings": []}
+    m = check.get("metrics") or {}
+
+    def fig(name: str, key: str = "median") -> str:
+        value = (m.get(name) or {}).get(key)
+        return "–" if value is None else f"{value:.3g}"
+
+    schedule = check.get("schedule") or {}
+    summary = (
+        f"Measuring-client self-check ({check.get('mode', 'quick')}, {check.get('n')} streams of "
+        f"{schedule.get('completion_tokens')} tokens at ITL {1e3 * (schedule.get('itl_s') or 0):.2f} ms on loopback): "
+        f"TTFT error median {fig('ttft_error_ms')} ms (p95 {fig('ttft_error_ms', 'p95')} ms), decode-TPS error "
+        f"median {fig('decode_tps_error_pct')}% (p95 {fig('decode_tps_error_pct', 'p95')}%), client CPU "
+        f"{fig('cpu_per_chunk_us')} µs per chunk (selfcheck.json)."
+    )
+    itl = measured_itl_s(records)
+    warning = overhead_warning(dict(check), itl) if itl else None
+    return {
+        "summary": summary,
+        "measured_itl_s": itl,
+        "overhead_per_chunk_s": check.get("overhead_per_chunk_s"),
+        "warnings": [warning] if warning else [],
+    }
+
+
 def build(run: Path, allow_diff: Sequence[str] = ()) -> dict[str, Any]:
     """The report of one run folder (``report.json``'s content). ``allow_diff`` adds to the run's own
     ``--kv-allow-diff`` keys."""
@@ -652,7 +697,7 @@ def build(run: Path, allow_diff: Sequence[str] = ()) -> dict[str, Any]:
         "confounds": confound_report(run, boots, allow),
         "agreement": agreement_report(run, arms),
         "sampling": sampling_report(run),
-        "self_check": meta.get("self_check"),
+        "self_check": self_check_report(meta.get("self_check"), records),
         "summary": summary_rows(data, arms),
         "deltas": deltas,
         "crossovers": crossovers,

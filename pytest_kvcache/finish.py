@@ -121,6 +121,10 @@ def finish(
         bands = noise_bands(noise_run)
         apply_noise(report, bands, noise_run.name)
         report["verdicts"] = analysis.verdict_sentences(report["deltas"], report["crossovers"], arms)
+    check = report.get("self_check") or {}
+    done.messages += [f"warning: {w}" for w in check.get("warnings") or []]
+    if check.get("error"):
+        done.messages.append(f"warning: the measuring-client self-check failed: {check['error']}")
     confounded = report["confounds"]
     if confounded.get("status") == "CONFOUNDED":
         done.messages.append(

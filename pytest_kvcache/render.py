@@ -490,6 +490,9 @@ def terminal_lines(report: Mapping[str, Any]) -> list[str]:
     for row in agreement_table(report):
         lines.append(f"agreement {row[0]} {row[1]} {row[2]}: identical {row[3]}, first divergence {row[4]}")
     lines += [f"sampling: {line}" for line in sampling_lines(report)]
+    check = self_check_line(report)
+    if check:
+        lines.append(check)
     found = report.get("confounds") or {}
     if found.get("status") == "clean":
         lines.append(f"confounds: none ({found.get('compared', 0)} evidence paths compared)")

@@ -166,6 +166,7 @@ class KvSession:
     _machine_info: dict[str, Any] | None = None
     gpu_problems: list[str] = field(default_factory=list)
     round_decisions: dict[int, str | None] = field(default_factory=dict)
+    self_check: dict[str, Any] | None = None
     _previous_sigterm: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -213,8 +214,25 @@ class KvSession:
                 )
             )
             self.gpu.open(self.run.path)
+            self.self_check = self._self_check()
             self.write_run_json(status="running")
         return self.run
+
+    def _self_check(self) -> dict[str, Any] | None:
+        """The measuring client against a calibrated stream on loopback, before any engine boots
+        (``selfcheck.json``; a compact copy goes into ``run.json``). Never fails the run."""
+        mode = self.settings.self_check
+        if mode == "off" or self.run is None:
+            return None
+        from pytest_kvcache.selfcheck import run_self_check
+
+        try:
+            full = run_self_check(quick=mode == "quick")
+        except Exception as exc:  # evidence only
+            full = {"error": f"{type(exc).__name__}: {exc}"}
+        full["mode"] = mode
+        self.run.write("selfcheck.json", full)
+        return {k: v for k, v in full.items() if k != "requests"}
 
     def write_run_json(self, status: str) -> None:
         if self.run is None:
@@ -236,6 +254,7 @@ class KvSession:
                 "versions": _versions(),
                 "benchmark_machine_info": self._benchmark_machine_info(),
                 "reaped": self.reaped,
+                "self_check": self.self_check,
                 "boots": {k: v.get("status") for k, v in self.evidence.items()},
             },
         )

@@ -98,6 +98,22 @@ def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     )
 
 
+@pytest.fixture(scope="session")
+def replicates_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """Two boots per arm in ABBA order, short probes only (4 boots)."""
+    return run_pytest(
+        tmp_path_factory.mktemp("abba"),
+        f"--kv-arms=auto,{SECOND_ARM}",
+        "--kv-replicates=2",
+        "-m",
+        "short",
+        "-v",
+        "--kv-warmups=1",
+        "--kv-runs=3",
+        "--kv-max-tokens=32",
+    )
+
+
 # ------------------------------------------------------------------ docker (shared by the docker tests)
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-cpu-image.sh"

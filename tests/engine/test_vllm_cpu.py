@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -138,3 +140,79 @@ def test_agentic_replay_prompts_are_identical_across_arms(ab_run: Run) -> None:
     assert all(r["sample"]["cached_tokens"] > 0 for r in later), "within a session, earlier turns are cached"
     assert {r["sample"]["completion_tokens"] for r in agentic} == {48}
     assert "agentic decode-at-depth" in ab_run.output and "TTFT grew" in ab_run.output
+
+
+# ------------------------------------------------------------------ a clean A/B (issue: replicated boots)
+
+
+def test_ab_outputs_are_compared_and_the_boots_are_clean(ab_run: Run) -> None:
+    report = json.loads((ab_run.folder / "report.json").read_text())
+    assert report["confounds"]["status"] == "clean", report["confounds"]["confounds"]
+    assert report["confounds"]["compared"] > 40  # argv, env, non-default args, cache_config, version, model
+    declared = {d["path"] for d in report["confounds"]["declared"]}
+    assert {"argv.--kv-cache-dtype", "cache_config.cache_dtype", "non_default_args.kv_cache_dtype"} <= declared
+    rows = {(r["kind"], r["arm"], r["shape"]): r for r in report["agreement"]["rows"]}
+    for shape in ("narrative", "code"):
+        between = rows[("between arms", SECOND_ARM, shape)]
+        assert between["pairs"] == 2 and between["length"] == 32
+        assert 0 <= between["identical_share"] <= 1
+        within = rows[("within a boot", "auto", shape)]
+        assert within["pairs"] == 1
+    assert report["self_check"]["summary"].startswith("Measuring-client self-check (quick")
+
+
+def test_replicates_boot_abba_with_per_boot_results(replicates_run: Run) -> None:
+    run = replicates_run
+    assert run.returncode == 0, run.output
+    assert not vllm_processes(run.tag)
+    boots = ["auto.r1", f"{SECOND_ARM}.r1", f"{SECOND_ARM}.r2", "auto.r2"]
+    passed = re.findall(r"test_short\[(\S+?)-code\] PASSED", run.output)
+    assert passed == boots
+    started = [run.evidence(b)["started_unix_s"] for b in boots]
+    stopped = [run.evidence(b)["stopped_unix_s"] for b in boots]
+    assert started == sorted(started) and all(stopped[i] <= started[i + 1] for i in range(3))
+    report = json.loads((run.folder / "report.json").read_text())
+    assert report["ci"]["order"] == boots and report["ci"]["method"] == "within-boot"
+    assert {(r["boot"], r["point"]) for r in report["boot_results"]} == {
+        (b, shape) for b in boots for shape in ("narrative", "code")
+    }
+    assert report["confounds"]["status"] == "clean", report["confounds"]["confounds"]
+    rows = {(r["kind"], r["arm"], r["shape"]): r for r in report["agreement"]["rows"]}
+    across = rows[("across boots", "auto", "code")]  # the same arm booted twice: auto vs auto
+    assert across["pairs"] == 1 and across["length"] == 32
+    md = (run.folder / "report.md").read_text()
+    assert "Order: " + " → ".join(boots) in md and "CIs cover within-boot noise only" in md
+
+
+CONFOUNDED_ARM = """
+[tool.pytest_kvcache.arms.f16x]
+kv_cache_dtype = "float16"
+args = ["--max-num-seqs", "4"]
+knobs = ["kv_cache_dtype"]
+"""
+
+
+def test_an_undeclared_engine_arg_is_reported_confounded(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(CONFOUNDED_ARM)
+    run = run_pytest(
+        tmp_path,
+        "--kv-arms=auto,f16x",
+        "-m",
+        "short",
+        "-k",
+        "code",
+        "--kv-warmups=0",
+        "--kv-runs=1",
+        "--kv-max-tokens=16",
+        "--kv-no-agreement",
+        "--kv-no-self-check",
+    )
+    assert run.returncode == 1, run.output
+    assert "2 passed" in run.output
+    assert '  argv.--max-num-seqs: "4" in f16x vs absent in auto' in run.output
+    assert "  non_default_args.max_num_seqs: 4 in f16x vs absent in auto" in run.output
+    assert "the A/B is CONFOUNDED (see above): exit code 1" in run.output
+    report = json.loads((run.folder / "report.json").read_text())
+    found = {c["path"] for c in report["confounds"]["confounds"]}
+    assert found == {"argv.--max-num-seqs", "non_default_args.max_num_seqs"}
+    assert not vllm_processes(run.tag)

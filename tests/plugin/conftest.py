@@ -45,6 +45,7 @@ def standin_args(tag: str) -> list[str]:
         "--kv-runs=2",
         "--kv-max-tokens=8",
         "--kv-startup-timeout=20",
+        "--kv-no-self-check",  # ~1.5 s per run; test_self_check_is_in_every_runs_evidence runs it
         "-p",
         "no:cacheprovider",
         "-m",

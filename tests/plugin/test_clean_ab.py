@@ -156,3 +156,25 @@ def test_concurrency_probe_reports_aggregate_and_per_stream_figures(
     assert rows[("c4", "aggregate_tps", "auto")]["n"] == 2
     assert rows[("c4", "aggregate_tps", "auto")]["mean"] > rows[("c1", "aggregate_tps", "auto")]["mean"]
     assert [s["point"] for s in report["summary"] if s["metric"] == "aggregate_tps"][:2] == ["c1", "c1"]
+
+
+def test_self_check_is_in_every_runs_evidence(pytester: pytest.Pytester, args: list[str]) -> None:
+    with_check = [a for a in args if a != "--kv-no-self-check"]
+    result = pytester.runpytest_subprocess(*with_check, "--kv-arms=auto")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*Measuring-client self-check (quick, * streams of * tokens at ITL 1.00 ms*"])
+    run = latest(pytester)
+    check = json.loads((run / "selfcheck.json").read_text())
+    assert check["n"] >= 3 and not check["failed"] and check["requests"]
+    assert check["overhead_per_chunk_s"] > 0 and check["metrics"]["ttft_error_ms"]["median"] is not None
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["self_check"]["overhead_per_chunk_s"] == check["overhead_per_chunk_s"]
+    assert "requests" not in meta["self_check"]
+    report = report_of(pytester)
+    assert report["self_check"]["measured_itl_s"] > 0
+    share = check["overhead_per_chunk_s"] / report["self_check"]["measured_itl_s"]
+    assert bool(report["self_check"]["warnings"]) == (share > 0.02)
+    if share > 0.02:
+        result.stdout.fnmatch_lines(["*warning: the measuring client spends * µs of CPU per streamed chunk*"])
+    off = pytester.runpytest_subprocess(*args, "--kv-arms=auto")
+    assert off.ret == 0 and not (latest(pytester) / "selfcheck.json").exists()
