@@ -5,7 +5,6 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 source "$repo/scripts/h200/env.sh"
 work=/tmp/kvproject
-out=${OUT:-/tmp/out}
 case "${1:?start|collect}" in
   start)
     mkdir -p "$work"
@@ -22,16 +21,6 @@ case "${1:?start|collect}" in
     echo "started pid $!"
     ;;
   collect)
-    cd "$work"
-    for _ in $(seq 1 108); do
-      pgrep -f "pytest -p pytest_kvcache.plugin" > /dev/null || break
-      sleep 5
-    done
-    pgrep -f "pytest -p pytest_kvcache.plugin" > /dev/null && echo "still running" || echo "finished"
-    tail -60 pytest.log
-    mkdir -p "$out"
-    run=$(readlink -f .kvcache/runs/latest || true)
-    [ -n "$run" ] && tar czf "$out/run.tar.gz" -C "$(dirname "$run")" "$(basename "$run")" && cp pytest.log "$out/"
-    ls -la "$out"
+    bash "$repo/scripts/h200/collect.sh" "$work" run.tar.gz
     ;;
 esac
