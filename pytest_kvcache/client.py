@@ -11,15 +11,23 @@ It knows nothing of arms, probes or reports. Timing model (``docs/metrics.md``):
 
 Every failure (HTTP error, dropped stream, stall, timeout, malformed JSON, missing usage, zero tokens) is
 returned as a failed Sample with a reason, never raised.
+
+The measured stream goes over the standard library's ``http.client`` on a kept-alive connection: of the
+stacks measured against a calibrated stream (docs/performance.md: httpx, the openai SDK, aiohttp,
+``http.client``), it adds the least time between send and first token and costs the least CPU per chunk
+for one stream per thread. The unmeasured calls (``/metrics``, ``/tokenize`` …) use httpx.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -50,6 +58,9 @@ class Sample:
     error: str | None = None
     http_status: int | None = None
     send_unix_s: float = 0.0
+    #: `time.perf_counter` at ``send`` (absolute): lines the sample up with another clock reading, e.g. the send
+    #: times a `~pytest_kvcache.streamserver.StreamServer` records (CLOCK_MONOTONIC is system-wide on Linux).
+    send_perf_s: float = 0.0
     first_token_s: float | None = None
     last_token_s: float | None = None
     end_s: float | None = None
@@ -111,12 +122,12 @@ class Sample:
         return data
 
 
-def _error_message(response: httpx.Response) -> str:
-    body = response.read()[:4000].decode("utf-8", "replace")
+def _error_message(response: http.client.HTTPResponse) -> str:
+    body = response.read(4000).decode("utf-8", "replace")
     try:
         parsed = json.loads(body)
     except json.JSONDecodeError:
-        return body.strip() or response.reason_phrase
+        return body.strip() or str(response.reason)
     if isinstance(parsed, dict):
         err = parsed.get("error", parsed)
         if isinstance(err, dict) and err.get("message"):
@@ -129,7 +140,10 @@ def _error_message(response: httpx.Response) -> str:
 
 
 class Client:
-    """Streams chat completions from one OpenAI-compatible server, one request at a time."""
+    """Streams chat completions from one OpenAI-compatible server, one request at a time.
+
+    One stream at a time per client: the concurrency probe gives every stream its own client (and thread).
+    """
 
     def __init__(
         self,
@@ -143,14 +157,23 @@ class Client:
         self.base_url = base_url.rstrip("/")
         self.request_timeout_s = request_timeout_s
         self.stall_timeout_s = stall_timeout_s
-        read = min(stall_timeout_s, request_timeout_s)
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = min(stall_timeout_s, request_timeout_s)
+        self._headers = {"Content-Type": "application/json", **(headers or {})}
+        parts = urlsplit(self.base_url)
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname or "127.0.0.1"
+        self._port = parts.port or (443 if self._https else 80)
+        self._prefix = parts.path.rstrip("/")
+        self._conn: http.client.HTTPConnection | None = None
         self._http = httpx.Client(
             base_url=self.base_url,
-            timeout=httpx.Timeout(connect=connect_timeout_s, read=read, write=30.0, pool=30.0),
-            headers={"Content-Type": "application/json", **(headers or {})},
+            timeout=httpx.Timeout(connect=connect_timeout_s, read=self.read_timeout_s, write=30.0, pool=30.0),
+            headers=self._headers,
         )
 
     def close(self) -> None:
+        self._drop_connection()
         self._http.close()
 
     def __enter__(self) -> Client:
@@ -174,31 +197,81 @@ class Client:
         response.raise_for_status()
         return response.json()
 
+    # ---------------------------------------------------------------- the measured stream
+
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        """The kept-alive connection (and whether it is fresh), connected with TCP_NODELAY."""
+        if self._conn is not None:
+            return self._conn, False
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=self.connect_timeout_s)
+        conn.connect()
+        assert conn.sock is not None
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.sock.settimeout(self.read_timeout_s)
+        self._conn = conn
+        return conn, True
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _send(self, body: bytes) -> http.client.HTTPResponse:
+        """POST the request; a kept-alive connection the server closed meanwhile is replaced once."""
+        path = self._prefix + "/v1/chat/completions"
+        for attempt in (1, 2):
+            conn, fresh = self._connection()
+            try:
+                conn.request("POST", path, body=body, headers=self._headers)
+                return conn.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self._drop_connection()
+                if fresh or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
     def stream_chat(self, payload: Mapping[str, Any], *, keep_text: bool = False) -> Sample:
         """Send one streamed chat completion and measure it. ``payload`` must set ``stream: true``."""
         body = json.dumps(payload).encode()
         sample = Sample(send_unix_s=time.time())
-        t0 = time.perf_counter()
+        t0 = sample.send_perf_s = time.perf_counter()
         try:
-            with self._http.stream("POST", "/v1/chat/completions", content=body) as response:
-                sample.http_status = response.status_code
-                if response.status_code >= 400:
-                    sample.end_s = time.perf_counter() - t0
-                    message = _error_message(response)
-                    return sample.fail("http_error", f"HTTP {response.status_code}: {message}")
-                self._read_stream(response, sample, t0, keep_text)
-        except httpx.ReadTimeout:
-            return sample.fail("stall", f"no chunk for {self._http.timeout.read:g} s")
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            return sample.fail("connection_error", f"cannot connect to {self.base_url}: {exc}")
-        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            try:
+                response = self._send(body)
+            except (ConnectionRefusedError, socket.gaierror, http.client.RemoteDisconnected) as exc:
+                self._drop_connection()
+                return sample.fail("connection_error", f"cannot connect to {self.base_url}: {exc}")
+            except TimeoutError:
+                self._drop_connection()
+                return sample.fail("stall", f"no response for {self.read_timeout_s:g} s")
+            sample.http_status = response.status
+            if response.status >= 400:
+                sample.end_s = time.perf_counter() - t0
+                message = _error_message(response)
+                self._drop_connection()
+                return sample.fail("http_error", f"HTTP {response.status}: {message}")
+            self._read_stream(response, sample, t0, keep_text)
+            if sample.ok or sample.error_kind in ("missing_usage", "zero_tokens", "no_token_clock"):
+                response.read()  # the end of the chunked body: the connection stays reusable
+            else:
+                self._drop_connection()
+        except TimeoutError:
+            self._drop_connection()
+            return sample.fail("stall", f"no chunk for {self.read_timeout_s:g} s")
+        except (http.client.IncompleteRead, http.client.HTTPException, ConnectionError) as exc:
+            self._drop_connection()
             sample.end_s = time.perf_counter() - t0
-            return sample.fail("dropped", f"connection dropped mid-stream after {sample.chunks} chunks: {exc}")
-        except httpx.HTTPError as exc:
+            what = type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
+            return sample.fail("dropped", f"connection dropped mid-stream after {sample.chunks} chunks: {what}")
+        except OSError as exc:
+            self._drop_connection()
             return sample.fail("connection_error", f"{type(exc).__name__}: {exc}")
+        if response.will_close:
+            self._drop_connection()
         return sample
 
-    def _read_stream(self, response: httpx.Response, sample: Sample, t0: float, keep_text: bool) -> None:
+    def _read_stream(self, response: http.client.HTTPResponse, sample: Sample, t0: float, keep_text: bool) -> None:
         count = 0
         first_usage: float | None = None
         last_usage: float | None = None
@@ -208,15 +281,15 @@ class Client:
         done = False
         text: list[str] = []
         tool_calls: dict[int, dict[str, Any]] = {}
-        for line in response.iter_lines():
+        while raw := response.readline():
             now = time.perf_counter() - t0
             if now > self.request_timeout_s:
                 sample.end_s = now
                 sample.fail("timeout", f"request took longer than {self.request_timeout_s:g} s")
                 return
-            if not line.startswith("data:"):
+            if not raw.startswith(b"data:"):
                 continue
-            data = line[5:].strip()
+            data = raw[5:].strip().decode("utf-8", "replace")
             if data == "[DONE]":
                 sample.end_s = now
                 done = True

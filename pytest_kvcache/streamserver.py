@@ -5,8 +5,15 @@ uses -- ``POST /v1/chat/completions`` (streamed as server-sent events, or not), 
 /v1/completions``, ``GET /v1/models``, ``GET /version``, ``GET /health``, ``GET /metrics``,
 ``POST /tokenize`` -- with the same wire format vLLM sends, but it generates nothing: each
 response follows a `Schedule`. The first token chunk leaves at ``arrival + ttft_s``, chunk ``i``
-at ``arrival + ttft_s + i * itl_s`` (absolute deadlines: sleep until about a millisecond before,
-then spin), and every chunk's send time is recorded in `StreamServer.requests`.
+at ``arrival + ttft_s + i * itl_s`` (absolute deadlines), and every chunk's send time is recorded in
+`StreamServer.requests`. One pacer thread sends the chunks of every stream in flight: it sleeps until
+0.2 ms before the earliest deadline, spins to it, and writes a frame rendered in advance -- so that 32
+streams at sub-millisecond spacing cost one thread's work, not 32 spinning threads taken from the
+client being measured (``docs/performance.md`` has the measurements).
+
+A chat request with ``"logprobs": true`` gets vLLM-shaped ``logprobs.content`` entries, one per
+generated token (deterministic values; ``top_logprobs`` alternatives; ``"token_id:N"`` tokens when it
+sets ``return_tokens_as_token_ids``).
 
 It exists for two jobs, and is a stand-in for vLLM only there:
 
@@ -28,7 +35,9 @@ A request may carry its own schedule as JSON in the ``X-Stream-Schedule`` header
 from __future__ import annotations
 
 import contextlib
+import heapq
 import http
+import itertools
 import json
 import socket
 import struct
@@ -37,7 +46,7 @@ import time
 import traceback
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
@@ -75,7 +84,7 @@ DEFAULT_CACHE_CONFIG_LABELS: dict[str, str] = {
 """The labels of ``vllm:cache_config_info`` unless `StreamServer` is given others."""
 
 _ENGINE_ERROR = "EngineCore encountered an issue (fault injected by StreamServer)"
-_SPIN_S = 0.001  # sleep until this long before a deadline, then spin
+_SPIN_S = 0.0002  # sleep until this long before a deadline, then spin (measured: docs/performance.md)
 _POLL_S = 0.05  # serve_forever's poll interval: bounds how long close() waits for the accept loop
 _JOIN_S = 5.0  # how long close() waits for each connection thread
 _ERROR_TYPES: dict[int, str] = {
@@ -495,6 +504,7 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "no_usage":
             per_chunk_usage = final_usage = False
 
+        top_logprobs = body.get("top_logprobs")
         run = _Run(
             chat=chat,
             model=owner.model_name,
@@ -503,6 +513,10 @@ class _Handler(BaseHTTPRequestHandler):
             finish_reason=finish_reason,
             per_chunk_usage=per_chunk_usage,
             final_usage=final_usage if stream else kind != "no_usage",
+            logprobs=chat and body.get("logprobs") is True,
+            top_logprobs=top_logprobs if isinstance(top_logprobs, int) and not isinstance(top_logprobs, bool) else 0,
+            token_ids=body.get("return_tokens_as_token_ids") is True,
+            prompt_hash=zlib.crc32(",".join(map(str, _toy_tokenize(body))).encode()),
         )
         owner._started()
         outcome: Outcome = "aborted"
@@ -522,14 +536,28 @@ class _Handler(BaseHTTPRequestHandler):
             self._finish(record, outcome)
 
     def _write_event(self, record: ServedRequest, data: str, *, last: bool = False) -> None:
-        payload = f"data: {data}\n\n".encode()
-        frame = f"{len(payload):x}\r\n".encode() + payload + b"\r\n"
-        if last:
-            frame += b"0\r\n\r\n"
+        self._write_frame(record, _frame(data, last=last))
+
+    def _write_frame(self, record: ServedRequest, frame: bytes) -> None:
         self.wfile.write(frame)
         record.chunk_times_s.append(time.perf_counter())
 
     def _stream(self, record: ServedRequest, run: _Run) -> Outcome:
+        """Send the headers here, then hand the stream to the server's `_Pacer` and wait until it is done."""
+        steps = self._stream_steps(record, run)
+        try:
+            first_deadline = next(steps)
+        except StopIteration as stop:
+            outcome: Outcome = stop.value
+            return outcome
+        return self._owner._pace(steps, first_deadline)
+
+    def _stream_steps(self, record: ServedRequest, run: _Run) -> Generator[float, None, Outcome]:
+        """The stream as steps: each ``yield`` is a deadline, the code after it runs when the deadline is due.
+
+        The next frame is rendered before its deadline is yielded, so that at the deadline only the write is
+        left to do.
+        """
         schedule = run.schedule
         fault = schedule.fault
         arrival = record.arrival_s
@@ -553,11 +581,11 @@ class _Handler(BaseHTTPRequestHandler):
             deadline = arrival + schedule.ttft_s + i * schedule.itl_s + shift
             if i == fire_at and fault is not None:
                 if i < n_chunks or n_chunks == 0:
-                    self._wait_until(deadline)
+                    yield deadline
                 if fault.kind == "drop":
                     self._drop(fault.reset)
                 elif fault.kind == "stall":
-                    self._wait_until(time.perf_counter() + fault.stall_s)
+                    yield time.perf_counter() + fault.stall_s
                     shift += fault.stall_s
                     deadline += fault.stall_s
                 elif fault.kind == "malformed":
@@ -570,18 +598,20 @@ class _Handler(BaseHTTPRequestHandler):
                     return "stream_error"
             if i == n_chunks:
                 break
-            self._wait_until(deadline)
-            if i == 0 and run.chat and schedule.role_chunk == "with_first":
-                self._write_event(record, run.role_chunk())
+            role = _frame(run.role_chunk()) if i == 0 and run.chat and schedule.role_chunk == "with_first" else None
             first = sent
+            token = _frame(run.token_chunk(first, first + sizes[i], last=i == n_chunks - 1))
+            yield deadline
+            if role is not None:
+                self._write_frame(record, role)
             sent += sizes[i]
             record.token_deadlines_s.append(deadline)
             record.token_chunk_indices.append(len(record.chunk_times_s))
-            self._write_event(record, run.token_chunk(first, sent, last=i == n_chunks - 1))
+            self._write_frame(record, token)
             record.completion_tokens = sent
         if n_chunks == 0:
             # nothing generated: the role chunk and a finish chunk, when the first token would have come
-            self._wait_until(arrival + schedule.ttft_s + shift)
+            yield arrival + schedule.ttft_s + shift
             if run.chat and schedule.role_chunk == "with_first":
                 self._write_event(record, run.role_chunk())
             self._write_event(record, run.token_chunk(0, 0, last=True))
@@ -620,6 +650,9 @@ class _Handler(BaseHTTPRequestHandler):
         return "ok"
 
 
+_VOCAB = 151936  # Qwen3's vocabulary size: "token_id:N" ids stay below it
+_ID_STRIDE = 7919  # token k's id: (crc32 of the prompt's words + k * _ID_STRIDE) mod _VOCAB
+_ALT_STRIDE = 104729  # offset of the j-th top_logprobs alternative's id
 _GET_PATHS = frozenset({"/health", "/ping", "/version", "/v1/models", "/metrics"})
 _POST_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize"})
 
@@ -635,17 +668,42 @@ class _Run:
     finish_reason: str
     per_chunk_usage: bool
     final_usage: bool
+    logprobs: bool = False
+    top_logprobs: int = 0
+    token_ids: bool = False
+    prompt_hash: int = 0
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+    _head: str | None = field(default=None, init=False, repr=False)
 
     def chunk_sizes(self) -> list[int]:
         size = self.schedule.tokens_per_chunk
         return [min(size, self.n_tokens - start) for start in range(0, self.n_tokens, size)]
 
+    def token_text(self, k: int) -> str:
+        return "" if self.schedule.empty_content else f" tok{k}"
+
     def text(self, first: int, end: int) -> str:
-        if self.schedule.empty_content:
-            return ""
-        return "".join(f" tok{k}" for k in range(first, end))
+        return "".join(self.token_text(k) for k in range(first, end))
+
+    def _token(self, k: int, alternative: int = 0) -> str:
+        if self.token_ids:
+            return f"token_id:{(self.prompt_hash + _ID_STRIDE * k + _ALT_STRIDE * alternative) % _VOCAB}"
+        return self.token_text(k) if alternative == 0 else f" alt{alternative}"
+
+    def logprobs_content(self, first: int, end: int) -> dict[str, Any] | None:
+        """vLLM's chat ``logprobs`` for tokens ``first`` .. ``end - 1``; None unless the request asked."""
+        if not self.logprobs:
+            return None
+        entries = []
+        for k in range(first, end):
+            logprob = -0.01 * (k % 7)
+            top = [
+                {"token": self._token(k, j), "logprob": logprob - float(j), "bytes": None}
+                for j in range(self.top_logprobs)
+            ]
+            entries.append({"token": self._token(k), "logprob": logprob, "bytes": None, "top_logprobs": top})
+        return {"content": entries}
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         prompt = self.schedule.prompt_tokens
@@ -681,10 +739,17 @@ class _Run:
         return _dumps(chunk)
 
     def token_chunk(self, first: int, end: int, *, last: bool) -> str:
+        if self.chat and not last and not self.logprobs:
+            return self._plain_token_chunk(first, end)
         choice: dict[str, Any]
         text = self.text(first, end)
         if self.chat:
-            choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+            choice = {
+                "index": 0,
+                "delta": {"content": text},
+                "logprobs": self.logprobs_content(first, end),
+                "finish_reason": None,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None, "stop_reason": None}
         if last:
@@ -694,6 +759,26 @@ class _Run:
         if self.per_chunk_usage:
             chunk["usage"] = self.usage(end)
         return _dumps(chunk)
+
+    def _plain_token_chunk(self, first: int, end: int) -> str:
+        """`token_chunk` for a chat chunk that is neither the last nor carries logprobs, byte for byte.
+
+        The pacer renders one of these per token: pasting the envelope (serialized once) and the usage
+        numbers into fixed text takes a third of the time of serializing the whole chunk.
+        """
+        if self._head is None:
+            envelope = _dumps(self._envelope([]))
+            self._head = envelope[: -len("[]}")]
+        content = json.dumps(self.text(first, end))
+        body = f'[{{"index":0,"delta":{{"content":{content}}},"logprobs":null,"finish_reason":null}}]'
+        if not self.per_chunk_usage:
+            return f"{self._head}{body}}}"
+        prompt, cached = self.schedule.prompt_tokens, self.schedule.cached_tokens
+        usage = (
+            f'{{"prompt_tokens":{prompt},"total_tokens":{prompt + end},"completion_tokens":{end},'
+            f'"prompt_tokens_details":{{"cached_tokens":{cached}}}}}'
+        )
+        return f'{self._head}{body},"usage":{usage}}}'
 
     def usage_chunk(self, completion_tokens: int) -> str:
         chunk = self._envelope([])
@@ -707,7 +792,7 @@ class _Run:
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text, "tool_calls": []},
-                "logprobs": None,
+                "logprobs": self.logprobs_content(0, self.n_tokens),
                 "finish_reason": self.finish_reason,
                 "stop_reason": None,
             }
@@ -724,6 +809,101 @@ class _Run:
         if self.final_usage:
             response["usage"] = self.usage(self.n_tokens)
         return response
+
+
+class _Job:
+    """One stream handed to the `_Pacer`: its steps, and how it ended."""
+
+    def __init__(self, steps: Generator[float, None, Outcome]) -> None:
+        self.steps = steps
+        self.done = threading.Event()
+        self.outcome: Outcome = "aborted"
+        self.error: BaseException | None = None
+
+    def finish(self, outcome: Outcome | None = None, error: BaseException | None = None) -> None:
+        if outcome is not None:
+            self.outcome = outcome
+        self.error = error
+        self.done.set()
+
+
+class _Pacer:
+    """One thread that sends the chunks of every stream in flight, each on its deadline.
+
+    A thread per stream that sleeps and then spins to each deadline (the first design) costs a core's worth
+    of spinning once a few dozen streams run at sub-millisecond spacing, and that core is taken from the
+    client being measured. Here one thread keeps the deadlines in a heap, sleeps on a condition until
+    `_SPIN_S` before the earliest, yields the GIL in a short spin to it, and then writes every frame that is
+    due. A late deadline (the machine was busy) is sent at once; the send time is recorded either way.
+
+    Writes block: a client that stops reading long enough to fill its socket buffers (hundreds of KB on
+    loopback) holds up every stream until it reads again or goes away -- the calibrated stream is for
+    clients that read.
+    """
+
+    def __init__(self, closing: threading.Event, name: str) -> None:
+        self._closing = closing
+        self._heap: list[tuple[float, int, _Job]] = []
+        self._order = itertools.count()
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job: _Job, deadline: float) -> None:
+        with self._cond:
+            if self._closing.is_set():
+                job.finish(error=_Aborted())
+                return
+            heapq.heappush(self._heap, (deadline, next(self._order), job))
+            if self._heap[0][2] is job:
+                self._cond.notify()
+
+    def wake(self) -> None:
+        """Make the thread notice `closing`."""
+        with self._cond:
+            self._cond.notify()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closing.is_set():
+                    if not self._heap:
+                        self._cond.wait(_POLL_S)
+                        continue
+                    remaining = self._heap[0][0] - time.perf_counter()
+                    if remaining <= _SPIN_S:
+                        break
+                    self._cond.wait(remaining - _SPIN_S)
+                if self._closing.is_set():
+                    pending = [job for _, _, job in self._heap]
+                    self._heap.clear()
+                    for job in pending:
+                        job.steps.close()
+                        job.finish(error=_Aborted())
+                    return
+                deadline = self._heap[0][0]
+            while time.perf_counter() < deadline:
+                time.sleep(0)  # spin, but let the connection threads have the GIL
+            with self._cond:
+                now = time.perf_counter()
+                due: list[_Job] = []
+                while self._heap and self._heap[0][0] <= now:
+                    due.append(heapq.heappop(self._heap)[2])
+            for job in due:
+                self._step(job)
+
+    def _step(self, job: _Job) -> None:
+        try:
+            deadline = job.steps.send(None)
+        except StopIteration as stop:
+            job.finish(outcome=stop.value)
+        except BaseException as exc:  # handed to the connection thread, which raises it
+            job.finish(error=exc)
+        else:
+            self.submit(job, deadline)
 
 
 class StreamServer:
@@ -771,6 +951,7 @@ class StreamServer:
         self._errors: list[str] = []
         self._connections: dict[socket.socket, threading.Thread] = {}
         self._closing = threading.Event()
+        self._pacer: _Pacer | None = None
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._running = 0
@@ -791,6 +972,7 @@ class StreamServer:
             httpd = _HTTPServer(self.host, self.port, self)
             self._httpd = httpd
             self.port = int(httpd.server_address[1])
+            self._pacer = _Pacer(self._closing, name=f"streamserver-pacer:{self.port}")
             self._thread = threading.Thread(
                 target=httpd.serve_forever,
                 kwargs={"poll_interval": _POLL_S},
@@ -805,8 +987,10 @@ class StreamServer:
 
     def close(self) -> None:
         """Stop serving: end the accept loop, cut every open connection, close the socket."""
-        httpd, thread = self._httpd, self._thread
+        httpd, thread, pacer = self._httpd, self._thread, self._pacer
         self._closing.set()
+        if pacer is not None:
+            pacer.wake()
         if httpd is not None and thread is not None and thread.is_alive():
             httpd.shutdown()
         with self._lock:
@@ -821,8 +1005,11 @@ class StreamServer:
             httpd.server_close()
         if thread is not None:
             thread.join(_JOIN_S)
+        if pacer is not None:
+            pacer.join(_JOIN_S)
         self._httpd = None
         self._thread = None
+        self._pacer = None
 
     def __enter__(self) -> StreamServer:
         return self.start()
@@ -905,6 +1092,19 @@ class StreamServer:
     def _finish_record(self, record: ServedRequest) -> None:
         with self._changed:
             self._changed.notify_all()
+
+    def _pace(self, steps: Generator[float, None, Outcome], first_deadline: float) -> Outcome:
+        """Run a stream's remaining steps on the pacer thread; return its outcome or raise what it raised."""
+        pacer = self._pacer
+        if pacer is None:
+            steps.close()
+            raise _Aborted
+        job = _Job(steps)
+        pacer.submit(job, first_deadline)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.outcome
 
     def _started(self) -> None:
         with self._lock:
@@ -999,6 +1199,13 @@ class StreamServer:
 def _dumps(payload: Any) -> str:
     """Compact JSON, as vLLM's pydantic models and FastAPI's JSONResponse write it."""
     return json.dumps(payload, separators=(",", ":"))
+
+
+def _frame(data: str, *, last: bool = False) -> bytes:
+    """One SSE event as an HTTP/1.1 chunk (and, for the last, the terminating zero-length chunk)."""
+    payload = f"data: {data}\n\n".encode()
+    frame = f"{len(payload):x}\r\n".encode() + payload + b"\r\n"
+    return frame + b"0\r\n\r\n" if last else frame
 
 
 def _labels(labels: Mapping[str, str]) -> str:

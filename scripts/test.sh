@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 3
 venv=${KV_VENV:-.venv}
-"$venv/bin/ruff" check pytest_kvcache tests fixtures examples scripts conftest.py || exit 1
-"$venv/bin/ruff" format --check pytest_kvcache tests fixtures examples scripts conftest.py || exit 1
+"$venv/bin/ruff" check pytest_kvcache tests fixtures examples scripts benchmarks conftest.py || exit 1
+"$venv/bin/ruff" format --check pytest_kvcache tests fixtures examples scripts benchmarks conftest.py || exit 1
 "$venv/bin/mypy" || exit 1
 exec "$venv/bin/python" -m pytest "$@"

@@ -459,3 +459,45 @@ def test_models_version_health_and_404(server: StreamServer, client: httpx.Clien
     missing = client.get(server.url + "/v2/nothing")
     assert missing.status_code == 404
     assert missing.json() == {"detail": "Not Found"}
+
+
+# --- logprobs --------------------------------------------------------------------------------------
+
+
+def test_logprobs_one_entry_per_token_streamed_and_whole(server: StreamServer, client: httpx.Client) -> None:
+    _, events = stream_events(client, server.url, chat_body(max_tokens=9, logprobs=True))
+    chunks = [e.json for e in events[:-1]]
+    assert chunks[0]["choices"][0]["logprobs"] is None  # the role chunk
+    entries = [entry for c in chunks[1:] if c["choices"] for entry in c["choices"][0]["logprobs"]["content"]]
+    assert [e["token"] for e in entries] == [f" tok{i}" for i in range(9)]
+    assert [e["logprob"] for e in entries] == [pytest.approx(-0.01 * (i % 7)) for i in range(9)]
+    assert all(e["bytes"] is None and e["top_logprobs"] == [] for e in entries)
+
+    whole = client.post(server.url + CHAT, json=chat_body(max_tokens=9, logprobs=True, stream=False)).json()
+    assert whole["choices"][0]["logprobs"]["content"] == entries
+
+    plain = client.post(server.url + CHAT, json=chat_body(max_tokens=3, stream=False)).json()
+    assert plain["choices"][0]["logprobs"] is None
+
+
+def test_logprobs_token_ids_and_top_logprobs(server: StreamServer, client: httpx.Client) -> None:
+    schedule = Schedule(ttft_s=0.0, itl_s=0.0, tokens_per_chunk=3)
+
+    def entries(content: str, **extra: Any) -> list[dict[str, Any]]:
+        body = chat_body(max_tokens=7, logprobs=True, return_tokens_as_token_ids=True, **extra)
+        body["messages"] = [{"role": "user", "content": content}]
+        _, events = stream_events(client, server.url, body, schedule)
+        chunks = [e.json for e in events[:-1] if e.json["choices"]]
+        assert [len(c["choices"][0]["logprobs"]["content"]) for c in chunks[1:]] == [3, 3, 1]
+        return [entry for c in chunks[1:] for entry in c["choices"][0]["logprobs"]["content"]]
+
+    first = entries("the same prompt", top_logprobs=2)
+    ids = [e["token"] for e in first]
+    assert all(t.startswith("token_id:") and t[len("token_id:") :].isdigit() for t in ids)
+    assert len(set(ids)) == 7
+    assert [e["token"] for e in entries("the same prompt", top_logprobs=2)] == ids  # deterministic
+    assert [e["token"] for e in entries("another prompt")] != ids  # derived from the prompt
+    for entry in first:
+        top = entry["top_logprobs"]
+        assert top[0]["token"] == entry["token"] != top[1]["token"]
+        assert len(top) == 2 and top[1]["logprob"] < top[0]["logprob"] == entry["logprob"]

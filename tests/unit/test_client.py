@@ -1,0 +1,112 @@
+"""The measuring client against the calibrated stream: what it measures, and every failure as a sample."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from pytest_kvcache.client import Client
+from pytest_kvcache.streamserver import Fault, Schedule, StreamServer
+
+
+def payload(tokens: int = 8) -> dict:
+    return {
+        "model": "stream-test",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "max_tokens": tokens,
+    }
+
+
+def stream(schedule: Schedule, *, stall_timeout_s: float = 5.0, request_timeout_s: float = 30.0, **kw: object):
+    with (
+        StreamServer(schedule) as server,
+        Client(server.url, stall_timeout_s=stall_timeout_s, request_timeout_s=request_timeout_s) as client,
+    ):
+        return client.stream_chat(payload(), **kw)  # type: ignore[arg-type]
+
+
+def test_a_clean_stream_is_timed_by_the_usage_clock() -> None:
+    sample = stream(Schedule(ttft_s=0.05, itl_s=0.004, completion_tokens=8, prompt_tokens=20, cached_tokens=4))
+    assert sample.ok and sample.token_clock == "usage"
+    assert sample.completion_tokens == 8 and sample.prompt_tokens == 20 and sample.cached_tokens == 4
+    assert sample.token_chunks == 8 and sample.finish_reason == "length"
+    assert sample.first_token_s is not None and sample.last_token_s is not None and sample.end_s is not None
+    assert 0.05 <= sample.first_token_s < sample.last_token_s <= sample.end_s
+    assert sample.last_token_s - sample.first_token_s >= 6 * 0.004
+    assert sample.send_perf_s > 0 and sample.http_status == 200
+
+
+def test_without_per_chunk_usage_the_content_clock_is_used_and_flagged() -> None:
+    sample = stream(Schedule(completion_tokens=5, per_chunk_usage=False))
+    assert sample.ok and sample.token_clock == "content"
+    assert "content_clock" in sample.measures()[1]
+
+
+def test_role_chunk_sent_early_does_not_start_the_clock() -> None:
+    sample = stream(Schedule(ttft_s=0.1, completion_tokens=3, role_chunk="early"))
+    assert sample.ok and sample.first_token_s is not None and sample.first_token_s >= 0.1
+
+
+def test_keep_text_collects_content() -> None:
+    sample = stream(Schedule(completion_tokens=4), keep_text=True)
+    assert sample.ok and sample.text and sample.content_chars == len(sample.text)
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind", "message"),
+    [
+        (Fault("drop", 3), "dropped", "after"),
+        (Fault("drop", 3, reset=False), "dropped", "after"),
+        (Fault("malformed", 2), "malformed_json", "is not JSON"),
+        (Fault("stream_error", 2), "server_error", "server sent an error event"),
+        (Fault("http_error", status=400), "http_error", "HTTP 400: "),
+        (Fault("http_error", status=503, message="overloaded"), "http_error", "HTTP 503: overloaded"),
+        (Fault("no_usage"), "missing_usage", "no usage"),
+        (Fault("zero_tokens"), "zero_tokens", "0 completion tokens"),
+    ],
+)
+def test_every_failure_is_a_failed_sample(fault: Fault, kind: str, message: str) -> None:
+    sample = stream(Schedule(itl_s=0.001, completion_tokens=6, fault=fault))
+    assert not sample.ok and sample.error_kind == kind, sample.error
+    assert message in (sample.error or "")
+
+
+def test_a_stall_longer_than_the_stall_timeout() -> None:
+    sample = stream(
+        Schedule(itl_s=0.001, completion_tokens=6, fault=Fault("stall", 2, stall_s=1.0)), stall_timeout_s=0.3
+    )
+    assert sample.error_kind == "stall" and sample.error == "no chunk for 0.3 s"
+
+
+def test_a_request_longer_than_the_request_timeout() -> None:
+    schedule = Schedule(itl_s=0.02, completion_tokens=50, honor_max_tokens=False)
+    sample = stream(schedule, request_timeout_s=0.3, stall_timeout_s=5)
+    assert sample.error_kind == "timeout" and "longer than 0.3 s" in (sample.error or "")
+
+
+def test_nothing_listening_is_a_connection_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with Client(f"http://127.0.0.1:{port}") as client:
+        sample = client.stream_chat(payload())
+    assert sample.error_kind == "connection_error"
+    assert (sample.error or "").startswith(f"cannot connect to http://127.0.0.1:{port}")
+
+
+def test_one_connection_carries_consecutive_requests_and_recovers_after_a_drop() -> None:
+    with StreamServer(Schedule(completion_tokens=4)) as server, Client(server.url) as client:
+        first = client.stream_chat(payload())
+        second = client.stream_chat(payload())
+        assert first.ok and second.ok
+        served = server.wait_finished(2)
+        assert served[0].client_port == served[1].client_port  # kept alive
+        server.set_schedule(Schedule(completion_tokens=4, fault=Fault("drop", 1)))
+        assert client.stream_chat(payload()).error_kind == "dropped"
+        server.set_schedule(Schedule(completion_tokens=4))
+        again = client.stream_chat(payload())
+        assert again.ok  # a fresh connection after the dropped one
+        assert server.wait_finished(4)[-1].client_port != served[0].client_port
