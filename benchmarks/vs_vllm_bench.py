@@ -50,6 +50,9 @@ from pytest_kvcache.client import Client
 from pytest_kvcache.engines import EMBEDDED_ARGS, EMBEDDED_ENV, MEASUREMENT_ARGS, embedded_model_path
 from pytest_kvcache.engines.process import HOST, free_port
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import markdown_table  # the benchmarks folder is not a package
+
 HISTOGRAMS = {
     "ttft": "vllm:time_to_first_token_seconds",
     "tpot": "vllm:request_time_per_output_token_seconds",
@@ -351,17 +354,6 @@ def side_by_side(phases: dict[str, dict[str, Any]], engine: dict[str, dict[str, 
             else float("nan"),
         })  # fmt: skip
     return rows
-
-
-def markdown_table(frame: pd.DataFrame) -> str:
-    def cell(value: Any) -> str:
-        if isinstance(value, float):
-            return "–" if np.isnan(value) else f"{value:.3g}"
-        return str(value)
-
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
