@@ -602,6 +602,30 @@ def agreement_report(run: Path, arms: Sequence[str]) -> dict[str, Any]:
     return {"rows": rows, "notes": notes}
 
 
+def agreement_sentences(rows: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[str]:
+    """Next to the speed verdicts: whether each arm's greedy outputs match the baseline's."""
+    out = []
+    for arm in arms[1:]:
+        mine = [r for r in rows if r["kind"] == "between arms" and r["arm"] == arm]
+        if not mine:
+            continue
+        pairs = sum(r["pairs"] for r in mine)
+        same = sum(round(r["identical_share"] * r["pairs"]) for r in mine)
+        if same == pairs:
+            out.append(f"{arm}'s greedy outputs are identical to {arms[0]}'s ({same} of {pairs} sequences).")
+            continue
+        where = ", ".join(
+            f"{r['shape']} at token {r['mean_first_divergence']:.0f}"
+            for r in mine
+            if r.get("mean_first_divergence") is not None
+        )
+        out.append(
+            f"{arm} changes greedy outputs: {same} of {pairs} sequences identical to {arms[0]}'s"
+            + (f"; first divergence (mean) {where}." if where else ".")
+        )
+    return out
+
+
 def sampling_report(run: Path) -> list[dict[str, Any]]:
     """Why each adaptive loop stopped (``sampling.jsonl``), as written during the run."""
     return read_records(run / "sampling.jsonl")
@@ -684,6 +708,7 @@ def build(run: Path, allow_diff: Sequence[str] = ()) -> dict[str, Any]:
             notes.append(f"no evidence for arm {arm}")
     ci = ci_statement(boots, arms)
     allow = [*(settings.get("allow_diff") or []), *allow_diff]
+    agreed = agreement_report(run, arms)
     return {
         "report_version": REPORT_VERSION,
         "run_id": meta.get("run_id"),
@@ -695,13 +720,13 @@ def build(run: Path, allow_diff: Sequence[str] = ()) -> dict[str, Any]:
         "boot_results": boot_results(data, boots),
         "ci": ci,
         "confounds": confound_report(run, boots, allow),
-        "agreement": agreement_report(run, arms),
+        "agreement": agreed,
         "sampling": sampling_report(run),
         "self_check": self_check_report(meta.get("self_check"), records),
         "summary": summary_rows(data, arms),
         "deltas": deltas,
         "crossovers": crossovers,
-        "verdicts": verdict_sentences(deltas, crossovers, arms),
+        "verdicts": verdict_sentences(deltas, crossovers, arms) + agreement_sentences(agreed["rows"], arms),
         "notes": notes,
     }
 

@@ -120,7 +120,9 @@ def finish(
     if noise_run is not None:
         bands = noise_bands(noise_run)
         apply_noise(report, bands, noise_run.name)
-        report["verdicts"] = analysis.verdict_sentences(report["deltas"], report["crossovers"], arms)
+        report["verdicts"] = analysis.verdict_sentences(
+            report["deltas"], report["crossovers"], arms
+        ) + analysis.agreement_sentences(report["agreement"]["rows"], arms)
     check = report.get("self_check") or {}
     done.messages += [f"warning: {w}" for w in check.get("warnings") or []]
     if check.get("error"):

@@ -338,7 +338,11 @@ def test_agreement_report_pairs_arms_by_replicate(tmp_path: Path) -> None:
                 }
             )
     (tmp_path / "agreement.jsonl").write_text("\n".join(__import__("json").dumps(r) for r in rows) + "\n")
-    found = {(r["kind"], r["arm"]): r for r in analysis.agreement_report(tmp_path, ["a", "b"])["rows"]}
+    rows = analysis.agreement_report(tmp_path, ["a", "b"])["rows"]
+    found = {(r["kind"], r["arm"]): r for r in rows}
+    assert analysis.agreement_sentences(rows, ["a", "b"]) == [
+        "b changes greedy outputs: 2 of 4 sequences identical to a's; first divergence (mean) code at token 1."
+    ]
     assert found[("between arms", "b")]["identical_share"] == 0.5
     assert found[("between arms", "b")]["mean_first_divergence"] == 1
     assert found[("within a boot", "a")]["identical_share"] == 1.0
