@@ -20,7 +20,6 @@ from pytest_kvcache.engines import make_engine
 from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.registry import EngineRegistry
 from pytest_kvcache.hostcpu import fp8_kv_unsupported_reason
-from pytest_kvcache.probes.agreement import REQUESTS
 from pytest_kvcache.probes.concurrency import level_label
 from pytest_kvcache.probes.prefill import depth_label
 from pytest_kvcache.session import SESSION_KEY, ArmClient, KvSession, Server, death_notice, get_session
@@ -199,6 +198,7 @@ def kv_server(request: pytest.FixtureRequest, kv_arm: Boot) -> Iterator[Server]:
     if failure is not None:
         pytest.fail(failure, pytrace=False)  # outside the except block: no chained traceback
     yield server
+    session.run_agreement(kv_arm.boot_id)
     session.stop(kv_arm.boot_id)
 
 
@@ -255,16 +255,14 @@ def kv_record(request: pytest.FixtureRequest, kv_server: Server) -> Recorder:
 
 
 @pytest.fixture
-def kv_agreement(request: pytest.FixtureRequest, kv_server: Server, kv_client: ArmClient) -> Any:
-    """``kv_agreement(shape, payload)``: the unmeasured greedy token-id requests of output agreement
-    (logged to ``agreement.jsonl``; nothing when ``--kv-no-agreement``)."""
+def kv_agreement(request: pytest.FixtureRequest, kv_server: Server) -> Any:
+    """``kv_agreement(shape, payload)``: queue the unmeasured greedy token-id requests of output agreement;
+    they are sent when this boot's probes are done (logged to ``agreement.jsonl``; nothing with
+    ``--kv-no-agreement``)."""
     session = _session(request.config)
 
-    def agree(shape: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
-        if not session.settings.agreement:
-            return []
-        return session.record_agreement(
-            kv_client, kv_server.boot, test=request.node.nodeid, shape=shape, payload=payload, requests=REQUESTS
-        )
+    def agree(shape: str, payload: dict[str, Any]) -> None:
+        if session.settings.agreement:
+            session.queue_agreement(kv_server.boot, test=request.node.nodeid, shape=shape, payload=payload)
 
     return agree

@@ -22,7 +22,7 @@ import pytest
 from pytest_kvcache import analysis, metrics, report
 from pytest_kvcache.client import Client, Sample
 from pytest_kvcache.engines import embedded_model_path
-from pytest_kvcache.engines.base import Engine, EngineError, tail
+from pytest_kvcache.engines.base import Engine, EngineError, salient_error, tail
 from pytest_kvcache.engines.evidence import collect, resolved_cache_dtype
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
 from pytest_kvcache.finish import Finished, finish, summary_lines
@@ -127,6 +127,14 @@ class ArmClient:
         self.client.close()
 
 
+def _alive_after(engine: Engine) -> bool:
+    """Whether an engine is still alive a moment after a failed request (its exit can lag the socket)."""
+    deadline = time.monotonic() + DEATH_GRACE_S
+    while engine.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return engine.alive()
+
+
 def death_notice(server: Server) -> tuple[str, str]:
     code = getattr(server.engine, "exit_code", lambda: None)()
     return f"{server.boot.boot_id}: engine died (exit code {code})", tail(server.engine.log_path)
@@ -166,6 +174,7 @@ class KvSession:
     _machine_info: dict[str, Any] | None = None
     gpu_problems: list[str] = field(default_factory=list)
     round_decisions: dict[int, str | None] = field(default_factory=dict)
+    agreement_due: dict[str, list[tuple[str, str, dict[str, Any]]]] = field(default_factory=dict)
     self_check: dict[str, Any] | None = None
     _previous_sigterm: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -487,38 +496,58 @@ class KvSession:
     def log(self, name: str, record: dict[str, Any]) -> None:
         self.ensure_run().log(name, record)
 
-    def record_agreement(
-        self, client: ArmClient, boot: Boot, *, test: str, shape: str, payload: dict[str, Any], requests: int
-    ) -> list[dict[str, Any]]:
-        """Send the unmeasured greedy token-id requests of one short shape; log each to ``agreement.jsonl``."""
-        from pytest_kvcache.probes.agreement import parse_response
+    def queue_agreement(self, boot: Boot, *, test: str, shape: str, payload: dict[str, Any]) -> None:
+        """Remember one short shape's agreement requests; they are sent when the boot's probes are done."""
+        self.agreement_due.setdefault(boot.boot_id, []).append((test, shape, payload))
 
-        out = []
-        for index in range(requests):
-            entry: dict[str, Any] = {
-                "arm": boot.arm.name,
-                "boot": boot.boot_id,
-                "replicate": boot.replicate,
-                "shape": shape,
-                "index": index,
-                "test": test,
-            }
-            try:
-                tokens = parse_response(
-                    client.post_json("/v1/chat/completions", payload, self.settings.request_timeout_s)
-                )
-                entry.update(ok=True, ids=list(tokens.ids), logprobs=list(tokens.logprobs))
-            except (httpx.HTTPError, ValueError) as exc:
-                entry.update(ok=False, error=f"{type(exc).__name__}: {exc}")
-            self.log("agreement.jsonl", entry)
-            out.append(entry)
-        return out
+    def run_agreement(self, boot_id: str) -> None:
+        """Send the boot's queued output-agreement requests (greedy, token ids + logprobs), after every
+        measured request of the boot, and log them to ``agreement.jsonl``. Never raises: agreement is
+        evidence. An engine that dies on them (vLLM compiles a sampler helper for logprobs, which needs a
+        C++ compiler on CPU) is recorded, and the measurements already taken stand."""
+        from pytest_kvcache.probes.agreement import REQUESTS, parse_response
+
+        due = self.agreement_due.pop(boot_id, [])
+        engine = self.engines.get(boot_id)
+        evidence = self.evidence.get(boot_id) or {}
+        if not due or engine is None or not engine.alive():
+            return
+        arm = evidence.get("arm") or {}
+        client = Client(engine.url, request_timeout_s=self.settings.request_timeout_s)
+        try:
+            for test, shape, payload in due:
+                for index in range(REQUESTS):
+                    entry: dict[str, Any] = {
+                        "arm": arm.get("name"),
+                        "boot": boot_id,
+                        "replicate": evidence.get("replicate", 1),
+                        "shape": shape,
+                        "index": index,
+                        "test": test,
+                    }
+                    try:
+                        body = client.post_json("/v1/chat/completions", payload, self.settings.request_timeout_s)
+                        tokens = parse_response(body)
+                        entry.update(ok=True, ids=list(tokens.ids), logprobs=list(tokens.logprobs))
+                    except (httpx.HTTPError, ValueError) as exc:
+                        entry.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+                    dead = not entry["ok"] and not _alive_after(engine)
+                    if dead:
+                        cause = salient_error(tail(engine.log_path, 400)) or "see engine.log"
+                        entry["error"] = f"the engine died on the agreement requests: {cause}"
+                        evidence.setdefault("warnings", []).append(entry["error"])
+                    self.log("agreement.jsonl", entry)
+                    if dead:
+                        return
+        finally:
+            client.close()
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
         """Stop an arm's engine as soon as its last test is done, before the next arm boots."""
         current, following = boot_of(item), boot_of(nextitem)
         if current is not None and (following is None or following.boot_id != current.boot_id):
+            self.run_agreement(current.boot_id)
             self.stop(current.boot_id)
 
     @pytest.hookimpl(wrapper=True)

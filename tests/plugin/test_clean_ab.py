@@ -178,3 +178,30 @@ def test_self_check_is_in_every_runs_evidence(pytester: pytest.Pytester, args: l
         result.stdout.fnmatch_lines(["*warning: the measuring client spends * µs of CPU per streamed chunk*"])
     off = pytester.runpytest_subprocess(*args, "--kv-arms=auto")
     assert off.ret == 0 and not (latest(pytester) / "selfcheck.json").exists()
+
+
+DIES_ON_AGREEMENT = """
+[tool.pytest_kvcache.arms.fragile]
+args = ["--standin-die-after=3"]
+"""
+
+
+def test_an_engine_dying_on_the_agreement_requests_keeps_the_measurements(
+    pytester: pytest.Pytester, args: list[str]
+) -> None:
+    pytester.makepyprojecttoml(DIES_ON_AGREEMENT)
+    # 2 measured requests per boot (-k code, no warmups); the 3rd chat request is the first agreement one.
+    result = pytester.runpytest_subprocess(*args, "--kv-arms=auto,fragile", "--kv-runs=2")
+    assert result.ret == 0, result.stdout.str()
+    result.assert_outcomes(passed=2)
+    run = latest(pytester)
+    agreed = read_records(run / "agreement.jsonl")
+    died = [a for a in agreed if a["boot"] == "fragile"]
+    assert len(died) == 1 and not died[0]["ok"]
+    assert died[0]["error"] == "the engine died on the agreement requests: RuntimeError: standin died"
+    assert len([a for a in agreed if a["boot"] == "auto" and a["ok"]]) == 2
+    assert len([r for r in read_records(run / "requests.jsonl") if r["ok"]]) == 4
+    report = report_of(pytester)
+    assert any("the engine died on the agreement requests" in n for n in report["agreement"]["notes"])
+    evidence = json.loads((run / "arms" / "fragile" / "evidence.json").read_text())
+    assert "the engine died on the agreement requests: RuntimeError: standin died" in evidence["warnings"]
