@@ -29,9 +29,14 @@ class Scrape:
 
 def parse(text: str) -> Scrape:
     samples: dict[str, list[tuple[Mapping[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    except KeyboardInterrupt:
+        # Ctrl-C landing inside the parser's generators leaves a frame without a line number (Python 3.11),
+        # on which pytest's own interrupt report crashes (exit 1 instead of 2): raise it from here instead.
+        raise KeyboardInterrupt("interrupted while parsing /metrics") from None
     return Scrape({name: tuple(rows) for name, rows in samples.items()})
 
 

@@ -175,6 +175,7 @@ class KvSession:
     gpu_problems: list[str] = field(default_factory=list)
     round_decisions: dict[int, str | None] = field(default_factory=dict)
     agreement_due: dict[str, list[tuple[str, str, dict[str, Any]]]] = field(default_factory=dict)
+    interrupted: bool = False
     self_check: dict[str, Any] | None = None
     _previous_sigterm: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -510,7 +511,7 @@ class KvSession:
         due = self.agreement_due.pop(boot_id, [])
         engine = self.engines.get(boot_id)
         evidence = self.evidence.get(boot_id) or {}
-        if not due or engine is None or not engine.alive():
+        if not due or engine is None or self.interrupted or not engine.alive():
             return
         arm = evidence.get("arm") or {}
         client = Client(engine.url, request_timeout_s=self.settings.request_timeout_s)
@@ -606,6 +607,10 @@ class KvSession:
             values = [r["metrics"][metric] for r in valid if r["metrics"].get(metric) is not None]
             if values:
                 item.user_properties.append((f"kv_{metric}_mean", round(sum(values) / len(values), 6)))
+
+    def pytest_keyboard_interrupt(self) -> None:
+        """Ctrl-C or SIGTERM: stop as fast as possible (no agreement requests on the way out)."""
+        self.interrupted = True
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         self.stop_all()

@@ -92,7 +92,8 @@ def test_self_check_on_a_calibrated_stream_measures_near_zero() -> None:
     for name in ("ttft_error_ms", "ttft_error_pct", "decode_tps_error_pct", "itl_error_us", "cpu_per_chunk_us"):
         assert metrics[name]["n"] == 3 and metrics[name]["median"] is not None, name
     # the client cannot see a token before the server sent it, and sees it soon after on loopback
-    assert 0 <= metrics["first_lag_us"]["median"] < 50_000
+    # The server stamps a chunk after its write returns: a fast client can read it a little before that.
+    assert -1_000 <= metrics["first_lag_us"]["median"] < 50_000
     assert 0 < metrics["ttft_error_ms"]["median"] < 50
     assert abs(metrics["decode_tps_error_pct"]["median"]) < 25
     assert result["overhead_per_chunk_s"] == pytest.approx(metrics["cpu_per_chunk_us"]["median"] / 1e6)
