@@ -1,10 +1,10 @@
 """Benchmark the measuring client against the calibrated stream: accuracy, overhead, chunk-rate ceiling, client stacks.
 
 Run ``python benchmarks/harness.py [--quick] [--markdown] [--json FILE]``. The calibrated
-`~pytest_kvcache.streamserver.StreamServer` runs in a child process (`ServerProcess`: its threads do not share
+`~pytest_kvcache.selfcheck.stream.StreamServer` runs in a child process (`ServerProcess`: its threads do not share
 the client's GIL; both read CLOCK_MONOTONIC, so its recorded send times and the client's receive times are on
 one clock). Every figure compares what a client saw with what the server recorded it sent
-(`pytest_kvcache.selfcheck.compare`):
+(`pytest_kvcache.selfcheck.check.compare`):
 
 * accuracy: TTFT error (client TTFT minus the server's arrival → first-token-sent time) and decode-TPS error
   (``(n − 1) / (last − first)`` on the client against the same over the server's send times), median and p95
@@ -41,7 +41,7 @@ import openai
 import pandas as pd
 
 from pytest_kvcache.client import Client
-from pytest_kvcache.selfcheck import (
+from pytest_kvcache.selfcheck.check import (
     ServerProcess,
     StreamTiming,
     chat_payload,
@@ -50,7 +50,7 @@ from pytest_kvcache.selfcheck import (
     match_records,
     run_self_check,
 )
-from pytest_kvcache.streamserver import Schedule
+from pytest_kvcache.selfcheck.stream import Schedule
 
 MAX_ERROR_PCT = 2.0
 #: A row is undistorted only if the server also kept the schedule: a client that reads too slowly fills its

@@ -1,7 +1,7 @@
 """pytest-kvcache: LLM-serving A/B benchmarks as pytest tests."""
 
 from pytest_kvcache.client import Client, Sample
-from pytest_kvcache.settings import Arm, Boot, Settings
+from pytest_kvcache.config.settings import Arm, Boot, Settings
 
 __all__ = ["Arm", "Boot", "Client", "Sample", "Settings"]
 __version__ = "0.1.0.dev0"

@@ -59,7 +59,7 @@ class Sample:
     http_status: int | None = None
     send_unix_s: float = 0.0
     #: `time.perf_counter` at ``send`` (absolute): lines the sample up with another clock reading, e.g. the send
-    #: times a `~pytest_kvcache.streamserver.StreamServer` records (CLOCK_MONOTONIC is system-wide on Linux).
+    #: times a `~pytest_kvcache.selfcheck.stream.StreamServer` records (CLOCK_MONOTONIC is system-wide on Linux).
     send_perf_s: float = 0.0
     first_token_s: float | None = None
     last_token_s: float | None = None

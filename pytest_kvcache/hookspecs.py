@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from pytest_kvcache.config.settings import Boot, Settings
     from pytest_kvcache.engines.base import Engine
     from pytest_kvcache.engines.registry import EngineRegistry
-    from pytest_kvcache.settings import Boot, Settings
 
 
 @pytest.hookspec(firstresult=True)

@@ -1,39 +1,65 @@
 """pytest-kvcache's pytest wiring: options, markers, arm parametrization, fixtures.
 
 Nothing here launches, measures or computes; the library modules do, and ``session.py`` holds the run.
+Heavy layers (the run, the report: numpy, pandas) are imported only once ``--kv-arms`` makes the plugin
+active, or for ``--kv-rerender``: a plain ``pytest`` in a project that has the plugin installed pays
+nothing for it.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_kvcache import hookspecs
-from pytest_kvcache.cli import rerender
-from pytest_kvcache.client import Client, Sample
-from pytest_kvcache.engines import make_engine
-from pytest_kvcache.engines.base import Engine, EngineError
-from pytest_kvcache.engines.registry import EngineRegistry
-from pytest_kvcache.hostcpu import fp8_kv_unsupported_reason
+from pytest_kvcache.config.hostcpu import fp8_kv_unsupported_reason
+from pytest_kvcache.config.settings import (
+    OPTION_BY_NAME,
+    OPTIONS,
+    Boot,
+    Settings,
+    SettingsError,
+    report_options,
+    resolve,
+)
+from pytest_kvcache.engines.base import EngineError
+from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.concurrency import level_label
 from pytest_kvcache.probes.prefill import depth_label
-from pytest_kvcache.session import SESSION_KEY, ArmClient, KvSession, Server, death_notice, get_session
-from pytest_kvcache.settings import OPTION_BY_NAME, OPTIONS, Boot, Settings, SettingsError, resolve
 
-MARKERS = {
-    "short": "short: short-context probe (one short prompt, long decode) — narrative and code shapes.",
-    "prefill": "prefill: fresh-prefill probe at exact depths (--kv-depths), every request proven cold.",
-    "agentic": "agentic: multi-turn coding-assistant session growing its context (--kv-sessions, --kv-turns).",
-    "depth": "depth: the long-context probes (prefill and agentic); -m depth selects exactly those.",
-    "concurrency": "concurrency: N simultaneous streams per arm (--kv-concurrency), aggregate and per-stream speed.",
-}
+if TYPE_CHECKING:
+    from pytest_kvcache.client import Sample
+    from pytest_kvcache.engines.base import Engine
+    from pytest_kvcache.engines.registry import EngineRegistry
+    from pytest_kvcache.model import Record
+    from pytest_kvcache.run.measure import ArmClient, Server
+    from pytest_kvcache.session import KvSession
+
+#: The key under which the active run's session object lives in ``config.stash`` (see ``get_session``).
+SESSION_KEY = pytest.StashKey["KvSession"]()
+
+
+def _marker_line(spec: probe_registry.ProbeSpec) -> str:
+    return f"{spec.marker}: {spec.marker_help or spec.title}"
+
+
+def markers() -> dict[str, str]:
+    """Every probe's marker (from the registry) and the group markers (``depth``)."""
+    found = {s.marker: _marker_line(s) for s in probe_registry.specs()}
+    return {**found, **probe_registry.GROUP_MARKERS}
+
+
+def get_session(config: pytest.Config) -> KvSession | None:
+    return config.stash.get(SESSION_KEY, None)
+
 
 SUITE_DIR = Path(__file__).parent / "suite"
+_LISTENER_KEY = pytest.StashKey[Callable[[probe_registry.ProbeSpec], None]]()
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -73,9 +99,14 @@ def _named_arms(config: pytest.Config) -> dict[str, Any]:
     return {}
 
 
-def load_settings(config: pytest.Config) -> Settings:
+def _raw(config: pytest.Config) -> tuple[dict[str, Any], dict[str, Any]]:
     cli = {spec.name: config.getoption(spec.dest) for spec in OPTIONS}
     ini = {spec.name: config.getini(spec.ini) for spec in OPTIONS}
+    return cli, ini
+
+
+def load_settings(config: pytest.Config) -> Settings:
+    cli, ini = _raw(config)
     return resolve(
         cli, os.environ, ini, _named_arms(config), config.rootpath, fp8_kv_unsupported=fp8_kv_unsupported_reason()
     )
@@ -83,24 +114,45 @@ def load_settings(config: pytest.Config) -> Settings:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
-    """``--kv-rerender=RUN_DIR``: rebuild a stored run's report and gates; no collection, no boots."""
+    """``--kv-rerender=RUN_DIR``: rebuild a stored run's report and gates; no collection, no boots.
+
+    ``--kv-fail``, ``--kv-inconclusive``, ``--kv-compare``, ``--kv-noise`` and ``--kv-allow-diff`` come
+    from the CLI, the environment or the ini file exactly as for a run (``settings.report_options``).
+    """
     spec = OPTION_BY_NAME["rerender"]
-    run_dir = config.getoption(spec.dest) or os.environ.get(spec.env) or config.getini(spec.ini)
-    if not run_dir:
+    cli, ini = _raw(config)
+    raw = cli.get("rerender") or os.environ.get(spec.env) or ini.get("rerender")
+    if not raw:
         return None
-    gate_texts = config.getoption(OPTION_BY_NAME["fail"].dest) or config.getini(OPTION_BY_NAME["fail"].ini) or []
-    inconclusive = config.getoption(OPTION_BY_NAME["inconclusive"].dest) or "warn"
-    allow = config.getoption(OPTION_BY_NAME["allow_diff"].dest) or config.getini(OPTION_BY_NAME["allow_diff"].ini) or []
-    path = Path(str(run_dir)).expanduser()
+    from pytest_kvcache.cli import rerender
+
+    path = Path(str(raw)).expanduser()
     if not path.is_absolute():
         path = Path.cwd() / path
-    keys = [k.strip() for text in allow for k in str(text).split(",") if k.strip()]
-    return rerender(path, list(gate_texts), inconclusive=str(inconclusive), allow_diff=keys)
+    try:
+        options = report_options(cli, os.environ, ini, config.rootpath)
+    except SettingsError as exc:
+        raise pytest.UsageError(f"pytest-kvcache: {exc}") from None
+    if options.noise is None:
+        from pytest_kvcache.report.pipeline import stored_noise_run
+
+        options = stored_noise_run(path, options)
+    return rerender(path, options)
+
+
+def _register_marker(config: pytest.Config) -> Callable[[probe_registry.ProbeSpec], None]:
+    def listener(spec: probe_registry.ProbeSpec) -> None:
+        config.addinivalue_line("markers", _marker_line(spec))
+
+    return listener
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for marker in MARKERS.values():
+    for marker in markers().values():
         config.addinivalue_line("markers", marker)
+    listener = _register_marker(config)
+    probe_registry.add_listener(listener)  # a user's probe that registers later gets its marker too
+    config.stash[_LISTENER_KEY] = listener
     try:
         settings = load_settings(config)
     except SettingsError as exc:
@@ -112,6 +164,8 @@ def pytest_configure(config: pytest.Config) -> None:
             "pytest-kvcache: arms cannot run under pytest-xdist (-n/--dist): they share one machine's "
             "accelerators and must run one boot at a time. Run without -n."
         )
+    from pytest_kvcache.session import KvSession
+
     session = KvSession(config=config, settings=settings)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "kvcache-session")
@@ -122,6 +176,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    listener = config.stash.get(_LISTENER_KEY, None)
+    if listener is not None:
+        probe_registry.remove_listener(listener)
     session = get_session(config)
     if session is not None:
         session.uninstall()
@@ -154,6 +211,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_kvcache_make_engine(
     config: pytest.Config, settings: Settings, boot: Boot, arm_dir: Path, registry: EngineRegistry
 ) -> Engine:
+    from pytest_kvcache.engines import make_engine
+
     return make_engine(settings, boot, arm_dir, registry)
 
 
@@ -186,25 +245,27 @@ def kv_arm(request: pytest.FixtureRequest) -> Boot:
 @pytest.fixture(scope="session")
 def kv_server(request: pytest.FixtureRequest, kv_arm: Boot) -> Iterator[Server]:
     """The running engine of this test's arm: ``url``, ``arm``, ``model``, ``evidence``."""
-    session = _session(request.config)
-    skipped = session.skip_reason(kv_arm)
+    run = _session(request.config).run
+    skipped = run.skip_reason(kv_arm)
     if skipped:
         pytest.skip(f"adaptive round {kv_arm.replicate} not booted: {skipped}")
     failure: str | None = None
     try:
-        server = session.boot(kv_arm)
+        server = run.boot(kv_arm)
     except EngineError as exc:
         failure = exc.render()
     if failure is not None:
         pytest.fail(failure, pytrace=False)  # outside the except block: no chained traceback
     yield server
-    session.run_agreement(kv_arm.boot_id)
-    session.stop(kv_arm.boot_id)
+    run.end_boot(kv_arm.boot_id)
 
 
 @pytest.fixture
 def kv_client(kv_server: Server, kv_settings: Settings) -> Iterator[ArmClient]:
-    """A measuring client for this arm's server (``stream_chat(payload) -> Sample``)."""
+    """A measuring client for this arm's server (``stream_chat(payload) -> Sample``, ``measure(payload)``)."""
+    from pytest_kvcache.client import Client
+    from pytest_kvcache.run.measure import ArmClient, death_notice
+
     if not kv_server.engine.alive():
         pytest.fail(
             EngineError(*death_notice(kv_server)).render() + "\n(the engine died before this test)", pytrace=False
@@ -226,7 +287,7 @@ def kv_benchmark(request: pytest.FixtureRequest) -> Any:
     Probes never *request* ``benchmark`` (so ``--benchmark-skip`` cannot skip them); with
     ``--benchmark-disable``/``--benchmark-skip`` they run on their own loop and feed nothing to it.
     """
-    bs = getattr(request.config, "_benchmarksession", None)
+    bs = request.config.pluginmanager.getplugin("pytest-benchmark")  # its BenchmarkSession, by its registered name
     if bs is None or bs.skip or bs.disabled:
         return None
     return request.getfixturevalue("benchmark")
@@ -239,13 +300,13 @@ class Recorder:
     def __init__(self, session: KvSession, server: Server, test: str) -> None:
         self.session, self.server, self.test = session, server, test
 
-    def __call__(self, sample: Sample, **context: Any) -> dict[str, Any]:
-        return self.session.record(sample, self.server.boot, test=self.test, **context)
+    def __call__(self, sample: Sample, **context: Any) -> Record:
+        return self.session.run.record(sample, self.server.boot, test=self.test, **context)
 
-    def sampling(self, info: dict[str, Any], **context: Any) -> None:
+    def sampling(self, info: Mapping[str, object], **context: object) -> None:
         boot = self.server.boot
         entry = {"kind": "requests", "boot": boot.boot_id, "arm": boot.arm.name, "test": self.test, **context}
-        self.session.log("sampling.jsonl", {**entry, **info})
+        self.session.run.log("sampling.jsonl", {**entry, **info})
 
 
 @pytest.fixture
@@ -254,15 +315,18 @@ def kv_record(request: pytest.FixtureRequest, kv_server: Server) -> Recorder:
     return Recorder(_session(request.config), kv_server, request.node.nodeid)
 
 
+Agree = Callable[[str, Mapping[str, Any]], None]
+
+
 @pytest.fixture
-def kv_agreement(request: pytest.FixtureRequest, kv_server: Server) -> Any:
+def kv_agreement(request: pytest.FixtureRequest, kv_server: Server) -> Agree:
     """``kv_agreement(shape, payload)``: queue the unmeasured greedy token-id requests of output agreement;
     they are sent when this boot's probes are done (logged to ``agreement.jsonl``; nothing with
     ``--kv-no-agreement``)."""
     session = _session(request.config)
 
-    def agree(shape: str, payload: dict[str, Any]) -> None:
+    def agree(shape: str, payload: Mapping[str, Any]) -> None:
         if session.settings.agreement:
-            session.queue_agreement(kv_server.boot, test=request.node.nodeid, shape=shape, payload=payload)
+            session.run.queue_agreement(kv_server.boot, test=request.node.nodeid, shape=shape, payload=payload)
 
     return agree

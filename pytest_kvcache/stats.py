@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -147,7 +147,7 @@ def mean_ci(
     return float(v.mean()), lo, hi
 
 
-Verdict = str  # "better" | "worse" | "inconclusive"
+Verdict = Literal["better", "worse", "inconclusive"]
 
 
 def verdict(metric: str, lo: float | None, hi: float | None) -> Verdict:

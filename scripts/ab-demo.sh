@@ -9,7 +9,7 @@ bash scripts/setup.sh
 venv=$(cd "${KV_VENV:-.venv}" && pwd)
 second=${KV_SECOND_ARM:-}
 if [ -z "$second" ]; then
-  reason=$("$venv/bin/python" -c "from pytest_kvcache.hostcpu import fp8_kv_unsupported_reason as r; print(r() or '')")
+  reason=$("$venv/bin/python" -c "from pytest_kvcache.config.hostcpu import fp8_kv_unsupported_reason as r; print(r() or '')")
   if [ -n "$reason" ]; then
     echo "ab-demo: $reason — comparing auto against float16 KV instead of fp8."
     second=float16

@@ -7,11 +7,11 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from pytest_kvcache.config.settings import Arm, Boot, Settings
 from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.external import ExternalEngine
 from pytest_kvcache.engines.process import HOST, ProcessEngine, free_port
 from pytest_kvcache.engines.registry import EngineRegistry
-from pytest_kvcache.settings import Arm, Boot, Settings
 
 __all__ = [
     "Engine",

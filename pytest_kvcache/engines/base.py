@@ -68,6 +68,11 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 LOG_PREFIX = re.compile(r"^(?:\([^)]*\)\s+)?(?:[A-Z]+\s+(?:\d\d-\d\d\s+[\d:.]+\s+)?\[[^\]]*\]\s+)?")
 SALIENT = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception)|[\w./\-]+: error):\s.+")
+#: What the Python interpreter itself says when ``python -m MODULE`` or ``python FILE`` cannot start.
+INTERPRETER = re.compile(
+    r"^[\w./\-]+: (?:Error while finding module specification for '[^']+' \((?P<cause>[^)]+)\)"
+    r"|(?P<open>can't open file .+)|(?P<nomod>No module named .+))$"
+)
 
 
 GENERIC_ERRORS = ("see root cause above", "engine core initialization failed", "please check the stack trace")
@@ -80,6 +85,8 @@ def salient_error(log_text: str) -> str | None:
     """
     fallback = None
     for line in log_text.splitlines():
+        if found := INTERPRETER.match(line.strip()):
+            return found.group("cause") or found.group("open") or found.group("nomod")
         if m := SALIENT.match(LOG_PREFIX.sub("", line.strip())):
             text = m.group(0).strip()
             if any(g in text.lower() for g in GENERIC_ERRORS):

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from pytest_kvcache import metrics
+from pytest_kvcache.model import Evidence
 
 BACKEND = re.compile(r"Using (\S+) attention backend out of potential backends: \[([^\]]*)\]")
 ENGINE_INIT = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\) with config: (.*)")
@@ -90,7 +91,7 @@ def collect(url: str, log_path: Path | None, timeout_s: float = 10.0) -> dict[st
     return evidence
 
 
-def resolved_cache_dtype(evidence: dict[str, Any]) -> str | None:
+def resolved_cache_dtype(evidence: Evidence) -> str | None:
     """The KV-cache dtype the engine reports: the ``/metrics`` label first, else its startup log line."""
     cache = evidence.get("cache_config") or {}
     if cache.get("cache_dtype"):
@@ -100,7 +101,7 @@ def resolved_cache_dtype(evidence: dict[str, Any]) -> str | None:
     return str(value) if value else None
 
 
-def kv_capacity_tokens(evidence: dict[str, Any]) -> int | None:
+def kv_capacity_tokens(evidence: Evidence) -> int | None:
     cache = evidence.get("cache_config") or {}
     raw = cache.get("kv_cache_size_tokens")
     if raw not in (None, "", "None"):

@@ -17,6 +17,8 @@ from pytest_kvcache.engines.base import EngineError, evidence_env, redact_argv, 
 HOST = "127.0.0.1"
 TERM_GRACE_S = 20.0
 KILL_GRACE_S = 10.0
+#: After Ctrl-C (or SIGTERM) the engine gets this long to exit on SIGTERM before it is killed.
+INTERRUPT_GRACE_S = 2.0
 
 
 def free_port(host: str = HOST) -> int:
@@ -69,28 +71,39 @@ def group_members(pgid: int) -> list[int]:
 
 
 def kill_group(pgid: int, *, term_grace_s: float = TERM_GRACE_S, wait: Callable[[float], None] | None = None) -> str:
-    """SIGTERM a process group, wait, then SIGKILL what is left. Returns how it ended."""
+    """SIGTERM a process group, wait, then SIGKILL what is left. Returns how it ended.
+
+    A Ctrl-C (KeyboardInterrupt) while waiting out the grace escalates at once: the group is SIGKILLed,
+    its exit awaited, and the interrupt re-raised — a second Ctrl-C never leaves the engine behind.
+    """
     if not group_members(pgid):
         return "already gone"
+    pause = wait if wait is not None else time.sleep
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + term_grace_s
-    while time.monotonic() < deadline:
-        if wait is not None:
-            wait(0.1)
-        else:
-            time.sleep(0.1)
-        if not group_members(pgid):
-            return "terminated"
+    try:
+        while time.monotonic() < deadline:
+            pause(0.1)
+            if not group_members(pgid):
+                return "terminated"
+    except KeyboardInterrupt:
+        _kill_now(pgid)
+        raise
+    _kill_now(pgid)
+    return "killed"
+
+
+def _kill_now(pgid: int) -> None:
+    """SIGKILL a group and wait (uninterruptibly, up to ``KILL_GRACE_S``) until its members are gone."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     deadline = time.monotonic() + KILL_GRACE_S
     while time.monotonic() < deadline and group_members(pgid):
-        if wait is not None:
-            wait(0.1)
-        else:
-            time.sleep(0.1)
-    return "killed"
+        try:
+            time.sleep(0.05)
+        except KeyboardInterrupt:  # a third Ctrl-C: the SIGKILL is sent; keep waiting for the group to go
+            continue
 
 
 class ProcessEngine:
@@ -123,6 +136,8 @@ class ProcessEngine:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._last_pid: int | None = None
+        #: How long ``stop()`` waits after SIGTERM; the run shortens it once it is interrupted.
+        self.term_grace_s = TERM_GRACE_S
 
     @property
     def url(self) -> str:
@@ -135,6 +150,10 @@ class ProcessEngine:
     def start(self) -> None:
         try:
             self._start()
+        except KeyboardInterrupt:  # Ctrl-C during the boot: do not wait out a full grace
+            self.term_grace_s = INTERRUPT_GRACE_S
+            self.stop()
+            raise
         except BaseException:
             self.stop()
             raise
@@ -181,9 +200,11 @@ class ProcessEngine:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=seconds)
 
-            self.stop_outcome = kill_group(proc.pid, wait=reap)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=KILL_GRACE_S)
+            try:
+                self.stop_outcome = kill_group(proc.pid, term_grace_s=self.term_grace_s, wait=reap)
+            finally:
+                with contextlib.suppress(subprocess.TimeoutExpired, KeyboardInterrupt):
+                    proc.wait(timeout=KILL_GRACE_S)
             self._last_pid = proc.pid
             if self._on_stop is not None:
                 self._on_stop(self)

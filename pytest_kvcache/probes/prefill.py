@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_kvcache.settings import parse_depths
+from pytest_kvcache.config.settings import parse_depths
 
 __all__ = ["depth_label", "parse_depths", "salt_for", "size_prompt"]
 
@@ -64,6 +64,10 @@ class SizedPrompt:
 
 
 CountTokens = Callable[[list[dict[str, Any]]], int]
+
+
+class SizingError(RuntimeError):
+    """The prompt could not be sized to its depth (a failed ``/tokenize`` or calibration request)."""
 
 
 def size_prompt(target: int, salt: str, count: CountTokens) -> SizedPrompt:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_kvcache import stats
 from pytest_kvcache.client import Sample
-from pytest_kvcache.settings import Settings
+from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.model import Record as RecordData
 
-Record = Callable[..., dict[str, Any]]
+Record = Callable[..., RecordData]
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Adaptive:
             return None
         return cls(metric, settings.target_ci_pct, max(runs, settings.max_runs or 4 * runs))
 
-    def half_width_pct(self, records: list[dict[str, Any]]) -> float | None:
+    def half_width_pct(self, records: list[RecordData]) -> float | None:
         values = [r["metrics"].get(self.metric) for r in records]
         mean, lo, hi = stats.mean_ci([v for v in values if v is not None])
         if mean is None or lo is None or hi is None or mean == 0:
@@ -44,24 +45,24 @@ class ProbeOutcome:
 
     label: str
     requested: int
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[RecordData] = field(default_factory=list)
     #: Why measuring stopped, when ``--kv-target-ci`` drove it (metric, target, n, half width, reason).
     sampling: dict[str, Any] | None = None
 
     @property
-    def measured(self) -> list[dict[str, Any]]:
+    def measured(self) -> list[RecordData]:
         return [r for r in self.records if r["phase"] == "measured"]
 
     @property
-    def failed(self) -> list[dict[str, Any]]:
+    def failed(self) -> list[RecordData]:
         return [r for r in self.measured if not r["ok"]]
 
     @property
-    def valid(self) -> list[dict[str, Any]]:
+    def valid(self) -> list[RecordData]:
         return [r for r in self.measured if r["ok"] and not r["excluded_reason"]]
 
     @property
-    def flagged(self) -> list[dict[str, Any]]:
+    def flagged(self) -> list[RecordData]:
         return [r for r in self.measured if r["flags"]]
 
     def extra_info(self) -> dict[str, Any]:
@@ -70,7 +71,7 @@ class ProbeOutcome:
         if self.records:
             info.update({k: self.records[0].get(k) for k in ("arm", "boot", "probe", "shape")})
         for metric in ("ttft_s", "wall_tps", "decode_tps", "prefill_tps"):
-            values = [r["metrics"][metric] for r in self.valid if r["metrics"].get(metric) is not None]
+            values = [v for r in self.valid if (v := r["metrics"].get(metric)) is not None]
             if values:
                 info[f"{metric}_mean"] = sum(values) / len(values)
         return info
@@ -85,7 +86,7 @@ class ProbeOutcome:
         return f"{self.label}: " + "; ".join(self.problems())
 
 
-Send = Callable[[str, int], tuple[Sample, dict[str, Any]]]
+Send = Callable[[str, int], tuple[Sample, Mapping[str, object]]]
 
 
 def engine_died(sample: Sample) -> bool:

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import agentic
+from pytest_kvcache.run.measure import ArmClient, Server
 
 
 @pytest.mark.agentic
 @pytest.mark.depth
-def test_agentic(kv_server, kv_client, kv_record, kv_settings, kv_agentic_session: int) -> None:
+def test_agentic(
+    kv_server: Server, kv_client: ArmClient, kv_record: Recorder, kv_settings: Settings, kv_agentic_session: int
+) -> None:
     try:
         session = agentic.load()
     except agentic.FixtureError as exc:

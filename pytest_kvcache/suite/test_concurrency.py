@@ -5,11 +5,16 @@ from __future__ import annotations
 import pytest
 
 from pytest_kvcache.client import Client
+from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes.concurrency import level_label, run_trial, stream_payload
+from pytest_kvcache.run.measure import ArmClient, Server
 
 
 @pytest.mark.concurrency
-def test_concurrency(kv_server, kv_client, kv_record, kv_settings, kv_concurrency: int) -> None:
+def test_concurrency(
+    kv_server: Server, kv_client: ArmClient, kv_record: Recorder, kv_settings: Settings, kv_concurrency: int
+) -> None:
     streams = kv_concurrency
     st = kv_settings
 

@@ -3,33 +3,46 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
 
+from pytest_kvcache.client import Sample
+from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import prefill
 from pytest_kvcache.probes.agentic import prompt_sha256
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
 from pytest_kvcache.probes.short import chat_payload
+from pytest_kvcache.run.measure import ArmClient, Server
+
+Messages = list[dict[str, Any]]
 
 
-def _token_counter(kv_client, kv_server, depth: int, seed: int):
+def _token_counter(
+    kv_client: ArmClient, kv_server: Server, depth: int, seed: int
+) -> tuple[Callable[[Messages], int], str]:
     """/tokenize when the server has it; else calibration requests (their own salts) and say so."""
     model = kv_server.model
 
-    def tokenize(messages):
-        return int(kv_client.post_json("/tokenize", {"model": model, "messages": messages})["count"])
+    def tokenize(messages: Messages) -> int:
+        try:
+            return int(kv_client.post_json("/tokenize", {"model": model, "messages": messages})["count"])
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise prefill.SizingError(f"/tokenize failed: {type(exc).__name__}: {exc}") from None
 
     try:
         tokenize(prefill.messages_for("probe"))
         return tokenize, "tokenize"
-    except (httpx.HTTPError, KeyError, ValueError) as exc:
+    except prefill.SizingError as exc:
         kv_server.evidence["tokenize"] = f"unavailable ({type(exc).__name__}: {exc}); prefill sized by calibration"
 
-    def calibrate(messages):
+    def calibrate(messages: Messages) -> int:
         sample = kv_client.stream_chat(chat_payload(model, messages, "greedy", 1))
         if not sample.ok or sample.prompt_tokens is None:
-            raise RuntimeError(f"calibration request failed: {sample.error}")
+            raise prefill.SizingError(f"calibration request failed: {sample.error_kind}: {sample.error}")
         return sample.prompt_tokens
 
     return calibrate, "calibrated"
@@ -37,7 +50,14 @@ def _token_counter(kv_client, kv_server, depth: int, seed: int):
 
 @pytest.mark.prefill
 @pytest.mark.depth
-def test_prefill(kv_server, kv_client, kv_record, kv_settings, kv_benchmark, kv_depth: int) -> None:
+def test_prefill(
+    kv_server: Server,
+    kv_client: ArmClient,
+    kv_record: Recorder,
+    kv_settings: Settings,
+    kv_benchmark: Any,
+    kv_depth: int,
+) -> None:
     max_len = kv_server.evidence.get("max_model_len")
     if max_len and kv_depth + prefill.MAX_TOKENS > max_len:
         pytest.skip(
@@ -47,7 +67,7 @@ def test_prefill(kv_server, kv_client, kv_record, kv_settings, kv_benchmark, kv_
     count, method = _token_counter(kv_client, kv_server, kv_depth, kv_settings.seed)
     seed = kv_settings.seed
 
-    def send(phase: str, index: int):
+    def send(phase: str, index: int) -> tuple[Sample, dict[str, object]]:
         salt = prefill.salt_for(seed, "prefill", kv_depth, phase, index)
         sizing_salt = (
             salt if method == "tokenize" else prefill.salt_for(seed, "prefill-calibration", kv_depth, phase, index)
@@ -67,15 +87,22 @@ def test_prefill(kv_server, kv_client, kv_record, kv_settings, kv_benchmark, kv_
             "sizing": {"method": method, "tokens": sized.tokens, "calls": sized.tokenize_calls, "salt": salt},
         }
 
-    outcome = run_repeated(
-        send,
-        functools.partial(kv_record, probe="prefill", shape=prefill.depth_label(kv_depth)),
-        label=f"prefill {prefill.depth_label(kv_depth)} on {kv_server.name}",
-        warmups=kv_settings.depth_warmups,
-        runs=kv_settings.depth_runs,
-        bench=kv_benchmark,
-        adaptive=Adaptive.of(kv_settings, "prefill_tps", kv_settings.depth_runs),
-    )
+    label = f"prefill {prefill.depth_label(kv_depth)} on {kv_server.name}"
+    failure: str | None = None
+    try:
+        outcome = run_repeated(
+            send,
+            functools.partial(kv_record, probe="prefill", shape=prefill.depth_label(kv_depth)),
+            label=label,
+            warmups=kv_settings.depth_warmups,
+            runs=kv_settings.depth_runs,
+            bench=kv_benchmark,
+            adaptive=Adaptive.of(kv_settings, "prefill_tps", kv_settings.depth_runs),
+        )
+    except prefill.SizingError as exc:
+        failure = f"{label}: cannot size a {kv_depth}-token prompt ({method}): {exc}"
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)  # outside the except block: no chained traceback
     if outcome.sampling:
         kv_record.sampling(outcome.sampling, probe="prefill", point=prefill.depth_label(kv_depth))
     if outcome.problems():

@@ -4,20 +4,33 @@ greedy token-id requests that compare the arms' outputs (output agreement)."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import pytest
 
+from pytest_kvcache.client import Sample
+from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.plugin import Agree, Recorder
 from pytest_kvcache.probes.agreement import agreement_payload
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
 from pytest_kvcache.probes.short import AGREEMENT_MAX_TOKENS, SHAPES, ShortShape, build_payload
+from pytest_kvcache.run.measure import ArmClient, Server
 
 
 @pytest.mark.short
 @pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
-def test_short(kv_server, kv_client, kv_record, kv_settings, kv_benchmark, kv_agreement, shape: ShortShape) -> None:
+def test_short(
+    kv_server: Server,
+    kv_client: ArmClient,
+    kv_record: Recorder,
+    kv_settings: Settings,
+    kv_benchmark: Any,
+    kv_agreement: Agree,
+    shape: ShortShape,
+) -> None:
     payload = build_payload(shape, kv_server.model, kv_settings.sampling, kv_settings.max_tokens)
 
-    def send(phase: str, index: int):
+    def send(phase: str, index: int) -> tuple[Sample, dict[str, object]]:
         sample, engine = kv_client.measure(payload)
         return sample, {"engine": engine}
 

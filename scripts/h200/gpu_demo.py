@@ -1,4 +1,4 @@
-"""NVML snapshot + sampled load trace, written with the plugin's own gpu module (read-only NVML)."""
+"""NVML snapshot + sampled load trace, written with the plugin's own ``pytest_kvcache.gpu`` modules (read-only NVML)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,19 @@ from pathlib import Path
 
 import torch
 
-from pytest_kvcache import gpu
+from pytest_kvcache.gpu.cards import visible_cards
+from pytest_kvcache.gpu.nvml import last_open_error, open_nvml
+from pytest_kvcache.gpu.sampler import Sampler
+from pytest_kvcache.gpu.snapshot import diff, snapshot
 
 out = Path(sys.argv[1])
-nvml = gpu.open_nvml()
+nvml = open_nvml()
 if nvml is None:
-    sys.exit(f"no NVML: {gpu.last_open_error()}")
-cards = gpu.visible_cards(nvml)
-before = gpu.snapshot(nvml, cards)
+    sys.exit(f"no NVML: {last_open_error()}")
+cards = visible_cards(nvml)
+before = snapshot(nvml, cards)
 trace = out.with_name("gpu-demo-trace.jsonl")
-with gpu.Sampler(nvml, cards, trace, hz=4.0) as sampler:
+with Sampler(nvml, cards, trace, hz=4.0) as sampler:
     time.sleep(3.0)
     idle_end = time.time()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -35,10 +38,10 @@ with gpu.Sampler(nvml, cards, trace, hz=4.0) as sampler:
         "load": sampler.window(load_start, load_end),
         "after": sampler.window(load_end, time.time()),
     }
-after = gpu.snapshot(nvml, cards)
+after = snapshot(nvml, cards)
 out.write_text(
     json.dumps(
-        {"before": before, "after": after, "windows": windows, "diff": gpu.diff(before, after), "trace": trace.name},
+        {"before": before, "after": after, "windows": windows, "diff": diff(before, after), "trace": trace.name},
         indent=1,
     )
 )

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from pytest_kvcache.hostcpu import fp8_kv_unsupported_reason
-from pytest_kvcache.records import read_records
+from pytest_kvcache.config.hostcpu import fp8_kv_unsupported_reason
+from pytest_kvcache.run.folder import read_records
 
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed (bash scripts/setup.sh installs its CPU build)", allow_module_level=True)

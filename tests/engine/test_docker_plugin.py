@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pytest_kvcache.engines.docker import LABEL_SESSION
-from pytest_kvcache.records import read_records
+from pytest_kvcache.run.folder import read_records
 from tests.engine.conftest import run_pytest
 
 pytestmark = pytest.mark.engine

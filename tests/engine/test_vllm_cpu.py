@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kvcache.engines.registry import reap_orphans
-from pytest_kvcache.records import read_records
+from pytest_kvcache.run.folder import read_records
 from tests.engine.conftest import SECOND_ARM, SECOND_DTYPE, Run, run_pytest, vllm_processes
 
 pytestmark = pytest.mark.engine
@@ -57,7 +57,7 @@ def test_ab_records_are_complete_and_token_identical(ab_run: Run) -> None:
     # decode_tps is there unless a flag voided it (a stall on a loaded machine can), and then it says why.
     assert all(r["metrics"]["decode_tps"] or r["voided"].get("decode_tps") for r in measured)
     assert sum(1 for r in measured if r["metrics"]["decode_tps"]) >= len(measured) - 1
-    assert "short probes (measured samples" in ab_run.output
+    assert "Short-context probes (measured samples" in ab_run.output
 
 
 def test_engine_rejecting_an_argument_errors_with_its_log_tail(tmp_path: Path) -> None:
@@ -124,7 +124,7 @@ def test_prefill_samples_are_exact_depth_and_proven_cold(ab_run: Run) -> None:
         by_arm.setdefault(r["arm"], []).append(r["prompt_sha256"])
     assert by_arm["auto"] == by_arm[SECOND_ARM]
     assert len(set(by_arm["auto"])) == len(by_arm["auto"])
-    assert "fresh prefill (measured, proven cold" in ab_run.output
+    assert "Fresh-prefill probes (measured samples" in ab_run.output
 
 
 def test_agentic_replay_prompts_are_identical_across_arms(ab_run: Run) -> None:

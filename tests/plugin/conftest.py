@@ -1,13 +1,29 @@
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import matplotlib
+import numpy
+import pandas
 import pytest
 
-STANDIN = f"{sys.executable} -m pytest_kvcache.standin"
+matplotlib.use("Agg")
+import matplotlib.pyplot
+
+from pytest_kvcache.testing import standin
+
+# The plugin imports numpy, pandas and matplotlib only once a run is active; pytester's in-process runs
+# restore sys.modules afterwards, so a module first imported inside one would be imported again in the
+# next ("The NumPy module was reloaded"). Importing them here keeps them loaded across runs.
+_HEAVY = (matplotlib, matplotlib.pyplot, numpy, pandas)
+
+STANDIN = standin.engine_cmd()
 
 
 def processes_with(tag: str) -> list[int]:
@@ -21,7 +37,7 @@ def processes_with(tag: str) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if "pytest_kvcache.standin" in argv[:3] and tag in argv and state != "Z":
+        if standin.MODULE in argv[:3] and tag in argv and state != "Z":
             found.append(int(entry.name))
     return found
 
@@ -51,3 +67,30 @@ def standin_args(tag: str) -> list[str]:
         "-m",
         "short",
     ]
+
+
+def latest(pytester: pytest.Pytester) -> Path:
+    """The newest run folder of a pytester project (``.kvcache/runs/latest``)."""
+    return (pytester.path / ".kvcache" / "runs" / "latest").resolve()
+
+
+def spawn_pytest(pytester: pytest.Pytester, *args: str, new_session: bool = False) -> subprocess.Popen[bytes]:
+    """pytest in a child process of its own (to send it signals), unbuffered, output to one pipe."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", *args],
+        cwd=pytester.path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=new_session,
+    )
+
+
+def kill_leftovers(proc: subprocess.Popen[bytes], tag: str) -> None:
+    """After a signal test, whatever happened: no pytest (its group) and no tagged engine stays."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10)
+    for pid in processes_with(tag):
+        os.kill(pid, signal.SIGKILL)

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_kvcache.records import read_records
-
-
-def latest(pytester: pytest.Pytester) -> Path:
-    return (pytester.path / ".kvcache" / "runs" / "latest").resolve()
+from pytest_kvcache.run.folder import read_records
+from tests.plugin.conftest import latest
 
 
 def report_of(pytester: pytest.Pytester) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pytest_kvcache.records import read_records
+from pytest_kvcache.run.folder import read_records
 
 ARMS = """
 [tool.pytest_kvcache.arms.notok]
@@ -63,7 +63,7 @@ def test_prefill_on_standin_is_exact_and_cold(pytester: pytest.Pytester, standin
     for r in prefill:
         assert r["sample"]["prompt_tokens"] <= r["depth"] and r["sample"]["prompt_tokens"] >= 0.99 * r["depth"]
         assert r["cold_proof"] == "metrics" and r["sizing"]["method"] == "tokenize"
-    result.stdout.fnmatch_lines(["fresh prefill (measured, proven cold*", "*prefill*500*prefill_tps*auto*3*"])
+    result.stdout.fnmatch_lines(["Fresh-prefill probes (measured samples*", "*500*prefill_tps*auto*3*"])
 
 
 def test_prefill_without_tokenize_falls_back_to_calibration(pytester: pytest.Pytester, standin_args: list[str]) -> None:
@@ -104,7 +104,7 @@ def test_agentic_replay_on_standin(pytester: pytest.Pytester, standin_args: list
     assert all(by_key[("float16", s, t)] == by_key[("auto", s, t)] for (_, s, t) in by_key)
     assert by_key[("auto", 1, 1)] != by_key[("auto", 2, 1)]
     result.stdout.fnmatch_lines(
-        ["agentic decode-at-depth*", "*turn*prompt_tokens*auto ttft*float16 ttft*", "*auto: TTFT grew*"]
+        ["agentic decode-at-depth*", "*Turn*Prompt tokens*auto TTFT*float16 TTFT*", "*auto: TTFT grew*"]
     )
 
 

@@ -3,7 +3,7 @@
 Runs use ``runpytest_subprocess``: an in-process run would drop and re-import httpx's transport
 modules between runs (pytester's sys.modules snapshot), mixing two copies of its exception classes.
 
-The stand-in (``pytest_kvcache.standin``) is a real process serving real HTTP; it replaces vLLM only
+The stand-in (``pytest_kvcache.testing.standin``) is a real process serving real HTTP; it replaces vLLM only
 for failures vLLM cannot be made to produce on cue. The same paths run on real vLLM in tests/engine.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from pytest_kvcache.engines.registry import reap_orphans
-from pytest_kvcache.records import read_records
-from pytest_kvcache.streamserver import StreamServer
+from pytest_kvcache.run.folder import read_records
+from pytest_kvcache.selfcheck.stream import StreamServer
 from tests.plugin.conftest import processes_with
 
 BAD_ARMS = """
@@ -50,8 +50,8 @@ def test_two_arms_boot_one_after_the_other(pytester: pytest.Pytester, standin_ar
             "run folder: *",
             "auto: declared auto → cache_dtype=auto, kv_cache_size_tokens=65536*",
             "float16: declared float16 → cache_dtype=float16*",
-            "short probes*",
-            "*short*code*wall_tps*auto*2*",
+            "Short-context probes (measured samples*",
+            "*code*wall_tps*auto*2*",
         ]
     )
     folder = run_dir(pytester)

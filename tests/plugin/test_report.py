@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvcache.records import read_records
+from pytest_kvcache.run.folder import read_records
+from tests.plugin.conftest import latest
 
 HOOK = """
 import json, pathlib
@@ -18,10 +19,6 @@ def pytest_kvcache_report(config, report):
     with path.open("a") as fh:
         fh.write(json.dumps({"run_id": report["run_id"], "arms": [a["name"] for a in report["arms"]]}) + "\\n")
 """
-
-
-def latest(pytester: pytest.Pytester) -> Path:
-    return (pytester.path / ".kvcache" / "runs" / "latest").resolve()
 
 
 @pytest.fixture

@@ -9,11 +9,35 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_kvcache import analysis, confounds, finish, gates, stats
-from pytest_kvcache.probes import agreement
+from pytest_kvcache import stats
+from pytest_kvcache.config.settings import Arm, SettingsError, boot_order, resolve
+from pytest_kvcache.probes import agreement, registry
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
-from pytest_kvcache.records import write_json
-from pytest_kvcache.settings import Arm, SettingsError, boot_order, resolve
+from pytest_kvcache.report import build, confounds, gates, judge
+from pytest_kvcache.report import frame as report_frame
+from pytest_kvcache.report.load import RunData
+from pytest_kvcache.run.folder import write_json
+
+SPECS = registry.resolve()
+
+
+class analysis:  # the report layer's functions, called with the stock probe specs and seed 0
+    @staticmethod
+    def frame(records: list[dict[str, Any]]) -> Any:
+        return report_frame.frame(records, SPECS)  # type: ignore[arg-type]
+
+    @staticmethod
+    def compare(base: Any, other: Any, metric: str) -> Any:
+        return report_frame.compare(base, other, metric, seed=0)
+
+    @staticmethod
+    def pair_key(record: dict[str, Any]) -> Any:
+        return report_frame.pair_key(record, SPECS)  # type: ignore[arg-type]
+
+    @staticmethod
+    def delta_rows(data: Any, arms: list[str]) -> Any:
+        return build.delta_rows(data, arms, SPECS, 0)
+
 
 # ------------------------------------------------------------------------------ boot order and options
 
@@ -87,6 +111,8 @@ def test_noise_must_name_a_stored_a_a_run(tmp_path: Path) -> None:
         baselines / "aa" / "run.json",
         {"settings": {"arms": [{"name": "auto", "typed_as": "auto"}, {"name": "auto.2", "typed_as": "auto"}]}},
     )
+    for name in ("ab", "aa"):
+        (baselines / name / "requests.jsonl").write_text("")
     with pytest.raises(SettingsError, match="not an A/A run"):
         resolve_cli(tmp_path, noise="ab")
     assert resolve_cli(tmp_path, noise="aa").noise == "aa"
@@ -159,20 +185,20 @@ def test_pairs_stay_within_a_replicate() -> None:
 
 
 def test_rounds_check_reports_the_widest_delta() -> None:
-    data = analysis.frame(records("a", "a", 1, [100, 100.1, 99.9]) + records("b", "b", 1, [110, 110.2, 109.8]))
-    assert analysis.rounds_check(data, ["a", "b"], 5.0)["done"]
-    noisy = analysis.frame(records("a", "a", 1, [80, 120, 100]) + records("b", "b", 1, [110, 70, 140]))
-    check = analysis.rounds_check(noisy, ["a", "b"], 5.0)
-    assert not check["done"] and check["widest"]["half_width_pct"] > 5.0
-    assert check["widest"]["arm"] == "b" and check["widest"]["metric"] == "decode_tps"
+    recs = records("a", "a", 1, [100, 100.1, 99.9]) + records("b", "b", 1, [110, 110.2, 109.8])
+    assert build.rounds_check(recs, ["a", "b"], SPECS, 5.0, 0)[0]  # type: ignore[arg-type]
+    noisy = records("a", "a", 1, [80, 120, 100]) + records("b", "b", 1, [110, 70, 140])
+    done, widest = build.rounds_check(noisy, ["a", "b"], SPECS, 5.0, 0)  # type: ignore[arg-type]
+    assert not done and widest is not None and float(widest["half_width_pct"]) > 5.0  # type: ignore[arg-type]
+    assert widest["arm"] == "b" and widest["metric"] == "decode_tps"
 
 
 def test_ci_statement_says_what_the_cis_cover() -> None:
     boots = [{"boot": f"{a}.r{r}", "arm": a, "status": "stopped"} for r in (1, 2) for a in ("a", "b")]
-    text = analysis.ci_statement(boots, ["a", "b"])
+    text = build.ci_statement(boots, ["a", "b"])  # type: ignore[arg-type]
     assert text["method"] == "within-boot" and "within-boot noise only" in text["text"]
     boots += [{"boot": f"{a}.r3", "arm": a, "status": "stopped"} for a in ("a", "b")]
-    assert analysis.ci_statement(boots, ["a", "b"])["method"] == "boots"
+    assert build.ci_statement(boots, ["a", "b"])["method"] == "boots"  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------ A/A noise band
@@ -181,12 +207,13 @@ def test_ci_statement_says_what_the_cis_cover() -> None:
 def test_noise_band_widens_gates_and_verdicts() -> None:
     data = analysis.frame(records("a", "a", 1, [100, 100.1, 99.9]) + records("b", "b", 1, [102, 102.1, 101.9]))
     gate = gates.parse("decode_tps[short]: <= +1%", arms=["a", "b"])
-    assert gates.evaluate([gate], data, ["a", "b"])[0]["outcome"] == "fail"
-    widened = gates.evaluate([gate], data, ["a", "b"], noise={("short", "code", "decode_tps"): 0.03})[0]
+    assert gates.evaluate([gate], data, ["a", "b"], seed=0)[0]["outcome"] == "fail"
+    widened = gates.evaluate([gate], data, ["a", "b"], seed=0, noise={("short", "code", "decode_tps"): 0.03})[0]
     assert widened["outcome"] == "inconclusive" and "noise band ±3.0%" in widened["reason"]
-    report = {"deltas": analysis.delta_rows(data, ["a", "b"])}
+    report: Any = {"deltas": analysis.delta_rows(data, ["a", "b"]), "arms": [], "crossovers": []}
+    report["agreement"] = {"rows": [], "notes": []}
     assert report["deltas"][0]["verdict"] == "better"
-    finish.apply_noise(report, {("short", "code", "decode_tps"): 0.03}, "aa")
+    judge.apply_noise(report, {("short", "code", "decode_tps"): 0.03}, "aa")
     assert report["deltas"][0]["verdict"] == "inconclusive"
     assert report["deltas"][0]["verdict_note"] == "within the A/A noise band ±3.0%"
 
@@ -338,9 +365,10 @@ def test_agreement_report_pairs_arms_by_replicate(tmp_path: Path) -> None:
                 }
             )
     (tmp_path / "agreement.jsonl").write_text("\n".join(__import__("json").dumps(r) for r in rows) + "\n")
-    rows = analysis.agreement_report(tmp_path, ["a", "b"])["rows"]
-    found = {(r["kind"], r["arm"]): r for r in rows}
-    assert analysis.agreement_sentences(rows, ["a", "b"]) == [
+    run = RunData(path=tmp_path, meta={}, records=[], agreement=rows)  # type: ignore[arg-type]
+    found_rows = build.agreement_report(run, ["a", "b"])["rows"]
+    found = {(r["kind"], r["arm"]): r for r in found_rows}
+    assert build.agreement_sentences(found_rows, ["a", "b"]) == [
         "b changes greedy outputs: 2 of 4 sequences identical to a's; first divergence (mean) code at token 1."
     ]
     assert found[("between arms", "b")]["identical_share"] == 0.5

@@ -7,7 +7,8 @@ import socket
 import pytest
 
 from pytest_kvcache.client import Client
-from pytest_kvcache.streamserver import Fault, Schedule, StreamServer
+from pytest_kvcache.selfcheck.stream import Schedule, StreamServer
+from pytest_kvcache.testing.stream_faults import Fault
 
 
 def payload(tokens: int = 8) -> dict:

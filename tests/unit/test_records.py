@@ -6,9 +6,12 @@ from pathlib import Path
 import pytest
 
 from pytest_kvcache.client import Sample
+from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.runner import run_repeated
-from pytest_kvcache.records import SCHEMA_VERSION, RunFolder, make_record, read_records
-from pytest_kvcache.report import format_summary, summary_table
+from pytest_kvcache.report.build import summary_rows
+from pytest_kvcache.report.frame import frame
+from pytest_kvcache.report.outputs.terminal import summary_lines
+from pytest_kvcache.run.folder import SCHEMA_VERSION, RunFolder, make_record, read_records
 from pytest_kvcache.stats import describe
 
 
@@ -177,10 +180,12 @@ def test_summary_table_orders_arms_and_counts_exclusions() -> None:
             index=2,
         )
     )
-    table = summary_table(recs, ["auto", "fp8"])
-    decode = table[table.metric == "decode_tps"]
-    assert list(decode.arm) == ["auto", "fp8"]
-    assert list(decode["mean"]) == pytest.approx([21.0, 11.0])
-    assert list(decode["excluded"]) == [0, 1]
-    lines = format_summary(table)
-    assert "decode_tps" in lines[1] and "21.00" in "\n".join(lines)
+    specs = registry.resolve()
+    rows = summary_rows(frame(recs, specs), ["auto", "fp8"], specs)
+    decode = [r for r in rows if r["metric"] == "decode_tps"]
+    assert [r["arm"] for r in decode] == ["auto", "fp8"]
+    assert [r["mean"] for r in decode] == pytest.approx([21.0, 11.0])
+    assert [r["excluded"] for r in decode] == [0, 1]
+    lines = summary_lines({"summary": rows, "probes": [s.to_dict() for s in registry.specs()]})
+    assert lines[1].startswith("Short-context probes") and "21.00" in "\n".join(lines)
+    assert any("decode_tps" in line and "auto" in line for line in lines)

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from pytest_kvcache.settings import (
+from pytest_kvcache.config.settings import (
     ALIASES,
     KV_CACHE_DTYPES,
     OPTIONS,

@@ -6,8 +6,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pytest_kvcache import gates, stats
-from pytest_kvcache.analysis import compare, frame, point_of
+from pytest_kvcache import stats
+from pytest_kvcache.probes import registry
+from pytest_kvcache.report import frame as report_frame
+from pytest_kvcache.report import gates
+from pytest_kvcache.report.frame import compare, point_of
+
+SPECS = registry.resolve()
+
+
+def frame(records: list[dict]) -> pd.DataFrame:
+    return report_frame.frame(records, SPECS)  # type: ignore[arg-type]
 
 
 def test_ratio_ci_of_constant_samples_is_exact() -> None:
@@ -103,8 +112,9 @@ def test_gate_grammar() -> None:
     ("text", "message"),
     [
         ("decode_tps short >= 1", "expected METRIC[SELECTOR]: CONDITION"),
-        ("speed[short]: >= 1", "unknown metric 'speed'; known: ttft_s, wall_tps"),
-        ("decode_tps[long]: >= 1", "unknown probe 'long' in [long]; known: short, prefill"),
+        ("speed[short]: >= 1", "unknown metric 'speed' for probe short; known: wall_tps, decode_tps, ttft_s"),
+        ("decode_tps[long]: >= 1", "unknown probe 'long'; known: short, prefill, agentic, concurrency"),
+        ("decode_tps[short long]: >= 1", "a selector is PROBE or PROBE@POINT, got [short long]"),
         ("decode_tps[short]: int9 >= fp8", "unknown arm 'int9'; arms: fp8, int8"),
         ("decode_tps[short]: >= lots", "cannot read the condition '>= lots'"),
         ("decode_tps[short@]: >= 1", "empty point after '@'"),
@@ -112,7 +122,7 @@ def test_gate_grammar() -> None:
 )
 def test_malformed_gates_point_at_the_bad_part(text: str, message: str) -> None:
     with pytest.raises(gates.GateError) as exc:
-        gates.parse(text, arms=["fp8", "int8"])
+        gates.parse(text, arms=["fp8", "int8"], specs=SPECS)
     assert message in str(exc.value)
 
 
@@ -164,7 +174,7 @@ def test_evaluate_between_baseline_and_absolute() -> None:
             "decode_tps[prefill]: >= 1",
         )
     ]
-    results = gates.evaluate(parsed, data, arms)
+    results = gates.evaluate(parsed, data, arms, seed=0)
     assert [r["outcome"] for r in results] == ["pass", "fail", "pass", "fail", "inconclusive"]
     assert results[0]["name"] == "decode_tps[short@code]: int8 >= fp8 * 1.20 (int8/fp8)"
     assert results[0]["value"] == pytest.approx(130.125 / 100.125)
@@ -175,15 +185,15 @@ def test_gate_on_a_probe_without_valid_samples_is_inconclusive() -> None:
     recs = _records("fp8", [100.0, 101.0])
     for r in recs:
         r["ok"], r["excluded_reason"] = False, "stall: no chunk"
-    results = gates.evaluate([gates.parse("decode_tps[short]: >= 1")], frame(recs), ["fp8"])
+    results = gates.evaluate([gates.parse("decode_tps[short]: >= 1")], frame(recs), ["fp8"], seed=0)
     assert [(r["outcome"], r["reason"]) for r in results] == [("inconclusive", "no valid samples")]
 
 
 def test_point_and_pairing() -> None:
-    assert point_of({"probe": "prefill", "depth": 10000}) == "10k"
-    assert point_of({"probe": "prefill", "depth": 12500}) == "12500"
-    assert point_of({"probe": "agentic", "turn": 3}) == "turn3"
+    assert point_of({"probe": "prefill", "depth": 10000}, SPECS) == "10k"
+    assert point_of({"probe": "prefill", "depth": 12500}, SPECS) == "12500"
+    assert point_of({"probe": "agentic", "turn": 3}, SPECS) == "turn3"
     base = pd.DataFrame({"pair": [(1, 0), (1, 1), (1, 2)], "valid": [True] * 3, "decode_tps": [1.0, 2.0, 3.0]})
     arm = pd.DataFrame({"pair": [(1, 0), (1, 1), (1, 2)], "valid": [True] * 3, "decode_tps": [2.0, 4.0, 6.0]})
-    result = compare(base, arm, "decode_tps")
+    result = compare(base, arm, "decode_tps", seed=0)
     assert result["paired"] and result["ci_low"] == pytest.approx(2.0) and result["verdict"] == "better"

@@ -1,0 +1,1007 @@
+"""Settings: every ``--kv-…`` option, its ini key and environment variable, resolved once.
+
+Precedence is CLI > environment (``PYTEST_KVCACHE_…``) > ini/pyproject (``kv_…``) > default. Arms are
+checked here, before anything boots: an arm is a named arm from ``[tool.pytest_kvcache.arms.NAME]``,
+an alias (``fp8`` → ``fp8_e4m3``) or a known vLLM ``--kv-cache-dtype`` value.
+
+This module is plain Python (no pytest): the plugin feeds it the raw values it read.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from pytest_kvcache.model import ArmData
+from pytest_kvcache.report.options import ReportOptions
+
+#: Every value vLLM's ``--kv-cache-dtype`` accepts (vLLM 0.32's ``CacheDType``), in one place.
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "ultraquant_4bit",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "nvfp4_4over6",
+)
+
+#: What vLLM's CPU attention backend serves: the only dtypes the embedded CPU default allows
+#: (fp8 ones need AVX-512 or AMX: ``hostcpu.py``; float16 was seen to serve the bf16 tiny model).
+CPU_KV_CACHE_DTYPES: frozenset[str] = frozenset({"auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"})
+
+#: Short names users type. ``fp8`` resolves explicitly to e4m3, as the seed's engine resolved it.
+ALIASES: Mapping[str, str] = {
+    "fp8": "fp8_e4m3",
+    "e4m3": "fp8_e4m3",
+    "e5m2": "fp8_e5m2",
+    "int8": "int8_per_token_head",
+    "int8-pth": "int8_per_token_head",
+    "bf16": "auto",
+}
+
+LauncherKind = Literal["process", "docker", "external"]
+Sampling = Literal["greedy", "sampled"]
+AgenticMode = Literal["replay", "live"]
+Order = Literal["sequential", "abba", "random"]
+SelfCheck = Literal["quick", "full", "off"]
+
+ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
+
+
+class SettingsError(ValueError):
+    """A bad option value or arm: the plugin turns it into a usage error (exit 4)."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One serving variant. ``kv_cache_dtype`` is what is passed as ``--kv-cache-dtype`` (None: not passed)."""
+
+    name: str
+    kv_cache_dtype: str | None
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    image: str | None = None
+    source: str = "dtype"  # "alias" | "dtype" | "pyproject"
+    typed_as: str = ""
+    #: What this arm declares it changes (None: everything it sets — dtype, args, env, image). A named
+    #: arm's ``knobs`` narrows it; anything else that differs between arms is a confound.
+    knobs: tuple[str, ...] | None = None
+
+    @property
+    def expected_cache_dtype(self) -> str:
+        """The ``cache_dtype`` label the engine must report for this arm."""
+        return self.kv_cache_dtype or "auto"
+
+    def to_dict(self) -> ArmData:
+        return {
+            "name": self.name,
+            "typed_as": self.typed_as or self.name,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "args": list(self.args),
+            "env": dict(self.env),
+            "image": self.image,
+            "source": self.source,
+            "knobs": list(self.knobs) if self.knobs is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class Boot:
+    """One boot of one arm. ``boot_id`` names it in test ids and folders: the arm's name with one boot
+    per arm (``fp8``), ``fp8.r1``, ``fp8.r2`` … with replicates. ``index`` is its position in the run's
+    boot order; ``extra`` marks an adaptive round, booted only while ``--kv-target-ci`` is not reached."""
+
+    arm: Arm
+    index: int
+    replicate: int = 1
+    replicates: int = 1
+    extra: bool = False
+
+    @property
+    def boot_id(self) -> str:
+        return self.arm.name if self.replicates == 1 else f"{self.arm.name}.r{self.replicate}"
+
+
+def boot_order(
+    arms: Sequence[Arm], rounds: int, order: Order, seed: int = 0, planned: int | None = None
+) -> tuple[Boot, ...]:
+    """The run's boots: ``rounds`` rounds of every arm, each round ordered by ``order``.
+
+    ``sequential``: every round in the declared order (A B A B); ``abba``: the declared order, then
+    reversed, alternately (A B B A A B …), so drift over time and "the second boot is faster" cancel;
+    ``random``: each round shuffled by a generator seeded with ``seed``. ``planned`` (≤ ``rounds``) is the
+    number of rounds that always run; later rounds are adaptive extras.
+    """
+    rng = random.Random(seed)
+    boots: list[Boot] = []
+    for r in range(1, rounds + 1):
+        round_arms = list(arms)
+        if order == "abba" and r % 2 == 0:
+            round_arms.reverse()
+        elif order == "random":
+            rng.shuffle(round_arms)
+        for arm in round_arms:
+            extra = planned is not None and r > planned
+            boots.append(Boot(arm=arm, index=len(boots), replicate=r, replicates=rounds, extra=extra))
+    return tuple(boots)
+
+
+@dataclass(frozen=True)
+class Settings:
+    arms: tuple[Arm, ...]
+    launcher: LauncherKind = "process"
+    model: str | None = None  # None: the embedded tiny CPU model
+    engine_args: tuple[str, ...] = ()
+    engine_cmd: tuple[str, ...] = ()
+    endpoints: Mapping[str, str] = field(default_factory=dict)
+    port: int | None = None
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
+    stall_timeout_s: float = 120.0
+    warmups: int = 3
+    runs: int = 5
+    max_tokens: int | None = None
+    sampling: Sampling = "greedy"
+    report_dir: Path = Path(".kvcache/runs")
+    suite: bool = True
+    seed: int = 0
+    depths: tuple[int, ...] = (10_000, 90_000)
+    depth_warmups: int = 1
+    depth_runs: int = 3
+    sessions: int = 2
+    turns: int | None = None
+    agentic_mode: AgenticMode = "replay"
+    agentic_max_tokens: int = 600
+    gates: tuple[str, ...] = ()
+    inconclusive: Literal["fail", "warn"] = "warn"
+    save: str | None = None
+    compare: str | None = None
+    image: str | None = None
+    hf_cache: Path | None = None
+    gpus: str | None = None
+    pull: bool = False
+    shm_size: str | None = None
+    gpu_power_limit: str | None = None
+    gpu_require_idle: bool = False
+    gpu_settle: tuple[float, float] | None = None
+    gpu_hz: float = 4.0
+    gpu_max_temp: float | None = None
+    replicates: int = 1
+    order: Order = "sequential"
+    order_seed: int = 0
+    target_ci_pct: float | None = None
+    max_runs: int | None = None
+    max_replicates: int | None = None
+    noise: str | None = None
+    allow_diff: tuple[str, ...] = ()
+    agreement: bool = True
+    self_check: SelfCheck = "quick"
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    concurrency_max_tokens: int = 128
+
+    @property
+    def active(self) -> bool:
+        return bool(self.arms)
+
+    @property
+    def baseline(self) -> Arm:
+        return self.arms[0]
+
+    @property
+    def embedded(self) -> bool:
+        return self.model is None
+
+    @property
+    def rounds(self) -> int:
+        """Boots per arm the plan holds: ``--kv-replicates``, or up to ``--kv-max-replicates`` when
+        ``--kv-target-ci`` may add rounds."""
+        if self.target_ci_pct is not None and self.replicates >= 2 and self.max_replicates:
+            return max(self.replicates, self.max_replicates)
+        return self.replicates
+
+    def boots(self) -> tuple[Boot, ...]:
+        return boot_order(self.arms, self.rounds, self.order, self.order_seed, planned=self.replicates)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "arms": [a.to_dict() for a in self.arms],
+            "launcher": self.launcher,
+            "model": self.model,
+            "embedded_model": self.embedded,
+            "engine_args": list(self.engine_args),
+            "engine_cmd": list(self.engine_cmd),
+            "endpoints": dict(self.endpoints),
+            "port": self.port,
+            "startup_timeout_s": self.startup_timeout_s,
+            "request_timeout_s": self.request_timeout_s,
+            "stall_timeout_s": self.stall_timeout_s,
+            "warmups": self.warmups,
+            "runs": self.runs,
+            "max_tokens": self.max_tokens,
+            "sampling": self.sampling,
+            "report_dir": str(self.report_dir),
+            "suite": self.suite,
+            "seed": self.seed,
+            "depths": list(self.depths),
+            "depth_warmups": self.depth_warmups,
+            "depth_runs": self.depth_runs,
+            "sessions": self.sessions,
+            "turns": self.turns,
+            "agentic_mode": self.agentic_mode,
+            "agentic_max_tokens": self.agentic_max_tokens,
+            "gates": list(self.gates),
+            "inconclusive": self.inconclusive,
+            "save": self.save,
+            "compare": self.compare,
+            "image": self.image,
+            "hf_cache": str(self.hf_cache) if self.hf_cache else None,
+            "gpus": self.gpus,
+            "pull": self.pull,
+            "shm_size": self.shm_size,
+            "gpu_power_limit": self.gpu_power_limit,
+            "gpu_require_idle": self.gpu_require_idle,
+            "gpu_settle": list(self.gpu_settle) if self.gpu_settle else None,
+            "gpu_hz": self.gpu_hz,
+            "gpu_max_temp": self.gpu_max_temp,
+            "replicates": self.replicates,
+            "order": self.order,
+            "order_seed": self.order_seed,
+            "target_ci_pct": self.target_ci_pct,
+            "max_runs": self.max_runs,
+            "max_replicates": self.rounds if self.target_ci_pct is not None else None,
+            "noise": self.noise,
+            "allow_diff": list(self.allow_diff),
+            "agreement": self.agreement,
+            "self_check": self.self_check,
+            "concurrency": list(self.concurrency),
+            "concurrency_max_tokens": self.concurrency_max_tokens,
+        }
+
+    @property
+    def baselines_dir(self) -> Path:
+        return self.report_dir.parent / "baselines"
+
+    def report_options(self) -> ReportOptions:
+        base = self.baselines_dir
+        return ReportOptions(
+            gates=self.gates,
+            inconclusive=self.inconclusive,
+            compare=base / self.compare if self.compare else None,
+            noise=base / self.noise if self.noise else None,
+            allow_diff=self.allow_diff,
+            save_as=base / self.save if self.save else None,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Value parsers: each takes the raw string (CLI, env or ini) and raises SettingsError.
+
+
+def _positive_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"expected a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise SettingsError(f"expected a positive number, got {raw!r}")
+    return value
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise SettingsError(f"expected a whole number, got {raw!r}") from None
+        if value < minimum:
+            raise SettingsError(f"expected a whole number >= {minimum}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _port(raw: str) -> int:
+    value = _count(1)(raw)
+    if value > 65535:
+        raise SettingsError(f"expected a TCP port (1-65535), got {raw!r}")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in choices:
+            raise SettingsError(f"expected one of {', '.join(choices)}; got {raw!r}")
+        return raw
+
+    return parse
+
+
+def _args(raw: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(raw))
+    except ValueError as exc:
+        raise SettingsError(f"cannot split {raw!r} into arguments: {exc}") from None
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in raw.split(","))
+    if not raw.strip() or any(not n for n in names):
+        raise SettingsError(f"expected a comma-separated list of arm names, got {raw!r}")
+    return names
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise SettingsError(f"expected true or false, got {raw!r}")
+
+
+DEPTH = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kK]?)\s*$")
+
+
+def parse_depths(raw: str) -> tuple[int, ...]:
+    """``"10k,90k"`` → (10000, 90000). Raises ValueError naming the bad part."""
+    depths = []
+    for part in raw.split(","):
+        m = DEPTH.match(part)
+        if not m:
+            raise ValueError(f"expected depths like 2k,8k,90k or 12000; bad part {part.strip()!r}")
+        value = float(m.group(1)) * (1000 if m.group(2) else 1)
+        if value < 64 or value != int(value):
+            raise ValueError(f"a depth must be a whole number of tokens >= 64; got {part.strip()!r}")
+        depths.append(int(value))
+    if len(set(depths)) != len(depths):
+        raise ValueError(f"depths must be distinct; got {raw!r}")
+    return tuple(depths)
+
+
+def _depths(raw: Any) -> tuple[int, ...]:
+    try:
+        return parse_depths(",".join(raw) if isinstance(raw, list | tuple) else str(raw))
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def _gates(raw: Any, arms: list[str] | None) -> tuple[str, ...]:
+    from pytest_kvcache.report.gates import GateError, parse
+
+    texts = [raw] if isinstance(raw, str) else list(raw)
+    for text in texts:
+        try:
+            parse(text, arms=arms)
+        except GateError as exc:
+            raise SettingsError(str(exc)) from None
+    return tuple(texts)
+
+
+def _power_limit(raw: Any) -> str:
+    from pytest_kvcache.gpu.power import parse_power_limit
+
+    try:
+        parse_power_limit(str(raw))
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    return str(raw)
+
+
+def _gpus(raw: Any) -> str:
+    value = str(raw).strip()
+    if value != "all" and not re.fullmatch(r"[A-Za-z0-9\-]+(,[A-Za-z0-9\-]+)*", value):
+        raise SettingsError(f"expected all or comma-separated GPU indices/UUIDs, got {raw!r}")
+    return value
+
+
+def _settle(raw: Any) -> tuple[float, float]:
+    temp, sep, power = str(raw).partition(":")
+    if not sep:
+        raise SettingsError(f"expected TEMP_C:POWER_W like 45:150, got {raw!r}")
+    return _positive_float(temp), _positive_float(power)
+
+
+def _baseline_name(raw: Any) -> str:
+    name = str(raw).strip()
+    if not ARM_NAME.match(name):
+        raise SettingsError(f"a baseline name must be letters, digits, '-' or '_'; got {name!r}")
+    return name
+
+
+def _order(raw: Any) -> tuple[Order, int | None]:
+    """``sequential``, ``abba``, ``random`` or ``random:SEED``."""
+    text = str(raw).strip()
+    name, sep, seed = text.partition(":")
+    if name not in ("sequential", "abba", "random") or (sep and name != "random"):
+        raise SettingsError(f"expected sequential, abba, random or random:SEED; got {text!r}")
+    if not sep:
+        return name, None  # type: ignore[return-value]
+    return "random", _count(0)(seed)
+
+
+def _pct(raw: Any) -> float:
+    text = str(raw).strip().removesuffix("%")
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingsError(f"expected a percentage like 2 or 2.5%, got {raw!r}") from None
+    if not 0 < value < 100:
+        raise SettingsError(f"expected a percentage between 0 and 100, got {raw!r}")
+    return value
+
+
+def _levels(raw: Any) -> tuple[int, ...]:
+    text = ",".join(raw) if isinstance(raw, list | tuple) else str(raw)
+    levels = []
+    for part in text.split(","):
+        try:
+            value = int(part.strip())
+        except ValueError:
+            raise SettingsError(f"expected stream counts like 1,4,16; bad part {part.strip()!r}") from None
+        if not 1 <= value <= 1024:
+            raise SettingsError(f"a stream count must be between 1 and 1024; got {value}")
+        levels.append(value)
+    if len(set(levels)) != len(levels):
+        raise SettingsError(f"stream counts must be distinct; got {text!r}")
+    return tuple(levels)
+
+
+DOTTED = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
+
+
+def _dotted(raw: Any) -> tuple[str, ...]:
+    texts = [raw] if isinstance(raw, str) else list(raw)
+    keys = []
+    for text in texts:
+        for key in (k.strip() for k in str(text).split(",")):
+            if not DOTTED.match(key):
+                raise SettingsError(f"expected a dotted evidence path like cache_config.block_size, got {key!r}")
+            keys.append(key)
+    return tuple(keys)
+
+
+def _stored_run(option: str, name: str, baselines: Path, hint: str, noun: str = "stored run") -> Path:
+    """A stored run folder named by ``--kv-compare``/``--kv-noise``, checked now, before anything boots."""
+    from pytest_kvcache.report.load import RunFolderError, load
+
+    path = baselines / name
+    if not path.exists():
+        raise SettingsError(f"{option}: no {noun} {name!r} in {baselines} ({hint})")
+    try:
+        load(path, f"stored run ({option})")  # every file it holds, read and validated now
+    except RunFolderError as exc:
+        raise SettingsError(f"{option}: {exc}") from None
+    return path
+
+
+def _noise_run(name: str, baselines: Path) -> str:
+    """A stored A/A run: its arms are one arm typed twice or more (``fp8,fp8``)."""
+    from pytest_kvcache.run.folder import read_json
+
+    path = _stored_run("--kv-noise", name, baselines, f"store an A/A run with --kv-arms=X,X --kv-save={name}")
+    arms = (read_json(path / "run.json").get("settings") or {}).get("arms") or []
+    typed = {a.get("typed_as") or a.get("name") for a in arms}
+    if len(arms) < 2 or len(typed) != 1:
+        names = ", ".join(str(a.get("name")) for a in arms)
+        raise SettingsError(
+            f"--kv-noise: stored run {name!r} is not an A/A run (its arms: {names}); save one made with --kv-arms=X,X"
+        )
+    return name
+
+
+def _endpoints(values: Sequence[str]) -> dict[str, str]:
+    """``ARM=URL`` pairs, one URL per arm. A URL ending in ``/v1`` (the OpenAI SDK's base URL) is taken
+    as the server's root: the plugin asks ``/v1/models``, ``/metrics``, ``/tokenize`` … below it."""
+    endpoints: dict[str, str] = {}
+    for value in values:
+        for item in (part.strip() for part in value.split(",")):
+            name, sep, url = item.partition("=")
+            name = name.strip()
+            if not sep or not name or not url.strip():
+                raise SettingsError(f"expected ARM=URL, got {item!r}")
+            url = url.strip().rstrip("/")
+            if not re.match(r"^https?://[^/\s]+", url):
+                raise SettingsError(f"expected an http(s) URL for arm {name!r}, got {url!r}")
+            if url.endswith("/v1"):
+                url = url[: -len("/v1")]
+            if name in endpoints and endpoints[name] != url:
+                raise SettingsError(
+                    f"arm {name!r} is given two endpoints ({endpoints[name]} and {url}); give one URL per arm"
+                )
+            endpoints[name] = url
+    return endpoints
+
+
+# --------------------------------------------------------------------------------------------------
+# The option table: one entry drives the CLI flag, the ini key, the environment variable and the help.
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    name: str
+    help: str
+    metavar: str | None = None
+    flag: bool = False  # a CLI switch (store_true)
+    repeatable: bool = False  # CLI action="append"; ini linelist
+
+    @property
+    def cli(self) -> str:
+        return "--kv-" + self.name.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return "kv_" + self.name
+
+    @property
+    def ini(self) -> str:
+        return "kv_" + self.name
+
+    @property
+    def env(self) -> str:
+        return "PYTEST_KVCACHE_" + self.name.upper()
+
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec(
+        "arms",
+        "comma-separated arms; the first is the baseline. An arm is a named arm from "
+        "[tool.pytest_kvcache.arms.NAME], an alias (fp8, e5m2, int8, bf16) or a vLLM --kv-cache-dtype "
+        "value. Without arms the plugin does nothing.",
+        "A,B[,C...]",
+    ),
+    OptionSpec("launcher", "how each arm's engine is started: process (default), docker or external.", "KIND"),
+    OptionSpec(
+        "model",
+        "model path or id served by every arm (default: the embedded tiny CPU model, dummy weights).",
+        "MODEL",
+    ),
+    OptionSpec("engine_args", "extra engine arguments appended for every arm (one shell-quoted string).", "ARGS"),
+    OptionSpec(
+        "engine_cmd",
+        "command that starts the engine for the process launcher "
+        "(default: '<this python> -m vllm.entrypoints.openai.api_server').",
+        "CMD",
+    ),
+    OptionSpec(
+        "endpoint",
+        "ARM=URL of an already running server (repeatable; requires --kv-launcher=external and one per arm).",
+        "ARM=URL",
+        repeatable=True,
+    ),
+    OptionSpec("port", "fixed port for the process launcher (default: a free port per boot).", "PORT"),
+    OptionSpec("startup_timeout", "seconds an engine may take to answer /v1/models (default 600).", "S"),
+    OptionSpec("request_timeout", "seconds one request may take end to end (default 600).", "S"),
+    OptionSpec("stall_timeout", "seconds without a streamed chunk before a request fails (default 120).", "S"),
+    OptionSpec("warmups", "unmeasured warmup requests per probe shape (default 3).", "N"),
+    OptionSpec("runs", "measured requests per probe shape (default 5).", "N"),
+    OptionSpec("max_tokens", "override every short probe's max_tokens.", "N"),
+    OptionSpec(
+        "sampling",
+        "greedy (default: temperature 0, ignore_eos, identical tokens across arms) or sampled "
+        "(the seed's temperature 0.6, top_p 0.95, top_k 20).",
+        "MODE",
+    ),
+    OptionSpec("report_dir", "folder that holds run folders (default .kvcache/runs).", "DIR"),
+    OptionSpec("no_suite", "do not collect the stock probe tests; run only your own.", flag=True),
+    OptionSpec("seed", "run seed: salts and ordering derive from it (default 0).", "N"),
+    OptionSpec("depths", "prefill depths in prompt tokens, 'k' = 1000 (default 10k,90k).", "D1,D2"),
+    OptionSpec("depth_warmups", "unmeasured prefill requests per depth (default 1).", "N"),
+    OptionSpec("depth_runs", "measured prefill requests per depth (default 3).", "N"),
+    OptionSpec("sessions", "independent agentic sessions per arm (default 2).", "N"),
+    OptionSpec("turns", "run only the first N turns of the agentic fixture (default: all).", "N"),
+    OptionSpec(
+        "agentic_mode",
+        "replay (default: prompts from the fixture alone, identical in every arm, greedy) or live "
+        "(the model's own replies and tool calls are appended, as the seed did).",
+        "MODE",
+    ),
+    OptionSpec("agentic_max_tokens", "max_tokens per agentic turn (default 600).", "N"),
+    OptionSpec(
+        "fail",
+        "a regression gate 'METRIC[PROBE[@POINT]]: CONDITION' (repeatable), e.g. "
+        "'decode_tps[short]: int8 >= fp8 * 1.20', 'ttft_s[prefill]: <= +10%', 'decode_tps[agentic@turn15]: >= 30', "
+        "'ttft_s[prefill]: <= saved +5%'. Failed gates exit 1.",
+        "EXPR",
+        repeatable=True,
+    ),
+    OptionSpec("inconclusive", "what an inconclusive gate does: warn (default) or fail.", "MODE"),
+    OptionSpec("save", "store this run as the baseline NAME (.kvcache/baselines/NAME).", "NAME"),
+    OptionSpec("compare", "compare this run with the stored baseline NAME (and enable 'saved' gates).", "NAME"),
+    OptionSpec("rerender", "rebuild the report (and gates) of a stored run folder; boots nothing.", "RUN_DIR"),
+    OptionSpec(
+        "image", "the docker launcher's image (e.g. vllm/vllm-openai:v0.25.1); a named arm may set its own.", "IMAGE"
+    ),
+    OptionSpec("hf_cache", "host HF cache mounted at /root/.cache/huggingface (default ~/.cache/huggingface).", "DIR"),
+    OptionSpec("gpus", "GPUs for containers: all, or indices/UUIDs like 0,1,2,3 (default: none).", "GPUS"),
+    OptionSpec(
+        "pull", "let the docker launcher pull a missing image (default: a missing image is an error).", flag=True
+    ),
+    OptionSpec("shm_size", "container shared memory (e.g. 16g) instead of --ipc=host.", "SIZE"),
+    OptionSpec(
+        "gpu_power_limit",
+        "pin GPU power caps before the first arm, verify them around every arm, restore them at the end: "
+        "'300' (all cards, W), '0:300,1:250' (by index), 'GPU-ab12:300' (by UUID prefix); 'verify:300' only "
+        "checks. Setting needs root.",
+        "SPEC",
+    ),
+    OptionSpec(
+        "gpu_require_idle", "refuse to boot an arm while a foreign process holds a GPU or it is busy.", flag=True
+    ),
+    OptionSpec("gpu_settle", "between arms, wait until every GPU is at or below TEMP_C:POWER_W (e.g. 45:150).", "T:W"),
+    OptionSpec("gpu_hz", "GPU sampling rate during the run (default 4 Hz).", "HZ"),
+    OptionSpec("gpu_max_temp", "exclude samples whose window saw a GPU above this temperature (°C).", "C"),
+    OptionSpec(
+        "replicates",
+        "boots per arm (default 1). Each boot runs every selected probe; with 3 or more the report's CIs are "
+        "computed over boots (boots, then samples within a boot).",
+        "N",
+    ),
+    OptionSpec(
+        "order",
+        "the boot order: sequential (A B A B), abba (A B B A A B …; the default with 2+ replicates) or "
+        "random[:SEED] (each round shuffled; default seed: --kv-seed).",
+        "MODE",
+    ),
+    OptionSpec(
+        "target_ci",
+        "adaptive sampling: add measured requests within a boot until the probe's CI half-width is below PCT "
+        "of its mean (up to --kv-max-runs); with 2+ replicates, also add rounds of boots until every delta's "
+        "CI half-width is below PCT (up to --kv-max-replicates).",
+        "PCT",
+    ),
+    OptionSpec("max_runs", "with --kv-target-ci: measured requests per probe shape at most (default 4 × runs).", "N"),
+    OptionSpec(
+        "max_replicates", "with --kv-target-ci and 2+ replicates: boots per arm at most (default 2 × replicates).", "N"
+    ),
+    OptionSpec(
+        "noise",
+        "a stored A/A run (--kv-arms=X,X --kv-save=NAME) whose deltas are the noise band: verdicts and gates "
+        "count a difference only beyond it.",
+        "NAME",
+    ),
+    OptionSpec(
+        "allow_diff",
+        "an evidence path (e.g. cache_config.block_size, engine_version, argv.--max-num-seqs) allowed to differ "
+        "between boots without marking the A/B CONFOUNDED (repeatable; a prefix allows everything below it).",
+        "KEY",
+        repeatable=True,
+    ),
+    OptionSpec("no_agreement", "skip the output-agreement requests (greedy token ids per short shape).", flag=True),
+    OptionSpec(
+        "self_check",
+        "run the full measuring-client self-check against a calibrated stream at the start "
+        "(default: a ~1 s quick one).",
+        flag=True,
+    ),
+    OptionSpec("no_self_check", "skip the measuring-client self-check at the start of the run.", flag=True),
+    OptionSpec("concurrency", "simultaneous streams per level of the concurrency probe (default 1,4,16).", "N1,N2"),
+    OptionSpec("concurrency_max_tokens", "max_tokens of each concurrency-probe stream (default 128).", "N"),
+)
+
+OPTION_BY_NAME: Mapping[str, OptionSpec] = {spec.name: spec for spec in OPTIONS}
+
+
+def _pick(name: str, cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[str, Any]) -> tuple[Any, str]:
+    """Return (raw value, where it came from) by precedence, or (None, "default")."""
+    spec = OPTION_BY_NAME[name]
+    value = cli.get(name)
+    if value not in (None, [], False):
+        return value, spec.cli
+    if env.get(spec.env, "") != "":
+        raw = env[spec.env]
+        return ([raw] if spec.repeatable else raw), spec.env
+    value = ini.get(name)
+    if value not in (None, "", [], False):
+        return value, spec.ini
+    return None, "default"
+
+
+def _parse(name: str, raw: Any, origin: str, parse: Callable[[Any], Any]) -> Any:
+    try:
+        return parse(raw)
+    except SettingsError as exc:
+        raise SettingsError(f"{origin}: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Arms
+
+
+def _named_arm(name: str, table: Mapping[str, Any]) -> Arm:
+    known = {"kv_cache_dtype", "args", "env", "image", "knobs"}
+    unknown = sorted(set(table) - known)
+    where = f"[tool.pytest_kvcache.arms.{name}]"
+    if unknown:
+        raise SettingsError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    dtype = table.get("kv_cache_dtype")
+    if dtype is not None:
+        if not isinstance(dtype, str):
+            raise SettingsError(f"{where}: kv_cache_dtype must be a string")
+        dtype = ALIASES.get(dtype, dtype)
+        if dtype not in KV_CACHE_DTYPES:
+            raise SettingsError(
+                f"{where}: unknown kv_cache_dtype {table['kv_cache_dtype']!r}; valid: {', '.join(KV_CACHE_DTYPES)}"
+            )
+    args = table.get("args", [])
+    if isinstance(args, str):
+        try:
+            args = _args(args)
+        except SettingsError as exc:
+            raise SettingsError(f"{where}: args: {exc}") from None
+    if not isinstance(args, list | tuple) or not all(isinstance(a, str) for a in args):
+        raise SettingsError(f"{where}: args must be a list of strings or one string")
+    env = table.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+        raise SettingsError(f"{where}: env must be a table of NAME = value")
+    image = table.get("image")
+    if image is not None and not isinstance(image, str):
+        raise SettingsError(f"{where}: image must be a string")
+    knobs = table.get("knobs")
+    if knobs is not None and (not isinstance(knobs, list) or not all(isinstance(k, str) and k for k in knobs)):
+        raise SettingsError(f"{where}: knobs must be a list of names (kv_cache_dtype, image, an arg or env name)")
+    return Arm(
+        name=name,
+        kv_cache_dtype=dtype,
+        args=tuple(args),
+        env=tuple((k, str(v)) for k, v in env.items()),
+        image=image,
+        source="pyproject",
+        typed_as=name,
+        knobs=tuple(knobs) if knobs is not None else None,
+    )
+
+
+def resolve_arm(name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
+    """Resolve one typed arm name: named arm > alias > raw vLLM dtype."""
+    if name in named:
+        return _named_arm(name, named[name])
+    if name in ALIASES:
+        return Arm(name=name, kv_cache_dtype=ALIASES[name], source="alias", typed_as=name)
+    if name in KV_CACHE_DTYPES:
+        return Arm(name=name, kv_cache_dtype=name, source="dtype", typed_as=name)
+    valid = [*sorted(named), *ALIASES, *KV_CACHE_DTYPES]
+    raise SettingsError(f"unknown arm {name!r}; valid arms: {', '.join(valid)}")
+
+
+def resolve_arms(names: Sequence[str], named: Mapping[str, Mapping[str, Any]]) -> tuple[Arm, ...]:
+    """Resolve the arm list; a repeated name is an A/A comparison (``fp8,fp8`` → ``fp8``, ``fp8.2``)."""
+    arms: list[Arm] = []
+    seen: dict[str, int] = {}
+    for name in names:
+        if not ARM_NAME.match(name):
+            raise SettingsError(f"arm name {name!r} must be letters, digits, '-' or '_'")
+        arm = resolve_arm(name, named)
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            arm = replace(arm, name=f"{name}.{seen[name]}")
+        arms.append(arm)
+    return tuple(arms)
+
+
+def looks_like_path(model: str) -> bool:
+    """A model value that names a local folder (as opposed to a hub id like ``org/name``)."""
+    return model.startswith(("/", "./", "../", "~")) or model in {".", ".."} or os.path.isdir(model)
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def report_dir_of(cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[str, Any], rootdir: Path) -> Path:
+    raw, origin = _pick("report_dir", cli, env, ini)
+    path = Path(str(raw) if raw is not None else ".kvcache/runs").expanduser()
+    path = path if path.is_absolute() else rootdir / path
+    if path.exists() and not path.is_dir():
+        raise SettingsError(f"{origin if raw is not None else '--kv-report-dir'}: {path} is a file, not a folder")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise SettingsError(f"--kv-report-dir: {path} is under {parent}, which is a file")
+            if not os.access(parent, os.W_OK | os.X_OK) and not path.exists():
+                raise SettingsError(f"--kv-report-dir: cannot create {path}: {parent} is not writable")
+            break
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise SettingsError(f"--kv-report-dir: {path} is not writable")
+    return path
+
+
+def report_options(
+    cli: Mapping[str, Any],
+    env: Mapping[str, str],
+    ini: Mapping[str, Any],
+    rootdir: Path,
+    *,
+    arms: Sequence[str] | None = None,
+) -> ReportOptions:
+    """``--kv-fail``, ``--kv-inconclusive``, ``--kv-compare``, ``--kv-noise``, ``--kv-allow-diff`` and
+    ``--kv-save`` by the same precedence as every option (CLI > env > ini); stored runs are checked now.
+    ``arms`` (a run's, when known) are checked against the gates."""
+
+    def get(name: str, parse: Callable[[Any], Any], default: Any) -> Any:
+        raw, origin = _pick(name, cli, env, ini)
+        return default if raw is None else _parse(name, raw, origin, parse)
+
+    baselines = report_dir_of(cli, env, ini, rootdir).parent / "baselines"
+    compare = get("compare", _baseline_name, None)
+    noise = get("noise", _baseline_name, None)
+    save = get("save", _baseline_name, None)
+    hint = "store one with --kv-save=NAME"
+    return ReportOptions(
+        gates=get("fail", lambda raw: _gates(raw, list(arms) if arms is not None else None), ()),
+        inconclusive=get("inconclusive", _choice("fail", "warn"), "warn"),
+        compare=_stored_run("--kv-compare", compare, baselines, hint, "stored baseline") if compare else None,
+        noise=baselines / _noise_run(noise, baselines) if noise else None,
+        allow_diff=get("allow_diff", _dotted, ()),
+        save_as=baselines / save if save else None,
+    )
+
+
+def resolve(
+    cli: Mapping[str, Any],
+    env: Mapping[str, str],
+    ini: Mapping[str, Any],
+    named_arms: Mapping[str, Mapping[str, Any]],
+    rootdir: Path,
+    fp8_kv_unsupported: str | None = None,
+) -> Settings:
+    """Resolve all raw values into one frozen Settings, or raise SettingsError naming the bad input."""
+
+    def get(name: str, parse: Callable[[Any], Any], default: Any) -> Any:
+        raw, origin = _pick(name, cli, env, ini)
+        if raw is None:
+            return default
+        return _parse(name, raw, origin, parse)
+
+    def joined(raw: Any) -> str:
+        return ",".join(raw) if isinstance(raw, list | tuple) else str(raw)
+
+    names = get("arms", lambda raw: _names(joined(raw)), ())
+    if not names:
+        return Settings(arms=())
+    arms = resolve_arms(names, named_arms)
+
+    launcher = get("launcher", _choice("process", "docker", "external"), "process")
+    model = get("model", lambda raw: str(raw).strip(), None) or None
+    if model is not None and looks_like_path(model):
+        path = Path(model).expanduser()
+        if not path.is_absolute():
+            path = (rootdir / path) if not path.exists() else path.resolve()
+        if path.is_file():
+            raise SettingsError(f"--kv-model: {model!r} is a file; give the model's folder (config.json and weights)")
+        if not path.is_dir():
+            raise SettingsError(f"--kv-model: model folder {model!r} does not exist")
+        model = str(path.resolve())
+
+    endpoints = get("endpoint", lambda raw: _endpoints([raw] if isinstance(raw, str) else list(raw)), {})
+    arm_names = [a.name for a in arms]
+    if endpoints and launcher != "external":
+        raise SettingsError("--kv-endpoint requires --kv-launcher=external")
+    if launcher == "external":
+        stray = sorted(set(endpoints) - set(arm_names))
+        if stray:
+            raise SettingsError(
+                f"--kv-endpoint names arm(s) not in --kv-arms: {', '.join(stray)} (arms: {', '.join(arm_names)})"
+            )
+        missing = [n for n in arm_names if n not in endpoints]
+        if missing:
+            raise SettingsError(f"--kv-launcher=external needs --kv-endpoint ARM=URL for: {', '.join(missing)}")
+
+    if launcher == "docker":
+        image = get("image", lambda raw: str(raw).strip(), None)
+        without = [a.name for a in arms if not (a.image or image)]
+        if without:
+            raise SettingsError(
+                f"--kv-launcher=docker needs an image: give --kv-image or an 'image' in the arm's table "
+                f"(missing for: {', '.join(without)})"
+            )
+
+    if model is None and launcher != "external":
+        gpu_only = [a for a in arms if a.kv_cache_dtype is not None and a.kv_cache_dtype not in CPU_KV_CACHE_DTYPES]
+        if gpu_only:
+            listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in gpu_only)
+            raise SettingsError(
+                f"arm(s) {listed} need a GPU: the embedded CPU default serves only "
+                f"{', '.join(sorted(CPU_KV_CACHE_DTYPES))}. Give --kv-model (and a GPU engine) to test them."
+            )
+        fp8 = [a for a in arms if (a.kv_cache_dtype or "").startswith("fp8")]
+        if fp8 and fp8_kv_unsupported:
+            listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in fp8)
+            raise SettingsError(f"arm(s) {listed} cannot run on the embedded CPU default here: {fp8_kv_unsupported}")
+
+    engine_cmd = get("engine_cmd", lambda raw: _args(joined(raw)), ())
+    engine_args = get("engine_args", lambda raw: _args(" ".join(raw) if isinstance(raw, list) else raw), ())
+    report_dir = report_dir_of(cli, env, ini, rootdir)
+    judged = report_options(cli, env, ini, rootdir, arms=[a.name for a in arms])
+    compare = judged.compare.name if judged.compare else None
+
+    replicates = get("replicates", lambda raw: _count(1)(str(raw)), 1)
+    order, order_seed = get("order", _order, ("abba" if replicates >= 2 else "sequential", None))
+    seed = get("seed", lambda raw: _count(0)(str(raw)), 0)
+    target_ci = get("target_ci", _pct, None)
+    runs = get("runs", lambda raw: _count(1)(str(raw)), 5)
+    max_runs = get("max_runs", lambda raw: _count(1)(str(raw)), None)
+    max_replicates = get("max_replicates", lambda raw: _count(1)(str(raw)), None)
+    if target_ci is None and (max_runs is not None or max_replicates is not None):
+        raise SettingsError("--kv-max-runs and --kv-max-replicates only apply with --kv-target-ci")
+    if max_runs is not None and max_runs < runs:
+        raise SettingsError(f"--kv-max-runs ({max_runs}) must be at least --kv-runs ({runs})")
+    if max_replicates is not None and max_replicates < replicates:
+        raise SettingsError(f"--kv-max-replicates ({max_replicates}) must be at least --kv-replicates ({replicates})")
+    if target_ci is not None and replicates >= 2 and max_replicates is None:
+        max_replicates = 2 * replicates
+    noise = judged.noise.name if judged.noise else None
+    full_check = get("self_check", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False)
+    no_check = get("no_self_check", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False)
+    if full_check and no_check:
+        raise SettingsError("--kv-self-check and --kv-no-self-check contradict each other")
+
+    return Settings(
+        arms=arms,
+        launcher=launcher,
+        model=model,
+        engine_args=engine_args,
+        engine_cmd=engine_cmd,
+        endpoints=endpoints,
+        port=get("port", lambda raw: _port(str(raw)), None),
+        startup_timeout_s=get("startup_timeout", lambda raw: _positive_float(str(raw)), 600.0),
+        request_timeout_s=get("request_timeout", lambda raw: _positive_float(str(raw)), 600.0),
+        stall_timeout_s=get("stall_timeout", lambda raw: _positive_float(str(raw)), 120.0),
+        warmups=get("warmups", lambda raw: _count(0)(str(raw)), 3),
+        runs=runs,
+        max_tokens=get("max_tokens", lambda raw: _count(1)(str(raw)), None),
+        sampling=get("sampling", _choice("greedy", "sampled"), "greedy"),
+        report_dir=report_dir,
+        suite=not get("no_suite", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
+        seed=seed,
+        depths=get("depths", _depths, (10_000, 90_000)),
+        depth_warmups=get("depth_warmups", lambda raw: _count(0)(str(raw)), 1),
+        depth_runs=get("depth_runs", lambda raw: _count(1)(str(raw)), 3),
+        sessions=get("sessions", lambda raw: _count(1)(str(raw)), 2),
+        turns=get("turns", lambda raw: _count(1)(str(raw)), None),
+        agentic_mode=get("agentic_mode", _choice("replay", "live"), "replay"),
+        agentic_max_tokens=get("agentic_max_tokens", lambda raw: _count(1)(str(raw)), 600),
+        gates=judged.gates,
+        inconclusive=judged.inconclusive,
+        save=judged.save_as.name if judged.save_as else None,
+        compare=compare,
+        image=get("image", lambda raw: str(raw).strip(), None),
+        hf_cache=Path(get("hf_cache", lambda raw: str(raw), "~/.cache/huggingface")).expanduser(),
+        gpus=get("gpus", _gpus, None),
+        pull=get("pull", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
+        shm_size=get("shm_size", lambda raw: str(raw).strip(), None),
+        gpu_power_limit=get("gpu_power_limit", _power_limit, None),
+        gpu_require_idle=get("gpu_require_idle", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
+        gpu_settle=get("gpu_settle", _settle, None),
+        gpu_hz=get("gpu_hz", lambda raw: _positive_float(str(raw)), 4.0),
+        gpu_max_temp=get("gpu_max_temp", lambda raw: _positive_float(str(raw)), None),
+        replicates=replicates,
+        order=order,
+        order_seed=seed if order_seed is None else order_seed,
+        target_ci_pct=target_ci,
+        max_runs=max_runs,
+        max_replicates=max_replicates,
+        noise=noise,
+        allow_diff=judged.allow_diff,
+        agreement=not get("no_agreement", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
+        self_check="off" if no_check else "full" if full_check else "quick",
+        concurrency=get("concurrency", _levels, (1, 4, 16)),
+        concurrency_max_tokens=get("concurrency_max_tokens", lambda raw: _count(1)(str(raw)), 128),
+    )

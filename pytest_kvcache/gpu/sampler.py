@@ -1,0 +1,228 @@
+"""``Sampler``: a background thread appending power, clocks, temperature and throttle reasons of every
+card to ``gpu.jsonl``; ``Sampler.window()`` aggregates a request's time span (``aggregate()``), which
+``pytest_kvcache.gpu.drift`` turns into flags. Plain Python: no pytest, no server access."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from pytest_kvcache.gpu.nvml import _mib, _watts, throttle_reason_names
+
+if TYPE_CHECKING:
+    from pytest_kvcache.gpu.cards import CardRef
+    from pytest_kvcache.gpu.nvml import Nvml
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One reading of one card by the sampler (one ``gpu.jsonl`` line)."""
+
+    t_unix_s: float
+    card: str
+    index: int
+    power_w: float | None
+    power_limit_w: float | None
+    sm_clock_mhz: int | None
+    mem_clock_mhz: int | None
+    temp_c: int | None
+    util_gpu_pct: int | None
+    util_mem_pct: int | None
+    memory_used_mib: int | None
+    throttle_reasons: tuple[str, ...] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "t_unix_s": self.t_unix_s,
+            "card": self.card,
+            "index": self.index,
+            "power_w": self.power_w,
+            "power_limit_w": self.power_limit_w,
+            "sm_clock_mhz": self.sm_clock_mhz,
+            "mem_clock_mhz": self.mem_clock_mhz,
+            "temp_c": self.temp_c,
+            "util_gpu_pct": self.util_gpu_pct,
+            "util_mem_pct": self.util_mem_pct,
+            "memory_used_mib": self.memory_used_mib,
+            "throttle_reasons": None if self.throttle_reasons is None else list(self.throttle_reasons),
+        }
+
+
+def read_sample(nvml: Nvml, card: CardRef, t_unix_s: float) -> GpuSample:
+    memory = nvml.memory_bytes(card.index)
+    util = nvml.utilization_pct(card.index)
+    reasons = throttle_reason_names(nvml.throttle_mask(card.index))
+    return GpuSample(
+        t_unix_s=t_unix_s,
+        card=card.uuid,
+        index=card.index,
+        power_w=_watts(nvml.power_usage_mw(card.index)),
+        power_limit_w=_watts(nvml.power_limit_mw(card.index)),
+        sm_clock_mhz=nvml.clock_mhz(card.index, "sm", "current"),
+        mem_clock_mhz=nvml.clock_mhz(card.index, "mem", "current"),
+        temp_c=nvml.temperature_c(card.index),
+        util_gpu_pct=util[0] if util else None,
+        util_mem_pct=util[1] if util else None,
+        memory_used_mib=_mib(memory[0]) if memory else None,
+        throttle_reasons=None if reasons is None else tuple(reasons),
+    )
+
+
+def aggregate(samples: Sequence[GpuSample]) -> dict[str, Any]:
+    """``max_temp_c``, ``min_sm_clock_mhz``, ``mean_power_w``, ``max_power_w``,
+    ``throttle_reasons_seen``, ``power_limit_changed`` and ``samples`` over some samples."""
+    temps = [s.temp_c for s in samples if s.temp_c is not None]
+    clocks = [s.sm_clock_mhz for s in samples if s.sm_clock_mhz is not None]
+    powers = [s.power_w for s in samples if s.power_w is not None]
+    reasons = sorted({r for s in samples for r in s.throttle_reasons or ()})
+    by_card: dict[str, set[float]] = {}
+    for s in samples:
+        if s.power_limit_w is not None:
+            by_card.setdefault(s.card, set()).add(s.power_limit_w)
+    changed = any(len(limits) > 1 for limits in by_card.values())
+    return {
+        "max_temp_c": max(temps) if temps else None,
+        "min_sm_clock_mhz": min(clocks) if clocks else None,
+        "mean_power_w": math.fsum(powers) / len(powers) if powers else None,
+        "max_power_w": max(powers) if powers else None,
+        "throttle_reasons_seen": reasons,
+        "power_limit_changed": changed,
+        "samples": len(samples),
+    }
+
+
+class Sampler:
+    """A background thread reading every card ``hz`` times a second into memory and ``path``.
+
+    Each reading is one JSON line (``GpuSample.to_dict()``), appended and flushed as it is taken.
+    ``window()`` aggregates a time span; ``sample_once()`` takes a reading on the caller's thread
+    (the thread calls it too; usable without ``start()``). ``stop()`` joins the thread and closes
+    the file; it is idempotent. Samples are also kept in memory (about 200 bytes each) for ``window()``.
+    """
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        cards: Sequence[CardRef],
+        path: Path | None = None,
+        *,
+        hz: float = 4.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if hz <= 0:
+            raise ValueError(f"sampler rate must be positive, got {hz!r} Hz")
+        self.nvml = nvml
+        self.cards = list(cards)
+        self.path = path
+        self.hz = hz
+        self.clock = clock
+        self.errors = 0
+        self.last_error: str | None = None
+        self._samples: list[GpuSample] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fh: IO[str] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> Sampler:
+        if self._thread is not None:
+            raise RuntimeError("sampler already started")
+        try:
+            with self._lock:
+                self._open()  # fail here, not in the thread, when the file cannot be written
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="kvcache-gpu-sampler", daemon=True)
+            self._thread.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+    def __enter__(self) -> Sampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _open(self) -> None:
+        """Open ``path`` for appending (caller holds the lock)."""
+        if self._fh is None and self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = self.path.open("a", encoding="utf-8")
+
+    def _run(self) -> None:
+        interval = 1.0 / self.hz
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception as exc:  # a sampler must never take the run down
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            next_at += interval
+            now = time.monotonic()
+            if next_at < now:  # fell behind: skip the missed ticks, keep the phase
+                next_at += interval * math.ceil((now - next_at) / interval)
+            self._stop.wait(next_at - now)
+
+    def sample_once(self) -> list[GpuSample]:
+        """Read every card once, keep and write the readings."""
+        t = self.clock()
+        batch = [read_sample(self.nvml, card, t) for card in self.cards]
+        with self._lock:
+            self._samples.extend(batch)
+            self._open()
+            if self._fh is not None:
+                for sample in batch:
+                    self._fh.write(json.dumps(sample.to_dict(), separators=(",", ":")) + "\n")
+                self._fh.flush()
+        return batch
+
+    def samples(self) -> list[GpuSample]:
+        with self._lock:
+            return list(self._samples)
+
+    def window(self, t0_unix_s: float, t1_unix_s: float) -> dict[str, Any]:
+        """Aggregate the samples taken in ``[t0, t1]``: overall and per card (UUID → same keys).
+
+        ``power_limit_changed`` also compares with each card's last reading before ``t0``, so a
+        change just before the window starts counts. ``samples`` is 0 when nothing was read
+        in the span (a request shorter than the sampling interval).
+        """
+        with self._lock:
+            inside = [s for s in self._samples if t0_unix_s <= s.t_unix_s <= t1_unix_s]
+            before: dict[str, GpuSample] = {}
+            for s in self._samples:
+                if s.t_unix_s < t0_unix_s:
+                    before[s.card] = s
+        result = aggregate(inside)
+        cards: dict[str, dict[str, Any]] = {}
+        for card in self.cards:
+            own = [s for s in inside if s.card == card.uuid]
+            agg = aggregate(own)
+            if card.uuid in before and own:
+                agg["power_limit_changed"] = aggregate([before[card.uuid], *own])["power_limit_changed"]
+            cards[card.uuid] = agg
+        result["power_limit_changed"] = any(c["power_limit_changed"] for c in cards.values())
+        result.update({"t0_unix_s": t0_unix_s, "t1_unix_s": t1_unix_s, "cards": cards})
+        return result

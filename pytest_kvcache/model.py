@@ -1,0 +1,578 @@
+"""The typed run model: what a run writes (records, evidence, boot plan, ``run.json``) and what the report
+is made of (summary, deltas, crossovers, gates …). Plain Python, no pytest, no pandas.
+
+These are ``TypedDict``s because every one of them is JSON on disk first: a stored run folder is read back
+into exactly these shapes (``pytest_kvcache.report.load``), and ``report.json`` is a :class:`Report`
+written out. Readers index them by key as before, but every key and value type is checked by mypy.
+
+Versions: :data:`RECORD_SCHEMA_VERSION` is written into every record and ``run.json``;
+:data:`REPORT_VERSION` into ``report.json``. A change that renames or removes a key bumps them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+RECORD_SCHEMA_VERSION = 1
+REPORT_VERSION = 1
+
+Verdict = Literal["better", "worse", "inconclusive"]
+Outcome = Literal["pass", "fail", "inconclusive"]
+
+#: A JSON value whose inside the report does not read (launcher facts, NVML tables …).
+Json = str | int | float | bool | None | list["Json"] | dict[str, "Json"]
+
+
+# ------------------------------------------------------------------------------------------ records
+
+
+class SampleData(TypedDict, total=False):
+    """:class:`~pytest_kvcache.client.Sample` as written (``Sample.to_dict``)."""
+
+    ok: bool
+    error_kind: str | None
+    error: str | None
+    http_status: int | None
+    send_unix_s: float
+    send_perf_s: float
+    first_token_s: float | None
+    last_token_s: float | None
+    end_s: float | None
+    chunks: int
+    token_chunks: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    finish_reason: str | None
+    token_clock: str | None
+    content_chars: int
+    text: str
+    tool_calls: list[dict[str, str]]
+
+
+class Record(TypedDict, total=False):
+    """One line of ``requests.jsonl`` (docs/records.md). The first block is always there; the rest is the
+    probe's context (``depth``, ``turn``, ``engine`` counter deltas, ``gpu`` window, ``cold_proof`` …)."""
+
+    schema_version: int
+    run_id: str
+    arm: str
+    boot: str
+    replicate: int
+    probe: str | None
+    shape: str | None
+    depth: int | None
+    turn: int | None
+    session: int | None
+    phase: str | None
+    index: int | None
+    ok: bool
+    flags: list[str]
+    excluded_reason: str | None
+    voided: dict[str, str]
+    error_kind: str | None
+    error: str | None
+    metrics: dict[str, float | None]
+    sample: SampleData
+    test: str
+    engine: dict[str, Json] | None
+    gpu: dict[str, Json] | None
+    cold_proof: Json
+    prompt_sha256: str
+    sizing: dict[str, Json]
+    tool_call: dict[str, Json]
+    streams: int
+    concurrency: int
+
+
+class AgreementRecord(TypedDict, total=False):
+    """One line of ``agreement.jsonl``: greedy token ids of one unmeasured request."""
+
+    arm: str | None
+    boot: str
+    replicate: int
+    shape: str
+    index: int
+    test: str
+    ok: bool
+    ids: list[int]
+    logprobs: list[float]
+    error: str
+
+
+class SamplingRecord(TypedDict, total=False):
+    """One line of ``sampling.jsonl``: why an adaptive loop (requests, or rounds of boots) stopped."""
+
+    kind: str
+    round: int
+    rounds_done: int
+    target_pct: float
+    widest: dict[str, Json] | None
+    decision: str
+    reason: str
+    boot: str
+    arm: str
+    test: str
+    probe: str
+    point: str
+
+
+# ------------------------------------------------------------------------------------------ evidence
+
+
+class CacheConfig(TypedDict, total=False):
+    """The labels of ``vllm:cache_config_info`` (strings, as Prometheus gives them)."""
+
+    cache_dtype: str
+    kv_cache_size_tokens: str
+    block_size: str
+    enable_prefix_caching: str
+
+
+class LogFacts(TypedDict, total=False):
+    """What the engine's startup log says (``engines.evidence.parse_log``)."""
+
+    engine_version: str
+    kv_cache_dtype: str
+    kv_cache_size_tokens: int
+    attention_backend: str
+    attention_candidates: list[str]
+    non_default_args: dict[str, Json]
+
+
+class GpuCard(TypedDict, total=False):
+    index: int
+    uuid: str
+    name: str | None
+    power_limit_w: float | None
+    temp_c: float | None
+    memory_used_mib: int | None
+
+
+class GpuSnapshot(TypedDict, total=False):
+    """An NVML snapshot (``gpu.snapshot``), or ``{"gpu": False, "reason": …}`` without a GPU."""
+
+    gpu: bool
+    reason: str
+    taken_unix_s: float
+    driver_version: str | None
+    cuda_driver_version: str | None
+    device_count: int
+    cards: list[GpuCard]
+    p2p: Json
+    nvml_errors: dict[str, str]
+
+
+class Evidence(TypedDict, total=False):
+    """``arms/<boot>/evidence.json``: what one boot declared, what the engine resolved, its GPU state."""
+
+    boot: str
+    arm: ArmData
+    replicate: int
+    declared_kv_cache_dtype: str | None
+    status: str
+    error: str
+    started_unix_s: float
+    stopped_unix_s: float
+    warnings: list[str]
+    # launcher facts (Engine.describe)
+    launcher: str
+    url: str
+    pid: int | None
+    argv: list[str]
+    env: dict[str, str]
+    ready_s: float | None
+    stop: Json
+    image: str | None
+    image_id: str | None
+    image_digest: str | None
+    image_repo_digests: list[str]
+    container_id: str | None
+    container_name: str | None
+    config: dict[str, Json]
+    exit_code: int | None
+    # what the server says (engines.evidence.collect)
+    engine_version: str | None
+    served_model: str | None
+    model_root: str | None
+    max_model_len: int | None
+    models: list[str]
+    cache_config: CacheConfig | None
+    log: LogFacts
+    errors: dict[str, str]
+    tokenize: str
+    # GPU state
+    gpu_before: GpuSnapshot
+    gpu_ready: GpuSnapshot
+    gpu_after: GpuSnapshot
+    vram_ready_mib: dict[str, int]
+    vram_before_stop_mib: dict[str, int]
+    gpu_changes: list[str]
+
+
+class ArmData(TypedDict, total=False):
+    """``Arm.to_dict``: one declared serving variant."""
+
+    name: str
+    kv_cache_dtype: str | None
+    args: list[str]
+    env: dict[str, str]
+    image: str | None
+    source: str
+    typed_as: str
+    knobs: list[str] | None
+
+
+class PlanEntry(TypedDict, total=False):
+    """One planned boot in ``run.json``'s ``plan``, in run order."""
+
+    boot: str
+    arm: str
+    replicate: int
+    extra: bool
+    kv_cache_dtype: str | None
+    args: list[str]
+    tests: int
+    skipped: str
+
+
+class ProbeSpecData(TypedDict, total=False):
+    """``ProbeSpec.to_dict`` (``run.json``'s ``probes``): lets a stored run re-render a user's probe."""
+
+    name: str
+    marker: str
+    title: str
+    metrics: list[str]
+    primary_metric: str
+    order: int
+    point: str
+    paired_by: list[str] | None
+    paired_shapes: list[str] | None
+    curve: list[str]
+    curve_x: str | None
+    exclude_first_point: bool
+    markers: list[str]
+    label: str
+    trials: bool
+
+
+class RunMeta(TypedDict, total=False):
+    """``run.json``: the run's settings, plan and versions (rewritten as the run progresses)."""
+
+    schema_version: int
+    run_id: str
+    status: str
+    started_unix_s: float
+    updated_unix_s: float
+    invocation: list[str]
+    cwd: str
+    model: str
+    settings: dict[str, Json]
+    plan: list[PlanEntry]
+    probes: list[ProbeSpecData]
+    versions: dict[str, str | None]
+    benchmark_machine_info: Json
+    reaped: list[str]
+    problems: list[str]
+    skipped: list[str]
+    self_check: dict[str, Json] | None
+    boots: dict[str, str | None]
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+class SummaryRow(TypedDict, total=False):
+    probe: str
+    point: str
+    metric: str
+    arm: str
+    n: int
+    mean: float | None
+    median: float | None
+    std: float | None
+    cv_pct: float | None
+    min: float | None
+    max: float | None
+    excluded: int
+    excluded_reasons: list[str]
+
+
+class Comparison(TypedDict, total=False):
+    """One ratio other/base of a metric at one point (``report.frame.compare``)."""
+
+    baseline_value: float | None
+    arm_value: float | None
+    ratio: float | None
+    delta_pct: float | None
+    ci_low: float | None
+    ci_high: float | None
+    paired: bool
+    ci_method: str
+    n_baseline: int
+    n_arm: int
+    boots_baseline: int
+    boots_arm: int
+    direction: str
+    verdict: Verdict
+
+
+class DeltaRow(Comparison, total=False):
+    arm: str
+    baseline: str
+    probe: str
+    point: str
+    metric: str
+    noise_pct: float | None
+    verdict_note: str
+
+
+class CrossoverRow(TypedDict, total=False):
+    arm: str
+    baseline: str
+    probe: str
+    metric: str
+    axis: str
+    xs: list[float]
+    estimate: float | None
+    ci_low: float | None
+    ci_high: float | None
+    statement: str
+
+
+class ResolvedArm(TypedDict):
+    cache_dtype: str | None
+    kv_cache_size_tokens: int | None
+    attention_backend: str | None
+    attention_candidates: list[str] | None
+    engine_version: str | None
+    max_model_len: int | None
+    served_model: str | None
+    ready_s: float | None
+    status: str | None
+
+
+class GpuCardSummary(TypedDict):
+    index: int | None
+    uuid: str | None
+    name: str | None
+    power_limit_before_w: float | None
+    power_limit_after_w: float | None
+    vram_ready_mib: int | None
+    vram_before_stop_mib: int | None
+    driver_version: str | None
+
+
+class GpuSummary(TypedDict, total=False):
+    gpu: bool
+    reason: str | None
+    cards: list[GpuCardSummary]
+    changes: list[str]
+
+
+class ArmEntry(TypedDict):
+    name: str
+    baseline: bool
+    declared: ArmData
+    resolved: ResolvedArm
+    gpu: GpuSummary
+    boots: list[str]
+    evidence: dict[str, Evidence]
+
+
+class BootEntry(TypedDict):
+    position: int
+    boot: str
+    arm: str | None
+    replicate: int
+    extra: bool
+    status: str
+    skipped: str | None
+    ready_s: float | None
+    started_unix_s: float | None
+
+
+class BootResult(TypedDict):
+    boot: str
+    arm: str | None
+    position: int
+    probe: str
+    point: str
+    metric: str
+    mean: float
+    n: int
+
+
+class CiStatement(TypedDict):
+    boots_per_arm: dict[str, int]
+    method: str
+    order: list[str]
+    text: str
+
+
+class Confound(TypedDict, total=False):
+    path: str
+    reference: str
+    reference_value: Json
+    boot: str
+    value: Json
+    why: str
+    allowed_by: str
+
+
+class Confounds(TypedDict, total=False):
+    status: str
+    reason: str
+    reference: str | None
+    compared: int
+    confounds: list[Confound]
+    declared: list[Confound]
+    allowed: list[Confound]
+    lines: list[str]
+
+
+class AgreementRow(TypedDict, total=False):
+    kind: str
+    arm: str
+    baseline: str
+    shape: str
+    pairs: int
+    identical_share: float
+    mean_first_divergence: float | None
+    mean_abs_logprob_diff: float | None
+    length: int
+
+
+class AgreementSection(TypedDict):
+    rows: list[AgreementRow]
+    notes: list[str]
+
+
+class SelfCheckSection(TypedDict, total=False):
+    summary: str
+    error: str
+    measured_itl_s: float | None
+    overhead_per_chunk_s: float | None
+    warnings: list[str]
+
+
+class GrowthVerdict(TypedDict, total=False):
+    """One arm's agentic TTFT-growth verdict (``probes.agentic.growth_verdict``)."""
+
+    arm: str
+    verdict: str
+    ttft_growth: float
+    context_growth: float
+    last_turn: int
+    flags: dict[str, str]
+    line: str
+
+
+class AgenticTurn(TypedDict, total=False):
+    arm: str
+    turn: int
+    sessions: int
+    prompt_tokens: float | None
+    cached_tokens: float | None
+    ttft_s: float | None
+    ttft_s_std: float | None
+    decode_tps: float | None
+
+
+class AgenticSection(TypedDict):
+    turns: list[AgenticTurn]
+    growth: list[GrowthVerdict]
+
+
+class SpecDecodeRow(TypedDict):
+    arm: str
+    probe: str
+    drafted: int
+    accepted: int
+    acceptance_pct: float
+
+
+class SpecDecodeSection(TypedDict):
+    rows: list[SpecDecodeRow]
+    line: str
+
+
+class FlagSummary(TypedDict):
+    samples: int
+    kinds: list[str]
+
+
+class NoiseBand(TypedDict):
+    probe: str
+    point: str
+    metric: str
+    band_pct: float
+
+
+class NoiseSection(TypedDict):
+    run: str
+    bands: list[NoiseBand]
+    missing: int
+
+
+class SavedRow(Comparison, total=False):
+    verdict_note: str
+    probe: str
+    point: str
+    metric: str
+    arm: str
+
+
+class SavedSection(TypedDict):
+    baseline_run: str | None
+    path: str
+    rows: list[SavedRow]
+    warnings: list[str]
+
+
+class GateResult(TypedDict):
+    """One evaluated gate (one point and arm pair of a ``--kv-fail`` expression)."""
+
+    name: str
+    gate: str
+    outcome: Outcome
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    threshold: float
+    op: str
+    reason: str
+    value_text: str
+    ci_text: str
+    threshold_text: str
+
+
+class Report(TypedDict, total=False):
+    """``report.json``: a pure function of the loaded run folder, the gates, the noise run and the saved run."""
+
+    report_version: int
+    run_id: str | None
+    status: str | None
+    model: str | None
+    versions: dict[str, str | None] | None
+    seed: int
+    probes: list[ProbeSpecData]
+    arms: list[ArmEntry]
+    boots: list[BootEntry]
+    boot_results: list[BootResult]
+    ci: CiStatement
+    confounds: Confounds
+    agreement: AgreementSection
+    sampling: list[SamplingRecord]
+    self_check: SelfCheckSection | None
+    summary: list[SummaryRow]
+    deltas: list[DeltaRow]
+    crossovers: list[CrossoverRow]
+    agentic: AgenticSection
+    spec_decode: SpecDecodeSection
+    flags: FlagSummary
+    verdicts: list[str]
+    notes: list[str]
+    noise: NoiseSection
+    compare: SavedSection
+    gates: list[GateResult]

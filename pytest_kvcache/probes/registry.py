@@ -1,0 +1,253 @@
+"""The probe registry: one :class:`ProbeSpec` per probe, read by every layer.
+
+The plugin registers its markers and orders tests by it, the report takes each probe's metrics, primary
+metric, axis, pairing, curve and title from it, and gates check their ``METRIC[PROBE]`` against it. The
+stock probes register here; a user's probe registers a spec in its own test file::
+
+    from pytest_kvcache.probes.registry import ProbeSpec, register
+
+    register(ProbeSpec(name="oneline", title="One-line answers", metrics=("decode_tps", "ttft_s"),
+                       primary_metric="decode_tps"))
+
+    @pytest.mark.oneline
+    def test_oneline(kv_server, kv_client, kv_record): ...
+
+and is then summarised, plotted, delta'd and gateable (``--kv-fail="decode_tps[oneline]: >= -5%"``) like
+a stock probe. Every spec a run used is written into ``run.json``, so a stored run re-renders (and can be
+gated) without the user's file. Plain Python: no pytest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal, cast
+
+from pytest_kvcache.model import ProbeSpecData
+
+PointKind = Literal["shape", "depth", "turn"]
+CurveX = Literal["depth", "prompt_tokens"]
+Label = Literal["shape", "at", "plain"]
+
+#: Metrics every request record carries (``Sample.measures``): a user's probe may use any of them.
+CLIENT_METRICS = ("ttft_s", "wall_tps", "decode_tps", "prefill_tps")
+#: Engine-side timings (``/metrics`` deltas around a request) a record may carry.
+ENGINE_METRICS = ("engine_ttft_s", "engine_prefill_s", "engine_decode_s", "engine_queue_s")
+#: Token counts: summarised, never compared as a delta or gated.
+COUNT_METRICS = ("prompt_tokens", "cached_tokens")
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """What the report needs to know of one probe.
+
+    ``metrics`` in table order; ``primary_metric`` drives adaptive sampling and the per-boot table;
+    ``point`` says which record field is the probe's axis (``shape``, ``depth`` → ``10k``, ``turn`` →
+    ``turnN``); ``paired_by`` names the record fields that make a request the same prompt in every arm
+    (within a replicate), only for records whose shape is in ``paired_shapes`` when given; ``curve`` the
+    metrics drawn and tested for a crossover against ``curve_x``; ``markers`` the extra markers the probe's
+    tests carry (``depth``).
+    """
+
+    name: str
+    title: str
+    metrics: tuple[str, ...]
+    primary_metric: str
+    marker: str = ""
+    marker_help: str = ""
+    order: int = 100
+    point: PointKind = "shape"
+    paired_by: tuple[str, ...] | None = None
+    paired_shapes: tuple[str, ...] | None = None
+    curve: tuple[str, ...] = ()
+    curve_x: CurveX | None = None
+    exclude_first_point: bool = False
+    markers: tuple[str, ...] = ()
+    label: Label = "plain"
+    trials: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"probe name {self.name!r} must be an identifier (it is a marker and a gate selector)")
+        if self.primary_metric not in self.metrics:
+            raise ValueError(f"probe {self.name}: primary_metric {self.primary_metric!r} is not in its metrics")
+        if self.curve and self.curve_x is None:
+            raise ValueError(f"probe {self.name}: a curve needs curve_x ('depth' or 'prompt_tokens')")
+        if not self.marker:
+            object.__setattr__(self, "marker", self.name)
+
+    @property
+    def compared_metrics(self) -> tuple[str, ...]:
+        """The metrics that get deltas and gates (token counts are only summarised)."""
+        return tuple(m for m in self.metrics if m not in COUNT_METRICS)
+
+    def to_dict(self) -> ProbeSpecData:
+        return {
+            "name": self.name,
+            "marker": self.marker,
+            "title": self.title,
+            "metrics": list(self.metrics),
+            "primary_metric": self.primary_metric,
+            "order": self.order,
+            "point": self.point,
+            "paired_by": list(self.paired_by) if self.paired_by is not None else None,
+            "paired_shapes": list(self.paired_shapes) if self.paired_shapes is not None else None,
+            "curve": list(self.curve),
+            "curve_x": self.curve_x,
+            "exclude_first_point": self.exclude_first_point,
+            "markers": list(self.markers),
+            "label": self.label,
+            "trials": self.trials,
+        }
+
+    @classmethod
+    def from_dict(cls, data: ProbeSpecData) -> ProbeSpec:
+        """A spec stored in a run folder (a user's probe, as the run saw it)."""
+        paired, shapes = data.get("paired_by"), data.get("paired_shapes")
+        return cls(
+            name=data["name"],
+            title=data.get("title") or data["name"],
+            metrics=tuple(data.get("metrics") or CLIENT_METRICS),
+            primary_metric=data.get("primary_metric") or "decode_tps",
+            marker=data.get("marker") or data["name"],
+            order=int(data.get("order", 100)),
+            point=cast(PointKind, data.get("point") or "shape"),
+            paired_by=tuple(paired) if paired is not None else None,
+            paired_shapes=tuple(shapes) if shapes is not None else None,
+            curve=tuple(data.get("curve") or ()),
+            curve_x=cast("CurveX | None", data.get("curve_x")),
+            exclude_first_point=bool(data.get("exclude_first_point")),
+            markers=tuple(data.get("markers") or ()),
+            label=cast(Label, data.get("label") or "plain"),
+            trials=bool(data.get("trials")),
+        )
+
+
+STOCK: tuple[ProbeSpec, ...] = (
+    ProbeSpec(
+        name="short",
+        title="Short-context probes",
+        metrics=("wall_tps", "decode_tps", "ttft_s"),
+        primary_metric="decode_tps",
+        marker_help="short-context probe (one short prompt, long decode) — narrative and code shapes.",
+        order=0,
+        label="shape",
+    ),
+    ProbeSpec(
+        name="prefill",
+        title="Fresh-prefill probes",
+        metrics=("prefill_tps", "ttft_s", "engine_prefill_s", "prompt_tokens"),
+        primary_metric="prefill_tps",
+        marker_help="fresh-prefill probe at exact depths (--kv-depths), every request proven cold.",
+        order=1,
+        point="depth",
+        paired_by=("depth", "index"),
+        curve=("prefill_tps", "ttft_s"),
+        curve_x="depth",
+        markers=("depth",),
+        label="at",
+    ),
+    ProbeSpec(
+        name="agentic",
+        title="Agentic decode-at-depth",
+        metrics=("decode_tps", "ttft_s", "prompt_tokens", "cached_tokens"),
+        primary_metric="decode_tps",
+        marker_help="multi-turn coding-assistant session growing its context (--kv-sessions, --kv-turns).",
+        order=2,
+        point="turn",
+        paired_by=("session", "turn"),
+        paired_shapes=("replay",),
+        curve=("decode_tps", "ttft_s"),
+        curve_x="prompt_tokens",
+        exclude_first_point=True,
+        markers=("depth",),
+        label="at",
+    ),
+    ProbeSpec(
+        name="concurrency",
+        title="Concurrency (per trial: aggregate TPS, median per-stream decode TPS, p95 TTFT)",
+        metrics=("aggregate_tps", "stream_tps_median", "ttft_p95_s"),
+        primary_metric="aggregate_tps",
+        marker_help="N simultaneous streams per arm (--kv-concurrency), aggregate and per-stream speed.",
+        order=3,
+        trials=True,
+    ),
+)
+
+#: Markers that group probes rather than name one.
+GROUP_MARKERS = {"depth": "depth: the long-context probes (prefill and agentic); -m depth selects exactly those."}
+
+_SPECS: dict[str, ProbeSpec] = {spec.name: spec for spec in STOCK}
+_LISTENERS: list[Callable[[ProbeSpec], None]] = []
+
+
+def register(spec: ProbeSpec) -> ProbeSpec:
+    """Add (or replace, for the same name) a probe's spec; returns it. Listeners (the plugin's marker
+    registration) are told at once."""
+    _SPECS[spec.name] = spec
+    for listener in list(_LISTENERS):
+        listener(spec)
+    return spec
+
+
+def add_listener(listener: Callable[[ProbeSpec], None]) -> None:
+    _LISTENERS.append(listener)
+
+
+def remove_listener(listener: Callable[[ProbeSpec], None]) -> None:
+    if listener in _LISTENERS:
+        _LISTENERS.remove(listener)
+
+
+def get(name: str) -> ProbeSpec | None:
+    return _SPECS.get(name)
+
+
+def specs() -> tuple[ProbeSpec, ...]:
+    return tuple(sorted(_SPECS.values(), key=lambda s: (s.order, s.name)))
+
+
+def known_metrics(extra: Iterable[ProbeSpec] = ()) -> tuple[str, ...]:
+    """Every metric a gate may name: the probes' compared metrics, the client's and the engine's timings."""
+    found = [m for s in (*specs(), *extra) for m in s.compared_metrics]
+    return tuple(dict.fromkeys([*CLIENT_METRICS, *ENGINE_METRICS, *found]))
+
+
+def resolve(stored: Iterable[ProbeSpecData] = ()) -> dict[str, ProbeSpec]:
+    """The specs a report uses: the ones a stored run wrote (as that run saw them), then the registry's."""
+    found: dict[str, ProbeSpec] = {}
+    for data in stored:
+        spec = ProbeSpec.from_dict(data)
+        found[spec.name] = spec
+    for spec in specs():
+        found.setdefault(spec.name, spec)
+    return found
+
+
+def user_spec(name: str) -> ProbeSpec:
+    """The spec for records of a probe nobody registered: the client metrics, by shape."""
+    return ProbeSpec(name=name, title=name, metrics=CLIENT_METRICS, primary_metric="decode_tps", order=99)
+
+
+def ordered(names: Iterable[str], table: Mapping[str, ProbeSpec]) -> list[str]:
+    """Probe names in report order (stock order, then the rest by name)."""
+    return sorted(set(names), key=lambda n: (table[n].order if n in table else 99, n))
+
+
+__all__ = [
+    "CLIENT_METRICS",
+    "COUNT_METRICS",
+    "ENGINE_METRICS",
+    "GROUP_MARKERS",
+    "STOCK",
+    "ProbeSpec",
+    "add_listener",
+    "get",
+    "known_metrics",
+    "ordered",
+    "register",
+    "remove_listener",
+    "resolve",
+    "specs",
+    "user_spec",
+]

@@ -1,0 +1,669 @@
+"""The report's content as a pure function of a loaded run folder: summary, deltas with CIs, crossovers,
+verdicts, boots, confounds, agreement, agentic growth, speculative decoding.
+
+``build(run)`` reads nothing itself: :func:`pytest_kvcache.report.load.load` read the folder once. The
+bootstrap is seeded with the run's ``--kv-seed``, so the same folder always yields the same report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+import numpy as np
+import pandas as pd
+
+from pytest_kvcache import stats
+from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype
+from pytest_kvcache.model import (
+    REPORT_VERSION,
+    AgenticSection,
+    AgenticTurn,
+    AgreementRow,
+    AgreementSection,
+    ArmEntry,
+    BootEntry,
+    BootResult,
+    CiStatement,
+    Confounds,
+    CrossoverRow,
+    DeltaRow,
+    Evidence,
+    FlagSummary,
+    GpuCardSummary,
+    GpuSummary,
+    GrowthVerdict,
+    Record,
+    Report,
+    SelfCheckSection,
+    SpecDecodeRow,
+    SpecDecodeSection,
+    SummaryRow,
+)
+from pytest_kvcache.probes import agreement
+from pytest_kvcache.report import confounds
+from pytest_kvcache.report.frame import (
+    MIN_BOOTS_FOR_BOOT_CI,
+    Specs,
+    compare,
+    frame,
+    metrics_for,
+    point_sort,
+    spec_of,
+    values,
+)
+from pytest_kvcache.report.load import RunData
+
+
+def _probes(data: pd.DataFrame, specs: Specs) -> list[str]:
+    return sorted(data["probe"].unique(), key=lambda p: (spec_of(p, specs).order, str(p)))
+
+
+def summary_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs) -> list[SummaryRow]:
+    """n, mean, median, std, CV, min, max per probe × point × metric × arm, over valid measured samples."""
+    rows: list[SummaryRow] = []
+    if data.empty:
+        return rows
+    for probe in _probes(data, specs):
+        by_probe = data[data["probe"] == probe]
+        for point in sorted(by_probe["point"].unique(), key=point_sort):
+            at = by_probe[by_probe["point"] == point]
+            for metric in metrics_for(spec_of(probe, specs), at):
+                for arm in arms:
+                    group = at[at["arm"] == arm]
+                    if group.empty:
+                        continue
+                    excluded = group.loc[~group["valid"], "excluded_reason"].dropna().tolist()
+                    described = stats.describe(values(group, metric))
+                    rows.append(
+                        {
+                            "probe": probe,
+                            "point": point,
+                            "metric": metric,
+                            "arm": arm,
+                            "n": described["n"],
+                            "mean": described["mean"],
+                            "median": described["median"],
+                            "std": described["std"],
+                            "cv_pct": described["cv_pct"],
+                            "min": described["min"],
+                            "max": described["max"],
+                            "excluded": len(group) - int(group["valid"].sum()),
+                            "excluded_reasons": sorted(set(excluded)),
+                        }
+                    )
+    return rows
+
+
+def delta_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: int) -> list[DeltaRow]:
+    """Every arm against the baseline arm, per probe, point and compared metric."""
+    rows: list[DeltaRow] = []
+    if data.empty or len(arms) < 2:
+        return rows
+    baseline = arms[0]
+    for probe in _probes(data, specs):
+        spec = spec_of(probe, specs)
+        by_probe = data[data["probe"] == probe]
+        for point in sorted(by_probe["point"].unique(), key=point_sort):
+            at = by_probe[by_probe["point"] == point]
+            base = at[at["arm"] == baseline]
+            for metric in metrics_for(spec, at):
+                if metric not in spec.compared_metrics:
+                    continue
+                for arm in arms[1:]:
+                    other = at[at["arm"] == arm]
+                    if other.empty and base.empty:
+                        continue
+                    found = compare(base, other, metric, seed=seed)
+                    where = {"arm": arm, "baseline": baseline, "probe": probe, "point": point, "metric": metric}
+                    row = cast(DeltaRow, {**where, **found})
+                    rows.append(row)
+    return rows
+
+
+def ci_half_width_pct(row: DeltaRow) -> float | None:
+    """Half the width of a ratio's CI, in percentage points (None without a CI)."""
+    lo, hi = row.get("ci_low"), row.get("ci_high")
+    if lo is None or hi is None:
+        return None
+    return float((hi - lo) / 2 * 100)
+
+
+def rounds_check(
+    records: Sequence[Record], arms: Sequence[str], specs: Specs, target_pct: float, seed: int
+) -> tuple[bool, dict[str, object] | None]:
+    """Is every delta of a probe's primary metric narrow enough (CI half-width ≤ ``target_pct``)?
+
+    Returns ``(done, widest)``: the widest delta's ``probe``, ``point``, ``metric``, ``arm`` and
+    ``half_width_pct``; a delta without a CI counts as too wide.
+    """
+    rows = [
+        r
+        for r in delta_rows(frame(records, specs), arms, specs, seed)
+        if spec_of(r["probe"], specs).primary_metric == r["metric"]
+    ]
+    if not rows:
+        return False, None
+    widths = [(ci_half_width_pct(r), r) for r in rows]
+    worst_width, worst = max(widths, key=lambda w: float("inf") if w[0] is None else w[0])
+    widest: dict[str, object] = {"probe": worst["probe"], "point": worst["point"], "metric": worst["metric"]}
+    widest["arm"] = worst["arm"]
+    widest["half_width_pct"] = worst_width
+    return all(w is not None and w <= target_pct for w, _ in widths), widest
+
+
+def _curve(data: pd.DataFrame, probe: str, arm: str, metric: str, specs: Specs) -> list[tuple[float, list[float]]]:
+    """(x, values) per point of a curve: x = depth, or the mean prompt tokens of a turn."""
+    spec = spec_of(probe, specs)
+    sub = data[(data["probe"] == probe) & (data["arm"] == arm)]
+    out = []
+    for point in sorted(sub["point"].unique(), key=point_sort):
+        at = sub[sub["point"] == point]
+        if spec.exclude_first_point and at["turn"].iloc[0] == 1:
+            continue  # turn 1 is cold: excluded from the curve, as from the growth verdict
+        x = float(at["depth"].iloc[0]) if spec.curve_x == "depth" else float(at["prompt_tokens"].dropna().mean())
+        found = values(at, metric)
+        if found:
+            out.append((x, found))
+    return out
+
+
+def _nearest(curve: Mapping[float, object], x: float) -> float:
+    return min(curve, key=lambda c: abs(c - x))
+
+
+def crossover_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: int) -> list[CrossoverRow]:
+    rows: list[CrossoverRow] = []
+    if data.empty or len(arms) < 2:
+        return rows
+    for spec in sorted(specs.values(), key=lambda s: (s.order, s.name)):
+        for metric in spec.curve:
+            base = dict(_curve(data, spec.name, arms[0], metric, specs))
+            for arm in arms[1:]:
+                curve = dict(_curve(data, spec.name, arm, metric, specs))
+                xs = [x for x in sorted(base) if x in curve or any(abs(x - c) / max(x, 1) < 0.02 for c in curve)]
+                if len(xs) < 2:
+                    continue
+                arm_vals = [curve[_nearest(curve, x)] for x in xs]
+                found = stats.crossover(xs, [base[x] for x in xs], arm_vals, seed=seed)
+                axis = "depth" if spec.curve_x == "depth" else "prompt tokens"
+                if found["estimate"] is None:
+                    statement = f"no crossover in the measured range ({xs[0]:,.0f}–{xs[-1]:,.0f} {axis})"
+                else:
+                    ci = ""
+                    if found["ci_low"] is not None:
+                        ci = f" (95% CI {found['ci_low']:,.0f}–{found['ci_high']:,.0f})"
+                    statement = f"{arm}/{arms[0]} {metric} crosses 1 at ~{found['estimate']:,.0f} {axis}{ci}"
+                row = cast(
+                    CrossoverRow,
+                    {"arm": arm, "baseline": arms[0], "probe": spec.name, "metric": metric, "axis": axis, "xs": xs},
+                )
+                row.update(cast(CrossoverRow, found))
+                row["statement"] = statement
+                rows.append(row)
+    return rows
+
+
+def _short_k(tokens: float) -> str:
+    return f"~{tokens / 1000:.1f}K" if tokens >= 1000 else f"~{tokens:.0f}"
+
+
+def verdict_sentences(
+    deltas: Sequence[DeltaRow], crossovers: Sequence[CrossoverRow], arms: Sequence[str], specs: Specs
+) -> list[str]:
+    """Plain sentences from the data, like the seed's verdict: short decode first, then each curve."""
+    out = []
+    for arm in arms[1:]:
+        short = [d for d in deltas if d["arm"] == arm and d["probe"] == "short" and d["metric"] == "decode_tps"]
+        if short:
+            parts = ", ".join(f"{d['point']} {d['delta_pct']:+.1f}%" for d in short if d["delta_pct"] is not None)
+            verdicts = {d["verdict"] for d in short}
+            if verdicts == {"better"}:
+                lead = f"{arm} wins short requests on decode_tps"
+            elif verdicts == {"worse"}:
+                lead = f"{arm} loses short requests on decode_tps"
+            else:
+                lead = f"{arm} vs {arms[0]} on short requests is not conclusive for every shape"
+            out.append(f"{lead} ({parts}).")
+        curves = [(s.name, s.curve[0]) for s in sorted(specs.values(), key=lambda s: -s.order) if s.curve]
+        for probe, metric in curves:
+            cross = [c for c in crossovers if c["arm"] == arm and c["probe"] == probe and c["metric"] == metric]
+            for c in cross:
+                estimate, lo, hi = c.get("estimate"), c.get("ci_low"), c.get("ci_high")
+                if estimate is not None:
+                    out.append(
+                        f"{arm}'s {probe} {metric} relative to {arms[0]} changes sign by "
+                        f"{_short_k(estimate)} {c['axis']}"
+                        + (f" (95% CI {_short_k(lo)}–{_short_k(hi or 0.0)})." if lo else ".")
+                    )
+                else:
+                    rows = [d for d in deltas if d["arm"] == arm and d["probe"] == probe and d["metric"] == metric]
+                    signs = {d["verdict"] for d in rows}
+                    where = (
+                        f"ahead of {arms[0]} at every point"
+                        if signs == {"better"}
+                        else f"behind {arms[0]} at every point"
+                        if signs == {"worse"}
+                        else f"no consistent difference from {arms[0]}"
+                    )
+                    out.append(f"{arm}'s {probe} {metric}: {c['statement']}; {where}.")
+    return out
+
+
+# ------------------------------------------------------------------------------------------ arms, boots
+
+
+def arm_entries(run: RunData, arms: Sequence[str]) -> list[ArmEntry]:
+    entries: list[ArmEntry] = []
+    plan = run.meta.get("plan") or []
+    for i, name in enumerate(arms):
+        boots = [str(p.get("boot")) for p in plan if p.get("arm") == name] or [name]
+        evidence = {boot: run.evidence[boot] for boot in boots if boot in run.evidence}
+        first: Evidence = next(iter(evidence.values()), Evidence())
+        log = first.get("log") or {}
+        entries.append(
+            {
+                "name": name,
+                "baseline": i == 0,
+                "declared": first.get("arm") or {"name": name},
+                "resolved": {
+                    "cache_dtype": resolved_cache_dtype(first),
+                    "kv_cache_size_tokens": kv_capacity_tokens(first),
+                    "attention_backend": log.get("attention_backend"),
+                    "attention_candidates": log.get("attention_candidates"),
+                    "engine_version": first.get("engine_version") or log.get("engine_version"),
+                    "max_model_len": first.get("max_model_len"),
+                    "served_model": first.get("served_model"),
+                    "ready_s": first.get("ready_s"),
+                    "status": first.get("status"),
+                },
+                "gpu": gpu_summary(first),
+                "boots": boots,
+                "evidence": evidence,
+            }
+        )
+    return entries
+
+
+def gpu_summary(evidence: Evidence) -> GpuSummary:
+    """Per card: power cap before/after the arm, VRAM when ready and before stopping; or why none."""
+    before, after = evidence.get("gpu_before") or {}, evidence.get("gpu_after") or {}
+    if not before.get("gpu"):
+        return {"gpu": False, "reason": before.get("reason")}
+    post = {c.get("uuid"): c for c in after.get("cards") or []}
+    ready = evidence.get("vram_ready_mib") or {}
+    loaded = evidence.get("vram_before_stop_mib") or {}
+    cards: list[GpuCardSummary] = []
+    for card in before.get("cards") or []:
+        uuid = card.get("uuid")
+        cards.append(
+            {
+                "index": card.get("index"),
+                "uuid": uuid,
+                "name": card.get("name"),
+                "power_limit_before_w": card.get("power_limit_w"),
+                "power_limit_after_w": (post.get(uuid) or {}).get("power_limit_w"),
+                "vram_ready_mib": ready.get(str(uuid)),
+                "vram_before_stop_mib": loaded.get(str(uuid)),
+                "driver_version": before.get("driver_version"),
+            }
+        )
+    return {"gpu": True, "cards": cards, "changes": evidence.get("gpu_changes") or []}
+
+
+def boot_entries(run: RunData) -> list[BootEntry]:
+    """Every planned boot in run order: position, arm, replicate, whether it ran (or why not)."""
+    out: list[BootEntry] = []
+    for position, entry in enumerate(run.meta.get("plan") or [], 1):
+        boot = str(entry.get("boot"))
+        evidence = run.evidence.get(boot) or {}
+        out.append(
+            {
+                "position": position,
+                "boot": boot,
+                "arm": entry.get("arm"),
+                "replicate": entry.get("replicate", 1),
+                "extra": bool(entry.get("extra")),
+                "status": evidence.get("status") or ("skipped" if entry.get("skipped") else "not booted"),
+                "skipped": entry.get("skipped"),
+                "ready_s": evidence.get("ready_s"),
+                "started_unix_s": evidence.get("started_unix_s"),
+            }
+        )
+    return out
+
+
+def boot_results(data: pd.DataFrame, boots: Sequence[BootEntry], specs: Specs) -> list[BootResult]:
+    """Per boot, per probe point: the probe's primary metric (mean and n of valid samples)."""
+    rows: list[BootResult] = []
+    if data.empty:
+        return rows
+    for boot in boots:
+        mine = data[data["boot"] == boot["boot"]]
+        for probe in _probes(mine, specs):
+            metric = spec_of(probe, specs).primary_metric
+            by_probe = mine[mine["probe"] == probe]
+            for point in sorted(by_probe["point"].unique(), key=point_sort):
+                found = values(by_probe[by_probe["point"] == point], metric)
+                if found:
+                    rows.append(
+                        {
+                            "boot": boot["boot"],
+                            "arm": boot["arm"],
+                            "position": boot["position"],
+                            "probe": probe,
+                            "point": point,
+                            "metric": metric,
+                            "mean": float(np.mean(found)),
+                            "n": len(found),
+                        }
+                    )
+    return rows
+
+
+def ci_statement(boots: Sequence[BootEntry], arms: Sequence[str]) -> CiStatement:
+    """How many boots each arm had, and what the report's CIs therefore cover."""
+    ran = [b for b in boots if b["status"] in ("ready", "stopped")]
+    per_arm = {arm: sum(1 for b in ran if b["arm"] == arm) for arm in arms}
+    fewest = min(per_arm.values()) if per_arm else 0
+    counts = ", ".join(f"{a} {n}" for a, n in per_arm.items())
+    if fewest >= MIN_BOOTS_FOR_BOOT_CI:
+        text = (
+            f"CIs are computed over boots (hierarchical bootstrap: boots, then samples within a boot); "
+            f"boots per arm: {counts}."
+        )
+    else:
+        text = (
+            f"CIs cover within-boot noise only (boots per arm: {counts}; "
+            f"boot-to-boot variation is not in them — use --kv-replicates={MIN_BOOTS_FOR_BOOT_CI} or more)."
+        )
+    return {
+        "boots_per_arm": per_arm,
+        "method": "boots" if fewest >= MIN_BOOTS_FOR_BOOT_CI else "within-boot",
+        "order": [b["boot"] for b in ran],
+        "text": text,
+    }
+
+
+# ------------------------------------------------------------------------------------------ agreement
+
+
+def agreement_report(run: RunData, arms: Sequence[str]) -> AgreementSection:
+    """Output agreement from ``agreement.jsonl``: between each arm and the baseline (same replicate, same
+    request index), within a boot (request 0 vs 1) and across boots of one arm (request 0 of each)."""
+    records = run.agreement
+    if not records:
+        return {"rows": [], "notes": []}
+    tokens = {
+        (r["boot"], r["shape"], r["index"]): agreement.Tokens(tuple(r["ids"]), tuple(r["logprobs"]))
+        for r in records
+        if r.get("ok")
+    }
+    notes = sorted({f"{r['boot']} {r['shape']}: {r.get('error')}" for r in records if not r.get("ok")})
+    shapes = list(dict.fromkeys(r["shape"] for r in records))
+    boots_of: dict[str, dict[int, str]] = {}
+    indices = sorted({int(r["index"]) for r in records})
+    for r in records:
+        boots_of.setdefault(str(r.get("arm")), {})[int(r.get("replicate") or 1)] = r["boot"]
+    rows: list[AgreementRow] = []
+    Key = tuple[str, str, int]
+
+    def add(kind: str, arm: str, other: str, shape: str, pairs: list[tuple[Key, Key]]) -> None:
+        found = [agreement.compare_pair(tokens[a], tokens[b]) for a, b in pairs if a in tokens and b in tokens]
+        if found:
+            row = cast(AgreementRow, {"kind": kind, "arm": arm, "baseline": other, "shape": shape})
+            row.update(cast(AgreementRow, agreement.summarize(found)))
+            rows.append(row)
+
+    base = arms[0] if arms else None
+    for shape in shapes:
+        for arm in arms[1:]:
+            if base is None:
+                continue
+            reps = sorted(set(boots_of.get(base, {})) & set(boots_of.get(arm, {})))
+            pairs = [((boots_of[base][r], shape, i), (boots_of[arm][r], shape, i)) for r in reps for i in indices]
+            add("between arms", arm, base, shape, pairs)
+        for arm in arms:
+            boots = [boots_of.get(arm, {})[r] for r in sorted(boots_of.get(arm, {}))]
+            if len(indices) >= 2:
+                add("within a boot", arm, arm, shape, [((b, shape, indices[0]), (b, shape, indices[1])) for b in boots])
+            if len(boots) >= 2:
+                add("across boots", arm, arm, shape, [((boots[0], shape, 0), (b, shape, 0)) for b in boots[1:]])
+    return {"rows": rows, "notes": notes}
+
+
+def agreement_sentences(rows: Sequence[AgreementRow], arms: Sequence[str]) -> list[str]:
+    """Next to the speed verdicts: whether each arm's greedy outputs match the baseline's."""
+    out = []
+    for arm in arms[1:]:
+        mine = [r for r in rows if r.get("kind") == "between arms" and r.get("arm") == arm]
+        if not mine:
+            continue
+        pairs = sum(r.get("pairs", 0) for r in mine)
+        same = sum(round(r.get("identical_share", 0.0) * r.get("pairs", 0)) for r in mine)
+        if same == pairs:
+            out.append(f"{arm}'s greedy outputs are identical to {arms[0]}'s ({same} of {pairs} sequences).")
+            continue
+        where = ", ".join(
+            f"{r.get('shape')} at token {divergence:.0f}"
+            for r in mine
+            if (divergence := r.get("mean_first_divergence")) is not None
+        )
+        out.append(
+            f"{arm} changes greedy outputs: {same} of {pairs} sequences identical to {arms[0]}'s"
+            + (f"; first divergence (mean) {where}." if where else ".")
+        )
+    return out
+
+
+def confound_report(run: RunData, boots: Sequence[BootEntry], allow: Sequence[str]) -> Confounds:
+    evidence = [run.evidence[b["boot"]] for b in boots if b["boot"] in run.evidence]
+    found = cast(Confounds, confounds.find(evidence, allow))
+    found["lines"] = [confounds.describe(e) for e in found.get("confounds") or []]
+    return found
+
+
+# ------------------------------------------------------------------------------------------ self-check
+
+
+def measured_itl_s(records: Sequence[Record]) -> float | None:
+    """Median time between token chunks over the run's valid measured streams (decode window / gaps)."""
+    gaps = []
+    for r in records:
+        sample = r.get("sample") or {}
+        chunks = sample.get("token_chunks") or 0
+        first, last = sample.get("first_token_s"), sample.get("last_token_s")
+        if r.get("phase") == "measured" and r.get("ok") and chunks > 1 and first is not None and last is not None:
+            gaps.append((last - first) / (chunks - 1))
+    return float(np.median(gaps)) if gaps else None
+
+
+def self_check_report(run: RunData) -> SelfCheckSection | None:
+    """The run's self-check in one sentence, and a warning when the client's own time per chunk exceeds 2%
+    of the inter-token time this run measured."""
+    check = run.meta.get("self_check")
+    if not check:
+        return None
+    from pytest_kvcache.selfcheck import overhead_warning
+
+    if check.get("error"):
+        return {"error": str(check["error"]), "warnings": []}
+    m = cast(dict[str, dict[str, float | None]], check.get("metrics") or {})
+
+    def fig(name: str, key: str = "median") -> str:
+        value = (m.get(name) or {}).get(key)
+        return "–" if value is None else f"{value:.3g}"
+
+    schedule = cast(dict[str, float], check.get("schedule") or {})
+    summary = (
+        f"Measuring-client self-check ({check.get('mode', 'quick')}, {check.get('n')} streams of "
+        f"{schedule.get('completion_tokens')} tokens at ITL {1e3 * (schedule.get('itl_s') or 0):.2f} ms on loopback): "
+        f"TTFT error median {fig('ttft_error_ms')} ms (p95 {fig('ttft_error_ms', 'p95')} ms), decode-TPS error "
+        f"median {fig('decode_tps_error_pct')}% (p95 {fig('decode_tps_error_pct', 'p95')}%), client CPU "
+        f"{fig('cpu_per_chunk_us')} µs per chunk (selfcheck.json)."
+    )
+    itl = measured_itl_s(run.records)
+    warning = overhead_warning(dict(check), itl) if itl else None
+    overhead = check.get("overhead_per_chunk_s")
+    return {
+        "summary": summary,
+        "measured_itl_s": itl,
+        "overhead_per_chunk_s": float(overhead) if isinstance(overhead, int | float) else None,
+        "warnings": [warning] if warning else [],
+    }
+
+
+# ------------------------------------------------------------------------------------------ agentic, spec
+
+
+def agentic_section(data: pd.DataFrame, arms: Sequence[str]) -> AgenticSection:
+    """Per arm and turn, means across sessions; and each arm's TTFT-growth verdict (the seed's words)."""
+    from pytest_kvcache.probes.agentic import growth_verdict
+
+    sub = data[(data["probe"] == "agentic") & data["valid"]] if not data.empty else data
+    if sub.empty or "turn" not in sub:
+        return {"turns": [], "growth": []}
+    table = (
+        sub.groupby(["arm", "turn"])
+        .agg(
+            sessions=("session", "nunique"),
+            prompt_tokens=("prompt_tokens", "mean"),
+            cached_tokens=("cached_tokens", "mean"),
+            ttft_s=("ttft_s", "mean"),
+            ttft_s_std=("ttft_s", "std"),
+            decode_tps=("decode_tps", "mean"),
+        )
+        .reset_index()
+    )
+    order = {name: i for i, name in enumerate(arms)}
+    table = table.sort_values(["arm", "turn"], key=lambda col: col.map(order) if col.name == "arm" else col)
+
+    def num(value: object) -> float | None:
+        return float(cast(float, value)) if value is not None and value == value else None
+
+    turns: list[AgenticTurn] = [
+        {
+            "arm": str(row["arm"]),
+            "turn": int(row["turn"]),
+            "sessions": int(row["sessions"]),
+            "prompt_tokens": num(row["prompt_tokens"]),
+            "cached_tokens": num(row["cached_tokens"]),
+            "ttft_s": num(row["ttft_s"]),
+            "ttft_s_std": num(row["ttft_s_std"]),
+            "decode_tps": num(row["decode_tps"]),
+        }
+        for _, row in table.iterrows()
+    ]
+    growth: list[GrowthVerdict] = []
+    for arm in [a for a in arms if a in set(table["arm"])]:
+        mine = [t for t in turns if t["arm"] == arm and t.get("ttft_s") is not None]
+        found = growth_verdict(
+            {t["turn"]: float(t.get("ttft_s") or 0.0) for t in mine},
+            {t["turn"]: float(t.get("prompt_tokens") or 0.0) for t in mine},
+        )
+        entry: GrowthVerdict = {"arm": arm, "verdict": str(found["verdict"])}
+        if "ttft_growth" in found:
+            entry["ttft_growth"] = float(found["ttft_growth"])
+            entry["context_growth"] = float(found["context_growth"])
+            entry["last_turn"] = int(found["last_turn"])
+            entry["flags"] = {str(k): str(v) for k, v in found["flags"].items()}
+            entry["line"] = (
+                f"{arm}: TTFT grew {found['ttft_growth']:.1f}× while context grew "
+                f"{found['context_growth']:.1f}× (turn 2 → {found['last_turn']}): {found['verdict']}"
+            )
+        else:
+            entry["line"] = f"{arm}: {found['verdict']} for a growth verdict"
+        growth.append(entry)
+    return {"turns": turns, "growth": growth}
+
+
+def spec_decode_section(records: Sequence[Record], arms: Sequence[str]) -> SpecDecodeSection:
+    """Speculative-decoding acceptance per arm and probe from the /metrics deltas, or "not enabled"."""
+    rows: list[SpecDecodeRow] = []
+    for arm in arms:
+        for probe in sorted({str(r.get("probe")) for r in records if r.get("arm") == arm}):
+            engines = [
+                r.get("engine") or {}
+                for r in records
+                if r.get("arm") == arm and r.get("probe") == probe and r.get("phase") == "measured"
+            ]
+            drafted = sum(int(cast(int, e.get("spec_draft_tokens") or 0)) for e in engines)
+            accepted = sum(int(cast(int, e.get("spec_accepted_tokens") or 0)) for e in engines)
+            if not any("spec_draft_tokens" in e for e in engines) or drafted == 0:
+                continue
+            rows.append(
+                {
+                    "arm": arm,
+                    "probe": probe,
+                    "drafted": drafted,
+                    "accepted": accepted,
+                    "acceptance_pct": 100 * accepted / drafted,
+                }
+            )
+    parts = [
+        f"{r['arm']} {r['probe']}: {r['accepted']}/{r['drafted']} draft tokens accepted ({r['acceptance_pct']:.1f}%)"
+        for r in rows
+    ]
+    return {"rows": rows, "line": "; ".join(parts) or "not enabled (no vllm:spec_decode_* counters moved)"}
+
+
+def flag_summary(records: Sequence[Record]) -> FlagSummary:
+    flagged = [r for r in records if r.get("phase") == "measured" and r.get("flags")]
+    return {"samples": len(flagged), "kinds": sorted({f for r in flagged for f in r.get("flags") or []})}
+
+
+# ------------------------------------------------------------------------------------------ the report
+
+
+def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
+    """The report of one loaded run folder (``report.json``'s content, before judging). ``allow_diff`` adds
+    to the run's own ``--kv-allow-diff`` keys."""
+    specs = run.specs
+    arms = run.arms
+    seed = run.seed
+    data = frame(run.records, specs)
+    deltas = delta_rows(data, arms, specs, seed)
+    crossovers = crossover_rows(data, arms, specs, seed)
+    boots = boot_entries(run)
+    plan = run.meta.get("plan") or []
+    notes = []
+    if not run.records:
+        notes.append("no requests were recorded")
+    for arm in arms:
+        if arm not in run.evidence and not any(p.get("arm") == arm for p in plan):
+            notes.append(f"no evidence for arm {arm}")
+    if run.torn_lines:
+        notes.append(
+            f"{run.torn_lines} line(s) of requests.jsonl could not be read (torn by a killed run) and were skipped"
+        )
+    notes += [f"reaped at the start of the run: {line}" for line in run.meta.get("reaped") or []]
+    notes += list(run.problems)
+    settings = run.meta.get("settings") or {}
+    allow = [*cast(list[str], settings.get("allow_diff") or []), *allow_diff]
+    agreed = agreement_report(run, arms)
+    report: Report = {
+        "report_version": REPORT_VERSION,
+        "run_id": run.meta.get("run_id"),
+        "status": run.meta.get("status"),
+        "model": run.meta.get("model"),
+        "versions": run.meta.get("versions"),
+        "arms": arm_entries(run, arms),
+        "boots": boots,
+        "boot_results": boot_results(data, boots, specs),
+        "ci": ci_statement(boots, arms),
+        "confounds": confound_report(run, boots, allow),
+        "agreement": agreed,
+        "sampling": run.sampling,
+        "self_check": self_check_report(run),
+        "summary": summary_rows(data, arms, specs),
+        "deltas": deltas,
+        "crossovers": crossovers,
+        "verdicts": verdict_sentences(deltas, crossovers, arms, specs) + agreement_sentences(agreed["rows"], arms),
+        "notes": notes,
+        "seed": seed,
+        "probes": [specs[p].to_dict() for p in sorted(specs, key=lambda n: (specs[n].order, n))],
+        "agentic": agentic_section(data, arms),
+        "spec_decode": spec_decode_section(run.records, arms),
+        "flags": flag_summary(run.records),
+    }
+    return report

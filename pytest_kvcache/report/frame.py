@@ -1,0 +1,211 @@
+"""Measured requests as one pandas frame, and the one comparison every table, gate and saved-run check uses.
+
+One row per measured request (a concurrency trial is one row for all its streams) with its metrics,
+validity, axis point and pairing key, all taken from the probe's :class:`ProbeSpec`. Reads records only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from pytest_kvcache import stats
+from pytest_kvcache.model import Comparison, Record
+from pytest_kvcache.probes.registry import ProbeSpec, user_spec
+
+#: With this many boots per arm or more, CIs are computed over boots (hierarchical bootstrap).
+MIN_BOOTS_FOR_BOOT_CI = 3
+
+Specs = Mapping[str, ProbeSpec]
+PairKey = tuple[object, ...]
+
+
+def spec_of(probe: str | None, specs: Specs) -> ProbeSpec:
+    name = str(probe)
+    return specs.get(name) or user_spec(name)
+
+
+def point_of(record: Record, specs: Specs) -> str:
+    """The position a record occupies on its probe's axis: shape, depth label (``10k``) or ``turnN``."""
+    spec = spec_of(record.get("probe"), specs)
+    if spec.point == "turn" and record.get("turn") is not None:
+        return f"turn{record.get('turn')}"
+    depth = record.get("depth")
+    if spec.point == "depth" and depth is not None:
+        depth = int(depth)
+        return f"{depth // 1000}k" if depth % 1000 == 0 else str(depth)
+    return str(record.get("shape") or "-")
+
+
+def pair_key(record: Record, specs: Specs) -> PairKey | None:
+    """Requests that are the same prompt in every arm pair up, within the same replicate (A.r2 with B.r2):
+    by the spec's ``paired_by`` fields (prefill: depth and index; agentic replay: session and turn)."""
+    spec = spec_of(record.get("probe"), specs)
+    if spec.paired_by is None:
+        return None
+    if spec.paired_shapes is not None and record.get("shape") not in spec.paired_shapes:
+        return None
+    fields: Mapping[str, object] = record
+    return (record.get("replicate") or 1, *(fields.get(name) for name in spec.paired_by))
+
+
+def frame(records: Sequence[Record], specs: Specs) -> pd.DataFrame:
+    """One row per measured request with its metrics, validity, axis point and pairing key."""
+    rows: list[dict[str, object]] = []
+    trial_records: list[Record] = []
+    for r in records:
+        if r.get("phase") != "measured":
+            continue
+        if spec_of(r.get("probe"), specs).trials:
+            trial_records.append(r)
+            continue
+        sample = r.get("sample") or {}
+        row: dict[str, object] = {
+            "arm": r.get("arm"),
+            "boot": r.get("boot"),
+            "probe": r.get("probe"),
+            "point": point_of(r, specs),
+            "depth": r.get("depth"),
+            "turn": r.get("turn"),
+            "session": r.get("session"),
+            "index": r.get("index"),
+            "pair": pair_key(r, specs),
+            "valid": bool(r.get("ok")) and not r.get("excluded_reason"),
+            "flagged": bool(r.get("flags")),
+            "excluded_reason": r.get("excluded_reason"),
+            "prompt_tokens": sample.get("prompt_tokens"),
+            "cached_tokens": sample.get("cached_tokens"),
+        }
+        for metric, value in (r.get("metrics") or {}).items():
+            row[metric] = value
+        rows.append(row)
+    rows += trial_rows(trial_records, specs)
+    return pd.DataFrame(rows)
+
+
+def trial_rows(records: Sequence[Record], specs: Specs) -> list[dict[str, object]]:
+    """One row per concurrency trial (N simultaneous streams): aggregate TPS (all streams' tokens over the
+    span from the first send to the last ``[DONE]``), the median of per-stream decode TPS, and p95 TTFT.
+    A trial with a failed or excluded stream is invalid as a whole."""
+    trials: dict[tuple[object, ...], list[Record]] = {}
+    for r in records:
+        trials.setdefault((r.get("boot"), r.get("probe"), r.get("shape"), r.get("index")), []).append(r)
+    rows: list[dict[str, object]] = []
+    for (_, probe, _, index), streams in trials.items():
+        first = streams[0]
+        valid = all(s.get("ok") and not s.get("excluded_reason") for s in streams)
+        starts = [float(s.get("sample", {}).get("send_unix_s") or 0.0) for s in streams]
+        ends = [
+            float(s.get("sample", {}).get("send_unix_s") or 0.0) + float(s.get("sample", {}).get("end_s") or 0.0)
+            for s in streams
+        ]
+        tokens = sum(int(s.get("sample", {}).get("completion_tokens") or 0) for s in streams)
+        tps = [v for s in streams if (v := (s.get("metrics") or {}).get("decode_tps")) is not None]
+        ttfts = [v for s in streams if (v := (s.get("metrics") or {}).get("ttft_s")) is not None]
+        span = max(ends) - min(starts)
+        reasons = sorted({str(s.get("excluded_reason")) for s in streams if s.get("excluded_reason")})
+        rows.append(
+            {
+                "arm": first.get("arm"),
+                "boot": first.get("boot"),
+                "probe": probe,
+                "point": point_of(first, specs),
+                "index": index,
+                "pair": None,
+                "valid": valid,
+                "flagged": any(s.get("flags") for s in streams),
+                "excluded_reason": "; ".join(reasons) or None,
+                "streams": len(streams),
+                "aggregate_tps": tokens / span if valid and span > 0 else None,
+                "stream_tps_median": float(np.median(tps)) if valid and tps else None,
+                "ttft_p95_s": float(np.percentile(ttfts, 95)) if valid and ttfts else None,
+            }
+        )
+    return rows
+
+
+def values(group: pd.DataFrame, metric: str) -> list[float]:
+    """The valid, present values of one metric in a frame slice."""
+    if metric not in group:
+        return []
+    return [float(v) for v in group.loc[group["valid"], metric].tolist() if v is not None and v == v]
+
+
+def point_sort(point: str) -> tuple[int, float, str]:
+    """Axis order: depths by size (``4k`` < ``10k``), turns and concurrency levels by number, then shapes."""
+    if point.startswith("turn") and point[4:].isdigit():
+        return (1, float(point[4:]), point)
+    if point.startswith("c") and point[1:].isdigit():  # concurrency level
+        return (1, float(point[1:]), point)
+    digits = point[:-1] if point.endswith("k") else point
+    try:
+        return (0, float(digits) * (1000 if point.endswith("k") else 1), point)
+    except ValueError:
+        return (2, 0.0, point)
+
+
+def metrics_for(spec: ProbeSpec, data: pd.DataFrame) -> tuple[str, ...]:
+    """The spec's metrics that this slice of data actually has."""
+    return tuple(m for m in spec.metrics if m in data and data[m].notna().any())
+
+
+def _paired_values(base: pd.DataFrame, arm: pd.DataFrame, metric: str) -> tuple[list[float], list[float]]:
+    b = {k: v for k, v in zip(base["pair"], base[metric], strict=True) if v is not None and v == v}
+    a = {k: v for k, v in zip(arm["pair"], arm[metric], strict=True) if v is not None and v == v}
+    keys = [k for k in b if k in a]
+    return [float(b[k]) for k in keys], [float(a[k]) for k in keys]
+
+
+def by_boot(group: pd.DataFrame, metric: str) -> list[list[float]]:
+    if group.empty or "boot" not in group:
+        return []
+    return [found for _, g in group.groupby("boot", sort=False) if (found := values(g, metric))]
+
+
+def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) -> Comparison:
+    """Ratio other/base of one metric at one point, its CI and verdict.
+
+    With ``MIN_BOOTS_FOR_BOOT_CI`` boots or more on both sides the boot is the unit: ratio of boot-level
+    means with a hierarchical bootstrap (``ci_method`` "boots"). Otherwise samples are pooled, paired where
+    requests pair up, and the CI covers only the noise within a boot ("within-boot").
+    """
+    bv, av = values(base, metric), values(other, metric)
+    base_boots, arm_boots = by_boot(base, metric), by_boot(other, metric)
+    paired = False
+    base_value: float | None
+    arm_value: float | None
+    if len(base_boots) >= MIN_BOOTS_FOR_BOOT_CI and len(arm_boots) >= MIN_BOOTS_FOR_BOOT_CI:
+        method = "boots"
+        ratio, lo, hi = stats.ratio_ci_boots(base_boots, arm_boots, seed=seed)
+        base_value = float(np.mean([np.mean(b) for b in base_boots]))
+        arm_value = float(np.mean([np.mean(a) for a in arm_boots]))
+    else:
+        method = "within-boot"
+        paired = bool(len(base) and base["pair"].notna().all() and other["pair"].notna().all())
+        if paired:
+            pb, pa = _paired_values(base[base["valid"]], other[other["valid"]], metric)
+            if len(pb) >= 2:
+                bv, av = pb, pa
+            else:
+                paired = False
+        ratio, lo, hi = stats.ratio_ci(bv, av, paired=paired, seed=seed)
+        base_value = (sum(bv) / len(bv)) if bv else None
+        arm_value = (sum(av) / len(av)) if av else None
+    return {
+        "baseline_value": base_value,
+        "arm_value": arm_value,
+        "ratio": ratio,
+        "delta_pct": (ratio - 1) * 100 if ratio is not None else None,
+        "ci_low": lo,
+        "ci_high": hi,
+        "paired": paired,
+        "ci_method": method,
+        "n_baseline": len(bv),
+        "n_arm": len(av),
+        "boots_baseline": len(base_boots),
+        "boots_arm": len(arm_boots),
+        "direction": "higher" if stats.higher_is_better(metric) else "lower",
+        "verdict": stats.verdict(metric, lo, hi),
+    }

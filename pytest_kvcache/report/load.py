@@ -1,0 +1,156 @@
+"""Read a run folder once, validated, into a :class:`RunData`: the only place the report reads files.
+
+Every problem names the file and what is wrong with it (``RunFolderError``); the plugin and
+``kvcache-report`` turn that into a one-line usage error (exit 4). A torn last line of a JSONL file (the
+run was killed mid-write) is skipped and counted, and the report says so in its notes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from pytest_kvcache.model import AgreementRecord, Evidence, ProbeSpecData, Record, RunMeta, SamplingRecord
+from pytest_kvcache.probes import registry
+from pytest_kvcache.probes.registry import ProbeSpec
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be read as one: the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class RunData:
+    """Everything a report is built from, read once from one run folder."""
+
+    path: Path
+    meta: RunMeta
+    records: list[Record]
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    agreement: list[AgreementRecord] = field(default_factory=list)
+    sampling: list[SamplingRecord] = field(default_factory=list)
+    torn_lines: int = 0
+    problems: tuple[str, ...] = ()
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.meta.get("settings") or {})
+
+    @property
+    def arms(self) -> list[str]:
+        declared = self.settings.get("arms") or []
+        names = [str(a["name"]) for a in declared if isinstance(a, dict) and a.get("name")]
+        return names or list(dict.fromkeys(str(r.get("arm")) for r in self.records))
+
+    @property
+    def seed(self) -> int:
+        return int(self.settings.get("seed") or 0)
+
+    @property
+    def specs(self) -> dict[str, ProbeSpec]:
+        return registry.resolve(cast(list[ProbeSpecData], self.meta.get("probes") or []))
+
+
+def _json_file(path: Path, what: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RunFolderError(f"{path}: missing ({what})") from None
+    except IsADirectoryError:
+        raise RunFolderError(f"{path}: is a folder, expected a JSON file ({what})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunFolderError(f"{path}: cannot be read ({what}): {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RunFolderError(f"{path}: not valid JSON ({what}): {exc.msg} at line {exc.lineno}") from None
+
+
+def jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The objects of a JSONL file and how many lines could not be read (a torn last line, or junk)."""
+    rows: list[dict[str, Any]] = []
+    bad = 0
+    if not path.exists():
+        return rows, bad
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise RunFolderError(f"{path}: cannot be read: {exc}") from None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(value, dict):
+            rows.append(value)
+        else:
+            bad += 1
+    return rows, bad
+
+
+def check_folder(path: Path, what: str = "run folder") -> None:
+    """Raise :class:`RunFolderError` unless ``path`` looks like a run folder (used before a run starts)."""
+    if path.is_file():
+        raise RunFolderError(f"{path}: is a file, not a {what}")
+    if not path.is_dir():
+        raise RunFolderError(f"{path}: not a {what} (it does not exist)")
+    missing = [name for name in ("run.json", "requests.jsonl") if not (path / name).exists()]
+    if missing:
+        raise RunFolderError(f"{path}: incomplete {what} — missing {', '.join(missing)}")
+    meta = _json_file(path / "run.json", "the run's settings and plan")
+    if not isinstance(meta, dict):
+        raise RunFolderError(f"{path / 'run.json'}: expected a JSON object, got {type(meta).__name__}")
+
+
+def load(path: Path, what: str = "run folder") -> RunData:
+    """Read and validate one run folder: ``run.json``, ``requests.jsonl``, each planned boot's
+    ``evidence.json``, ``agreement.jsonl`` and ``sampling.jsonl``."""
+    check_folder(path, what)
+    meta = cast(RunMeta, _json_file(path / "run.json", "the run's settings and plan"))
+    settings = meta.get("settings")
+    if settings is not None and not isinstance(settings, dict):
+        raise RunFolderError(f"{path / 'run.json'}: 'settings' must be an object")
+    plan = meta.get("plan") or []
+    if not isinstance(plan, list) or not all(isinstance(p, dict) and p.get("boot") for p in plan):
+        raise RunFolderError(f"{path / 'run.json'}: 'plan' must be a list of boots, each with a 'boot' name")
+    records, torn = jsonl(path / "requests.jsonl")
+    for i, r in enumerate(records, 1):
+        if not r.get("arm") or "phase" not in r:
+            raise RunFolderError(f"{path / 'requests.jsonl'}: record {i} has no 'arm' or 'phase'")
+    boots = [str(p["boot"]) for p in plan]
+    arms_dir = path / "arms"
+    if arms_dir.is_dir():
+        boots += [d.name for d in sorted(arms_dir.iterdir()) if d.is_dir() and d.name not in boots]
+    evidence: dict[str, Evidence] = {}
+    for boot in boots:
+        file = arms_dir / boot / "evidence.json"
+        if file.exists():
+            value = _json_file(file, f"boot {boot}'s evidence")
+            if not isinstance(value, dict):
+                raise RunFolderError(f"{file}: expected a JSON object, got {type(value).__name__}")
+            evidence[boot] = cast(Evidence, value)
+    agreement, bad_agreement = jsonl(path / "agreement.jsonl")
+    sampling, _ = jsonl(path / "sampling.jsonl")
+    problems = []
+    if bad_agreement:
+        problems.append(f"{bad_agreement} line(s) of agreement.jsonl could not be read and were skipped")
+    problems += [str(p) for p in meta.get("problems") or []]
+    skipped = [str(s) for s in meta.get("skipped") or []]
+    if skipped:
+        problems.append(f"{len(skipped)} probe test(s) skipped: " + "; ".join(skipped))
+    return RunData(
+        path=path,
+        meta=meta,
+        records=cast(list[Record], records),
+        evidence=evidence,
+        agreement=cast(list[AgreementRecord], agreement),
+        sampling=cast(list[SamplingRecord], sampling),
+        torn_lines=torn,
+        problems=tuple(problems),
+    )

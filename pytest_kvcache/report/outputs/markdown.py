@@ -1,0 +1,361 @@
+"""``report.md``: the seed-shaped tables of a :class:`~pytest_kvcache.model.Report`, and the number
+formats every other writer (terminal, HTML) shares."""
+
+from __future__ import annotations
+
+from pytest_kvcache.model import DeltaRow, Json, Report, SavedRow
+from pytest_kvcache.probes.registry import ProbeSpec
+
+
+def fmt(value: float | int | None, metric: str) -> str:
+    if value is None or value != value:
+        return "–"
+    if metric.endswith("_s"):
+        return f"{value:.3f} s" if abs(value) >= 1 else f"{value * 1000:.0f} ms"
+    if metric in ("prompt_tokens", "cached_tokens", "kv_cache_size_tokens"):
+        return f"{value:,.0f}"
+    return f"{value:,.2f}"
+
+
+def fmt_delta(row: DeltaRow | SavedRow) -> str:
+    delta, lo, hi = row.get("delta_pct"), row.get("ci_low"), row.get("ci_high")
+    if delta is None:
+        return "–"
+    text = f"{delta:+.1f}%"
+    if lo is not None and hi is not None:
+        text += f" [{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"
+    verdict = row.get("verdict")
+    if row.get("verdict_note"):
+        text += f" ({row['verdict_note']})"
+    elif verdict and verdict != "inconclusive":
+        text += f" {verdict}"
+    elif verdict:
+        text += " (inconclusive)"
+    return text
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return lines
+
+
+def probe_specs(report: Report) -> dict[str, ProbeSpec]:
+    """The probe specs the report was built with (``report["probes"]``), for titles and labels."""
+    return {d["name"]: ProbeSpec.from_dict(d) for d in report.get("probes") or []}
+
+
+def title(report: Report, probe: str) -> str:
+    spec = probe_specs(report).get(probe)
+    return spec.title if spec else probe
+
+
+def _label(spec: ProbeSpec | None, probe: str, point: str, metric: str) -> str:
+    label = spec.label if spec else "plain"
+    if label == "shape":
+        return f"{point.capitalize()} {metric}"
+    if label == "at":
+        return f"{metric} @ {point}"
+    return f"{probe} {point} {metric}"
+
+
+def ab_tables(report: Report) -> dict[str, list[list[str]]]:
+    """Per probe: rows ``Metric | A | B | B delta …`` (the seed's table shape), one column pair per arm."""
+    arms = [a["name"] for a in report["arms"]]
+    specs = probe_specs(report)
+    means = {(s["probe"], s["point"], s["metric"], s["arm"]): s for s in report["summary"]}
+    deltas = {(d["probe"], d["point"], d["metric"], d["arm"]): d for d in report["deltas"]}
+    tables: dict[str, list[list[str]]] = {}
+    seen: set[tuple[str, str, str]] = set()
+    for s in report["summary"]:
+        key = (s["probe"], s["point"], s["metric"])
+        if key in seen:
+            continue
+        seen.add(key)
+        probe, point, metric = key
+        row = [_label(specs.get(probe), probe, point, metric)]
+        for arm in arms:
+            stat = means.get((probe, point, metric, arm))
+            row.append(
+                fmt(stat.get("mean"), metric) + (f" (n={stat.get('n')})" if stat.get("n") != 1 else "") if stat else "–"
+            )
+        for arm in arms[1:]:
+            delta = deltas.get((probe, point, metric, arm))
+            row.append(fmt_delta(delta) if delta else "–")
+        tables.setdefault(probe, []).append(row)
+    return tables
+
+
+def boot_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Rows = boots in run order; columns = each probe point's primary metric (mean, n)."""
+    results = report.get("boot_results") or []
+    columns = list(dict.fromkeys((r["probe"], r["point"], r["metric"]) for r in results))
+    by = {(r["boot"], r["probe"], r["point"], r["metric"]): r for r in results}
+    header = ["#", "Boot", "Arm", "Status", "Ready after", *[f"{p}@{q} {m}" for p, q, m in columns]]
+    rows = []
+    for b in report.get("boots") or []:
+        status = b["status"] + (" (adaptive)" if b.get("extra") else "")
+        cells = [str(b["position"]), b["boot"], str(b["arm"]), status, fmt(b.get("ready_s"), "ready_s")]
+        for p, q, m in columns:
+            r = by.get((b["boot"], p, q, m))
+            cells.append(f"{fmt(r['mean'], m)} (n={r['n']})" if r else "–")
+        rows.append(cells)
+    return header, rows
+
+
+def confound_lines(report: Report) -> list[str]:
+    found = report.get("confounds") or {}
+    status = found.get("status")
+    if status == "CONFOUNDED":
+        lines = [
+            f"**CONFOUNDED** — the boots differ in ways the arms do not declare (compared with "
+            f"{found.get('reference')} and each arm's first boot; allow one with --kv-allow-diff=PATH):",
+            "",
+        ]
+        lines += [f"- {line}" for line in found.get("lines") or []]
+    elif status == "clean":
+        lines = [
+            f"Clean: {found.get('compared', 0)} evidence paths compared across boots; every difference is "
+            "declared by the arms or allowed."
+        ]
+    else:
+        return [f"Not checked: {found.get('reason') or 'no evidence'}."]
+    declared = found.get("declared") or []
+    if declared:
+        lines += ["", "Declared differences (expected):"]
+        seen = set()
+        for d in declared:
+            key = (d["path"], json_text(d["reference_value"]), json_text(d["value"]))
+            if key in seen:
+                continue
+            seen.add(key)
+            lines.append(
+                f"- {d['path']}: {json_text(d['reference_value'])} ({d['reference']}) → "
+                f"{json_text(d['value'])} ({d['boot']}) — {d.get('why', 'declared')}"
+            )
+    for a in found.get("allowed") or []:
+        lines.append(
+            f"- allowed by --kv-allow-diff={a['allowed_by']}: {a['path']}: {json_text(a['reference_value'])} → "
+            f"{json_text(a['value'])} ({a['boot']})"
+        )
+    return lines
+
+
+def json_text(value: Json) -> str:
+    return "absent" if value is None else str(value)
+
+
+def agreement_table(report: Report) -> list[list[str]]:
+    rows = []
+    for r in report["agreement"]["rows"] if "agreement" in report else []:
+        who = f"{r['arm']} vs {r['baseline']}" if r["kind"] == "between arms" else r["arm"]
+        lp = r.get("mean_abs_logprob_diff")
+        rows.append(
+            [
+                r["kind"],
+                who,
+                r["shape"],
+                f"{r['identical_share'] * 100:.0f}% of {r['pairs']}",
+                "–" if r.get("mean_first_divergence") is None else f"{r['mean_first_divergence']:.1f} of {r['length']}",
+                "–" if lp is None else f"{lp:.2e}",
+            ]
+        )
+    return rows
+
+
+def sampling_lines(report: Report) -> list[str]:
+    lines = []
+    for s in report.get("sampling") or []:
+        if s.get("kind") == "rounds":
+            lines.append(f"round {s['round']}: {s['decision']} — {s['reason']}")
+        else:
+            lines.append(f"{s.get('probe')}@{s.get('point')} on {s.get('boot')}: {s.get('reason')}")
+    return lines
+
+
+def self_check_line(report: Report) -> str | None:
+    check = report.get("self_check")
+    if not check:
+        return None
+    if check.get("error"):
+        return f"Measuring-client self-check failed: {check['error']}"
+    summary = check.get("summary")
+    return str(summary) if summary else None
+
+
+def agentic_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Rows = turns; columns = mean prompt tokens, then TTFT and decode TPS per arm."""
+    turns = (report.get("agentic") or {"turns": []})["turns"]
+    arms = [a["name"] for a in report["arms"] if any(t["arm"] == a["name"] for t in turns)]
+    by = {(t["arm"], t["turn"]): t for t in turns}
+    numbers = sorted({t["turn"] for t in turns})
+    header = ["Turn", "Prompt tokens", *[f"{arm} {what}" for arm in arms for what in ("TTFT", "decode_tps")]]
+    rows = []
+    for turn in numbers:
+        tokens = [v for arm in arms if (v := by.get((arm, turn), {}).get("prompt_tokens")) is not None]
+        cells = [str(turn), fmt(sum(tokens) / len(tokens), "prompt_tokens") if tokens else "–"]
+        for arm in arms:
+            t = by.get((arm, turn), {})
+            cells += [fmt(t.get("ttft_s"), "ttft_s"), fmt(t.get("decode_tps"), "decode_tps")]
+        rows.append(cells)
+    return header, rows
+
+
+def growth_lines(report: Report) -> list[str]:
+    """Each arm's TTFT-growth verdict and its per-turn flags (e.g. a turn whose TTFT is 2× the warm one)."""
+    lines = []
+    for g in (report.get("agentic") or {"growth": []})["growth"]:
+        lines.append(g.get("line") or f"{g.get('arm')}: {g.get('verdict')}")
+        lines += [f"{g.get('arm')}: turn {turn}: {note}" for turn, note in (g.get("flags") or {}).items()]
+    return lines
+
+
+def markdown(report: Report) -> str:
+    gates = report.get("gates") or []
+    arms = [a["name"] for a in report["arms"]]
+    lines = [f"# pytest-kvcache A/B report — run {report.get('run_id')}", ""]
+    if report.get("model"):
+        lines += [f"Model: `{report['model']}`", ""]
+    lines += ["## Arms", ""]
+    rows = []
+    for a in report["arms"]:
+        r = a["resolved"]
+        rows.append(
+            [
+                a["name"] + (" (baseline)" if a["baseline"] else ""),
+                str((a.get("declared") or {}).get("kv_cache_dtype") or "default"),
+                str(r.get("cache_dtype") or "?"),
+                str(r.get("attention_backend") or "not logged"),
+                fmt(r.get("kv_cache_size_tokens"), "kv_cache_size_tokens"),
+                str(r.get("engine_version") or "?"),
+                fmt(r.get("ready_s"), "ready_s"),
+            ]
+        )
+    lines += _md_table(
+        [
+            "Arm",
+            "Declared KV dtype",
+            "Resolved cache_dtype",
+            "Attention backend",
+            "KV capacity (tokens)",
+            "Engine",
+            "Ready after",
+        ],
+        rows,
+    )
+    gpu_rows = []
+    for a in report["arms"]:
+        info = a.get("gpu") or {}
+        for card in info.get("cards") or []:
+            gpu_rows.append(
+                [
+                    a["name"],
+                    f"{card['index']} {card.get('name') or ''}".strip(),
+                    fmt(card.get("power_limit_before_w"), "w") + " W",
+                    fmt(card.get("power_limit_after_w"), "w") + " W",
+                    fmt(card.get("vram_ready_mib"), "prompt_tokens") + " MiB",
+                    fmt(card.get("vram_before_stop_mib"), "prompt_tokens") + " MiB",
+                ]
+            )
+    if gpu_rows:
+        lines += ["", "## GPU state", ""]
+        lines += _md_table(
+            ["Arm", "GPU", "Power cap before", "Power cap after", "VRAM when ready", "VRAM after probes"], gpu_rows
+        )
+    elif report["arms"] and (report["arms"][0].get("gpu") or {}).get("reason"):
+        lines += ["", f"GPU state: none recorded ({report['arms'][0]['gpu']['reason']})."]
+    if report.get("boots"):
+        lines += ["", "## Boots and order", ""]
+        ci = report.get("ci")
+        if ci and ci["order"]:
+            lines += ["Order: " + " → ".join(ci["order"]), ""]
+        if ci and ci["text"]:
+            lines += [ci["text"], ""]
+        header, rows = boot_table(report)
+        lines += _md_table(header, rows)
+        skipped = [b for b in report["boots"] if b.get("skipped")]
+        if skipped:
+            lines += ["", *[f"- {b['boot']} not booted: {b['skipped']}" for b in skipped]]
+    if report.get("confounds"):
+        lines += ["", "## Confounds", "", *confound_lines(report)]
+    header_tail = [f"{arm} delta" for arm in arms[1:]]
+    for probe, table in ab_tables(report).items():
+        lines += ["", f"## {title(report, probe)}", ""]
+        lines += _md_table(["Metric", *arms, *header_tail], table)
+    agreement = agreement_table(report)
+    notes = report["agreement"]["notes"] if "agreement" in report else []
+    if agreement or notes:
+        lines += ["", "## Output agreement (greedy token ids, unmeasured requests)", ""]
+        if agreement:
+            lines += _md_table(
+                ["Comparison", "Arms", "Shape", "Identical", "First divergence (mean index)", "Mean |Δ logprob|"],
+                agreement,
+            )
+        lines += [f"- not available: {n}" for n in notes]
+    agentic = report.get("agentic") or {"turns": [], "growth": []}
+    if agentic["turns"]:
+        lines += ["", "## Agentic turns (means across sessions)", ""]
+        header, rows = agentic_table(report)
+        lines += _md_table(header, rows)
+        lines += [""] + [f"- {line}" for line in growth_lines(report)]
+    spec = report.get("spec_decode")
+    if spec and spec["rows"]:
+        lines += ["", "## Speculative decoding", "", f"- {spec['line']}"]
+    compare = report.get("compare")
+    if compare:
+        lines += ["", f"## Against stored run {compare['baseline_run']}", ""]
+        lines += _md_table(
+            ["Arm", "Probe", "Point", "Metric", "Delta vs stored"],
+            [[r["arm"], r["probe"], r["point"], r["metric"], fmt_delta(r)] for r in compare["rows"]],
+        )
+        lines += [f"- warning: {w}" for w in compare["warnings"]]
+    crossovers = report.get("crossovers") or []
+    if crossovers:
+        lines += ["", "## Crossover", ""]
+        lines += [f"- {c['probe']} {c['metric']}: {c['statement']}" for c in crossovers]
+    if report.get("verdicts"):
+        lines += ["", "## Verdict", ""]
+        lines += [f"- {v}" for v in report["verdicts"]]
+    if gates:
+        lines += ["", "## Gates", ""]
+        lines += _md_table(
+            ["Gate", "Outcome", "Value", "95% CI", "Threshold"],
+            [
+                [
+                    g["name"],
+                    g["outcome"].upper(),
+                    g.get("value_text", "–"),
+                    g.get("ci_text", "–"),
+                    g.get("threshold_text", "–"),
+                ]
+                for g in gates
+            ],
+        )
+    sampling = sampling_lines(report)
+    if sampling:
+        lines += ["", "## Sampling", ""] + [f"- {line}" for line in sampling]
+    noise = report.get("noise")
+    check = self_check_line(report)
+    notes = list(report.get("notes") or [])
+    if noise:
+        notes.append(
+            f"verdicts and ratio gates are judged against the A/A noise band of stored run {noise['run']} "
+            f"(a CI must clear 1 ± band); {noise['missing']} delta(s) had no band there"
+        )
+    if check:
+        notes.append(check)
+    notes += (report.get("self_check") or {}).get("warnings") or []
+    flags = report.get("flags")
+    if flags and flags["samples"]:
+        notes.append(f"{flags['samples']} measured sample(s) flagged: {', '.join(flags['kinds'])}")
+    if spec and not spec["rows"]:
+        notes.append(f"speculative decoding: {spec['line']}")
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    lines += [
+        "",
+        "Deltas: ratio of means arm/baseline − 1, with the 95% bootstrap CI in brackets — over boots (boots,",
+        "then samples) with 3+ boots per arm, else within boots, paired by request or turn where the probe",
+        "pairs them; verdict direction-aware, inconclusive when the CI contains 0.",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,204 @@
+"""The terminal summary: lines drawn from the report (and its outcome) alone, so a re-render prints the
+same thing and everything shown here is in ``report.md``/``report.json`` too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import pandas as pd
+
+from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype
+from pytest_kvcache.model import Evidence, GpuCard, Report
+from pytest_kvcache.report.outputs.markdown import (
+    ab_tables,
+    agentic_table,
+    agreement_table,
+    fmt,
+    fmt_delta,
+    growth_lines,
+    sampling_lines,
+    self_check_line,
+    title,
+)
+
+if TYPE_CHECKING:
+    from pytest_kvcache.report.pipeline import Outcome
+
+Tone = Literal["plain", "red", "yellow"]
+
+
+@dataclass(frozen=True)
+class Line:
+    text: str
+    tone: Tone = "plain"
+
+
+def evidence_lines(boot_id: str, evidence: Evidence) -> list[str]:
+    """A compact, human reading of one boot's evidence."""
+    if evidence.get("status") == "failed":
+        error = evidence.get("error") or ""
+        return [f"{boot_id}: FAILED — {error.splitlines()[0] if error else '?'}"]
+    cache = evidence.get("cache_config") or {}
+    log = evidence.get("log") or {}
+    ready = evidence.get("ready_s")
+    declared = evidence.get("declared_kv_cache_dtype") or "auto"
+    parts = [
+        f"declared {declared} → cache_dtype={resolved_cache_dtype(evidence)}",
+        f"kv_cache_size_tokens={kv_capacity_tokens(evidence)}",
+        f"block_size={cache.get('block_size', '?')}",
+        f"prefix_caching={cache.get('enable_prefix_caching', '?')}",
+        f"vLLM {evidence.get('engine_version') or log.get('engine_version') or '?'}",
+        f"max_model_len={evidence.get('max_model_len')}",
+        f"attention={log.get('attention_backend', 'not logged')}",
+    ]
+    if ready is not None:
+        parts.append(f"ready in {ready:.1f} s")
+    lines = [f"{boot_id}: " + ", ".join(parts)]
+    lines += [f"{boot_id}: warning: {warning}" for warning in evidence.get("warnings", [])]
+    return lines
+
+
+def gpu_lines(boot_id: str, evidence: Evidence) -> list[str]:
+    """Per-card power caps before/after, VRAM when ready, and what changed — or "no GPU"."""
+    before, after = evidence.get("gpu_before") or {}, evidence.get("gpu_after") or {}
+    if not before:
+        return []
+    if not before.get("gpu"):
+        return [f"{boot_id}: GPU: none recorded ({before.get('reason', 'no GPU')})"]
+    lines = []
+    after_cards = {c.get("uuid"): c for c in after.get("cards") or []}
+    vram = evidence.get("vram_ready_mib") or {}
+    for card in before.get("cards") or []:
+        uuid = card.get("uuid")
+        post: GpuCard = after_cards.get(uuid) or {}
+        lines.append(
+            f"{boot_id}: GPU {card.get('index')} {card.get('name')} ({str(uuid)[:12]}): power cap "
+            f"{card.get('power_limit_w')} W before / {post.get('power_limit_w', '?')} W after, "
+            f"VRAM {vram.get(str(uuid), '?')} MiB when ready, {card.get('temp_c')}→{post.get('temp_c', '?')} °C"
+        )
+    lines += [f"{boot_id}: GPU change: {change}" for change in evidence.get("gpu_changes") or []]
+    return lines
+
+
+def boot_lines(report: Report) -> list[Line]:
+    """Every boot's evidence and GPU state, in run order."""
+    out: list[Line] = []
+    for arm in report["arms"]:
+        for boot_id, evidence in arm["evidence"].items():
+            tone: Tone = "red" if evidence.get("status") == "failed" else "plain"
+            out += [Line(text, tone) for text in evidence_lines(boot_id, evidence)]
+            out += [Line(text) for text in gpu_lines(boot_id, evidence)]
+    return out
+
+
+def summary_lines(report: Report) -> list[str]:
+    """Per probe: n, mean, median, std, CV, min, max and excluded per point × metric × arm."""
+    rows = report.get("summary") or []
+    lines: list[str] = []
+    for probe in dict.fromkeys(r["probe"] for r in rows):
+        mine = [r for r in rows if r["probe"] == probe]
+        table = pd.DataFrame(
+            [
+                {
+                    "point": r["point"],
+                    "metric": r["metric"],
+                    "arm": r["arm"],
+                    "n": r.get("n", 0),
+                    "mean": fmt(r.get("mean"), r["metric"]),
+                    "median": fmt(r.get("median"), r["metric"]),
+                    "std": fmt(r.get("std"), r["metric"]),
+                    "min": fmt(r.get("min"), r["metric"]),
+                    "max": fmt(r.get("max"), r["metric"]),
+                    "cv": f"{cv:.1f}%" if (cv := r.get("cv_pct")) is not None else "-",
+                    "excluded": r.get("excluded", 0),
+                }
+                for r in mine
+            ]
+        )
+        lines += ["", f"{title(report, probe)} (measured samples; excluded = failed or excluded):"]
+        lines += ["  " + line for line in table.to_string(index=False).splitlines()]
+    return lines
+
+
+def ab_lines(report: Report) -> list[str]:
+    """The compact A/B table, crossovers, verdicts, boots, agreement, sampling and self-check."""
+    arms = [a["name"] for a in report["arms"]]
+    lines = []
+    for probe, table in ab_tables(report).items():
+        frame = pd.DataFrame(table, columns=["metric", *arms, *[f"{a} delta" for a in arms[1:]]])
+        lines.append(f"{title(report, probe)}:")
+        lines += ["  " + line for line in frame.to_string(index=False).splitlines()]
+    for c in report.get("crossovers") or []:
+        lines.append(f"crossover {c.get('probe')} {c.get('metric')}: {c.get('statement')}")
+    lines += [f"verdict: {v}" for v in report.get("verdicts") or []]
+    ci = report.get("ci")
+    if ci and ci["order"] and len(ci["order"]) > len(arms):
+        lines.append("boot order: " + " → ".join(ci["order"]))
+    if ci and ci["text"]:
+        lines.append(ci["text"])
+    for row in agreement_table(report):
+        lines.append(f"agreement {row[0]} {row[1]} {row[2]}: identical {row[3]}, first divergence {row[4]}")
+    lines += [f"sampling: {line}" for line in sampling_lines(report)]
+    check = self_check_line(report)
+    if check:
+        lines.append(check)
+    found = report.get("confounds") or {}
+    if found.get("status") == "clean":
+        lines.append(f"confounds: none ({found.get('compared', 0)} evidence paths compared)")
+    return lines
+
+
+def report_lines(report: Report) -> list[Line]:
+    """The whole report, as the terminal shows it at the end of a run."""
+    out = boot_lines(report)
+    out += [Line(text) for text in summary_lines(report)]
+    agentic = report.get("agentic")
+    if agentic and agentic["turns"]:
+        header, rows = agentic_table(report)
+        out += [Line(""), Line("agentic decode-at-depth (per-turn means across sessions):")]
+        table = pd.DataFrame(rows, columns=header).to_string(index=False).splitlines()
+        out += [Line("  " + line) for line in table + growth_lines(report)]
+    spec = report.get("spec_decode")
+    if spec:
+        out += [Line(""), Line(f"speculative decoding: {spec['line']}")]
+    flags = report.get("flags")
+    if flags and flags["samples"]:
+        text = f"warning: {flags['samples']} measured sample(s) flagged: {', '.join(flags['kinds'])}"
+        out.append(Line(text, "yellow"))
+    out += [Line(f"note: {n}", "yellow") for n in report.get("notes") or []]
+    compare = report.get("compare")
+    out += [Line(""), Line("A/B (ratio of means − 1, [95% CI]):")]
+    out += [Line(text) for text in ab_lines(report)]
+    if compare:
+        out.append(Line(f"against stored run {compare['baseline_run']}:"))
+        for row in compare["rows"]:
+            out.append(Line(f"  {row['arm']} {row['probe']}@{row['point']} {row['metric']}: {fmt_delta(row)}"))
+    for g in report.get("gates") or []:
+        ci = f" CI {g['ci_text']}" if g["ci_low"] is not None else ""
+        why = f" — {g['reason']}" if g["reason"] else ""
+        tone: Tone = "red" if g["outcome"] == "fail" else "yellow" if g["outcome"] == "inconclusive" else "plain"
+        text = (
+            f"gate {g['outcome'].upper()}: {g['name']} — value {g['value_text']}{ci}, needs {g['threshold_text']}{why}"
+        )
+        out.append(Line(text, tone))
+    return out
+
+
+def outcome_lines(outcome: Outcome, *, rerender: bool = False) -> list[Line]:
+    """What the end of a run (or a re-render) prints: the report, the judgement and the exit code's reason."""
+    out: list[Line] = []
+    if rerender and outcome.written:
+        out.append(Line(f"report of {outcome.run}: " + ", ".join(p.name for p in outcome.written)))
+    out += [Line(m, "yellow") for m in outcome.messages]
+    if outcome.report is not None:
+        out += report_lines(outcome.report)
+    if outcome.failed_gates:
+        out.append(Line(f"{outcome.failed_gates} gate(s) failed: exit code 1", "red"))
+    if outcome.confounded:
+        out.append(Line("the A/B is CONFOUNDED (see above): exit code 1", "red"))
+    if outcome.error is not None:
+        out.append(Line(f"ERROR: pytest-kvcache: the report could not be built: {outcome.error}: exit code 3", "red"))
+    elif not rerender:
+        out.append(Line(f"report: {outcome.run / 'report.md'} (also report.json, report.html, summary.csv)"))
+    return out

@@ -1,0 +1,192 @@
+"""The run folder: everything a run measured, written as it happens.
+
+Layout (``docs/records.md`` documents every field)::
+
+    <report_dir>/<run_id>/
+        run.json                 settings, boot plan, versions (rewritten as the run progresses)
+        engines.json             pids of live engines and the owning pytest pid (for the reaper)
+        requests.jsonl           one record per request, appended and fsync'ed before the next starts
+        agreement.jsonl          greedy token ids and logprobs per short shape and boot (output agreement)
+        sampling.jsonl           why each adaptive sampling loop or round of boots stopped
+        selfcheck.json           the measuring client's own error and overhead on this machine
+        arms/<boot_id>/engine.log
+        arms/<boot_id>/evidence.json
+    <report_dir>/latest -> <run_id>
+
+Plain Python: no pytest, no server access.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+from pytest_kvcache.client import Sample
+from pytest_kvcache.model import RECORD_SCHEMA_VERSION, Record, SampleData
+
+SCHEMA_VERSION = RECORD_SCHEMA_VERSION
+
+
+def new_run_id(now: float | None = None) -> str:
+    stamp = datetime.fromtimestamp(now if now is not None else time.time(), tz=UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temp file + rename), so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=False, default=str)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    with path.open(encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def read_records(path: Path) -> list[Record]:
+    """Read a requests.jsonl; a torn last line (the run was killed mid-write) is skipped (the report's
+    loader, ``report.load``, also counts it)."""
+    records: list[Record] = []
+    if not path.exists():
+        return records
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+class RunFolder:
+    """One run's folder and its append-only request log."""
+
+    def __init__(self, root: Path, run_id: str | None = None) -> None:
+        self.root = root
+        self.run_id = run_id or new_run_id()
+        self.path = root / self.run_id
+        self._lock = threading.Lock()
+        self._fh: Any = None
+
+    def create(self) -> RunFolder:
+        self.path.mkdir(parents=True, exist_ok=False)
+        (self.path / "arms").mkdir()
+        self._fh = (self.path / "requests.jsonl").open("a", encoding="utf-8")
+        latest = self.root / "latest"
+        with contextlib.suppress(OSError):
+            tmp = self.root / f".latest.{os.getpid()}"
+            if tmp.is_symlink() or tmp.exists():
+                tmp.unlink()
+            tmp.symlink_to(self.run_id)
+            os.replace(tmp, latest)
+        return self
+
+    @property
+    def requests_path(self) -> Path:
+        return self.path / "requests.jsonl"
+
+    def arm_dir(self, boot_id: str) -> Path:
+        path = self.path / "arms" / boot_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def write(self, name: str, data: Any) -> Path:
+        path = self.path / name
+        write_json(path, data)
+        return path
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Append one record and make it durable before returning."""
+        line = json.dumps(record, default=str, separators=(",", ":"))
+        with self._lock:
+            if self._fh is None:
+                raise RuntimeError(f"run folder {self.path} is closed")
+            self._fh.write(line + "\n")
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+
+    def log(self, name: str, record: Mapping[str, Any]) -> None:
+        """Append one line to a side log of the run (``agreement.jsonl``, ``sampling.jsonl`` …), durably."""
+        line = json.dumps(record, default=str, separators=(",", ":"))
+        with self._lock, (self.path / name).open("a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+
+def iter_run_folders(root: Path) -> Iterator[Path]:
+    if not root.is_dir():
+        return
+    for child in sorted(root.iterdir()):
+        if child.is_dir() and not child.is_symlink() and (child / "run.json").exists():
+            yield child
+
+
+CONTEXT_KEYS = ("probe", "shape", "depth", "turn", "session", "phase", "index")
+#: Engine-side timings (``/metrics`` histogram-sum deltas around the request) promoted to metrics.
+ENGINE_METRICS = ("engine_ttft_s", "engine_prefill_s", "engine_decode_s", "engine_queue_s")
+
+
+def make_record(sample: Sample, *, run_id: str, arm: str, boot: str, replicate: int, **context: Any) -> Record:
+    """One ``requests.jsonl`` line: where the request belongs, what it measured, and whether it counts.
+
+    ``excluded_reason`` is set when the sample must not enter statistics (a failed sample: its error);
+    ``voided`` names single metrics a flag removed (e.g. ``decode_tps`` of a too-short decode window).
+    """
+    metrics, flags, voided = sample.measures()
+    extra_flags = list(context.pop("flags", []) or [])
+    excluded = context.pop("excluded_reason", None)
+    if not sample.ok:
+        excluded = f"{sample.error_kind}: {sample.error}"
+    for metric in voided:
+        metrics[metric] = None
+    engine = context.get("engine") or {}
+    for key in ENGINE_METRICS:
+        if key in engine and sample.ok:
+            metrics[key] = engine[key]
+    record: dict[str, Any] = {  # context keys are the probe's own (docs/records.md): checked as Record below
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "arm": arm,
+        "boot": boot,
+        "replicate": replicate,
+    }
+    for key in CONTEXT_KEYS:
+        record[key] = context.pop(key, None)
+    record.update(
+        {
+            "ok": sample.ok,
+            "flags": [*flags, *extra_flags],
+            "excluded_reason": excluded,
+            "voided": voided,
+            "error_kind": sample.error_kind,
+            "error": sample.error,
+            "metrics": metrics,
+            "sample": cast(SampleData, sample.to_dict()),
+        }
+    )
+    record.update(context)
+    return cast(Record, record)

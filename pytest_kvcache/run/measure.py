@@ -1,0 +1,124 @@
+"""What a probe test measures with: the running server of its boot, and a client bound to it.
+
+Plain Python: the plugin hands these to tests as the ``kv_server`` and ``kv_client`` fixtures.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import httpx
+
+from pytest_kvcache import metrics
+from pytest_kvcache.client import Client, Sample
+from pytest_kvcache.config.settings import Arm, Boot
+from pytest_kvcache.engines.base import Engine, tail
+from pytest_kvcache.model import Evidence, Json
+
+#: Failures that may mean the engine died; ``DEATH_GRACE_S`` is how long its exit may lag the socket.
+TRANSPORT_FAILURES = frozenset({"dropped", "connection_error", "stall", "server_error"})
+DEATH_GRACE_S = 2.0
+#: How long the "after" /metrics scrape waits for the request to be counted as finished.
+SUCCESS_WAIT_S = 2.0
+
+Payload = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Server:
+    """What ``kv_server`` gives a test: where the arm's engine answers, and what it is."""
+
+    url: str
+    arm: Arm
+    boot: Boot
+    model: str
+    evidence: Evidence
+    engine: Engine
+
+    @property
+    def name(self) -> str:
+        return self.boot.boot_id
+
+
+def alive_after(engine: Engine, grace_s: float = DEATH_GRACE_S) -> bool:
+    """Whether an engine is still alive a moment after a failed request (its exit can lag the socket)."""
+    deadline = time.monotonic() + grace_s
+    while engine.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return engine.alive()
+
+
+def death_notice(server: Server) -> tuple[str, str]:
+    """The headline and log tail of an engine that died under a test."""
+    code = getattr(server.engine, "exit_code", lambda: None)()
+    return f"{server.boot.boot_id}: engine died (exit code {code})", tail(server.engine.log_path)
+
+
+class ArmClient:
+    """A :class:`Client` bound to one arm's engine: a failure while the engine is dead says so."""
+
+    def __init__(self, client: Client, server: Server) -> None:
+        self.client = client
+        self.server = server
+        self._no_metrics = False
+
+    @property
+    def base_url(self) -> str:
+        return self.client.base_url
+
+    def stream_chat(self, payload: Payload, *, keep_text: bool = False) -> Sample:
+        sample = self.client.stream_chat(payload, keep_text=keep_text)
+        if not sample.ok and sample.error_kind in TRANSPORT_FAILURES:
+            alive_after(self.server.engine)  # a dying engine closes its sockets a moment before it is gone
+        if not sample.ok and not self.server.engine.alive():
+            headline, log_tail = death_notice(self.server)
+            sample.fail("engine_died", f"{headline} (request ended with: {sample.error})\n{log_tail}")
+        return sample
+
+    def scrape(self) -> metrics.Scrape | None:
+        """One ``/metrics`` scrape, or None when the server has none (then never asked again)."""
+        if self._no_metrics:
+            return None
+        try:
+            return metrics.parse(self.client.get_text("/metrics"))
+        except (httpx.HTTPError, ValueError):
+            self._no_metrics = True
+            return None
+
+    def measure(self, payload: Payload, *, keep_text: bool = False) -> tuple[Sample, dict[str, Json] | None]:
+        """Stream one request with ``/metrics`` read before and after it (outside the timed window).
+
+        The "after" scrape waits (up to ``SUCCESS_WAIT_S``) until ``vllm:request_success_total`` has
+        moved, since the engine's counters lag the response. Returns the sample and the counter deltas.
+        """
+        before = self.scrape()
+        sample = self.stream_chat(payload, keep_text=keep_text)
+        if before is None or not self.server.engine.alive():
+            return sample, None
+        goal = (before.total(metrics.REQUEST_SUCCESS) or 0.0) + 1
+        deadline = time.monotonic() + SUCCESS_WAIT_S
+        after = self.scrape()
+        while after is not None and sample.ok and time.monotonic() < deadline:
+            if (after.total(metrics.REQUEST_SUCCESS) or 0.0) >= goal:
+                break
+            time.sleep(0.02)
+            after = self.scrape()
+        if after is None:
+            return sample, None
+        delta = cast(dict[str, Json], dict(metrics.engine_delta(before, after)))
+        if sample.ok and (after.total(metrics.REQUEST_SUCCESS) or 0.0) < goal:
+            delta["lagging"] = True
+        return sample, delta
+
+    def get_json(self, path: str, timeout_s: float = 10.0) -> Any:
+        return self.client.get_json(path, min(timeout_s, self.client.read_timeout_s))
+
+    def post_json(self, path: str, body: Payload, timeout_s: float | None = None) -> Any:
+        """An unmeasured call (``/tokenize`` …), bounded by the request and stall limits."""
+        return self.client.post_json(path, body, min(timeout_s or 60.0, self.client.read_timeout_s))
+
+    def close(self) -> None:
+        self.client.close()

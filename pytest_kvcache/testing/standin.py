@@ -1,0 +1,139 @@
+"""A stand-in engine *process*, vLLM-shaped: ``python -m pytest_kvcache.testing.standin``.
+
+Point ``--kv-engine-cmd`` at it (`engine_cmd()` builds the value) and every arm boots this instead of
+vLLM. It accepts vLLM's server
+arguments (``--model``, ``--host``, ``--port``, ``--kv-cache-dtype``, ``--max-model-len``; the rest are
+ignored), prints vLLM-shaped startup log lines and serves
+:class:`~pytest_kvcache.selfcheck.stream.StreamServer`. Options prefixed ``--standin-`` (pass them in
+``--kv-engine-args`` or an arm's ``args``) make it misbehave the ways a real engine can but cannot be
+made to on demand: exit at startup, start slowly, die mid-request, report another cache dtype, ignore
+SIGTERM, have no ``/tokenize``; ``--standin-ttft`` / ``--standin-itl`` set its timing.
+
+It is a test double for what real vLLM cannot be made to do on cue; the happy path and real failure
+modes are tested against real vLLM (CPU build). See ``docs/testing.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from pytest_kvcache.selfcheck.stream import Schedule, StreamServer
+
+#: The module to run with ``python -m`` (what `engine_cmd` runs, and what finds leaked stand-ins in ``ps``).
+MODULE = "pytest_kvcache.testing.standin"
+
+
+def engine_cmd(python: str | None = None) -> str:
+    """The ``--kv-engine-cmd`` value that boots the stand-in with ``python`` (default: this interpreter)."""
+    return f"{python or sys.executable} -m {MODULE}"
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="standin", allow_abbrev=False)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--standin-exit-at-start", type=int, default=None, metavar="CODE")
+    parser.add_argument("--standin-startup-delay", type=float, default=0.0, metavar="S")
+    parser.add_argument(
+        "--standin-die-after",
+        type=int,
+        default=None,
+        metavar="N",
+        help="exit (code 3) while streaming the N-th chat request (1-based)",
+    )
+    parser.add_argument("--standin-report-dtype", default=None, help="report this cache_dtype in /metrics")
+    parser.add_argument("--standin-ignore-sigterm", action="store_true")
+    parser.add_argument("--standin-no-tokenize", action="store_true", help="answer /tokenize with 404")
+    parser.add_argument("--standin-spawn-child", action="store_true", help="start a child process that ignores SIGTERM")
+    parser.add_argument("--standin-sleeper", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--standin-unstreamed-delay", type=float, default=0.0, metavar="S", help="delay non-streamed answers"
+    )
+    parser.add_argument(
+        "--standin-short-context",
+        action="store_true",
+        help="refuse prompts over --max-model-len with HTTP 400 and do not advertise max_model_len in /v1/models",
+    )
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--standin-ttft", type=float, default=0.02)
+    parser.add_argument("--standin-itl", type=float, default=0.002)
+    args, _unknown = parser.parse_known_args(argv)
+    return args
+
+
+def log(message: str, level: str = "INFO", who: str = "APIServer") -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"({who} pid={os.getpid()}) {level} {stamp} [standin.py:1] {message}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    raw = sys.argv[1:] if argv is None else argv
+    args = parse(raw)
+    if args.standin_sleeper:  # the child of --standin-spawn-child: ignores SIGTERM, only SIGKILL ends it
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(600)
+        return 0
+    if args.standin_ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.standin_spawn_child:
+        child = [a for a in raw if a != "--standin-spawn-child"]
+        subprocess.Popen([sys.executable, "-m", MODULE, *child, "--standin-sleeper"], stdin=subprocess.DEVNULL)
+    log(f"non-default args: {{'model': {args.model!r}, 'kv_cache_dtype': {args.kv_cache_dtype!r}}}")
+    if args.standin_exit_at_start is not None:
+        log("ValueError: standin told to fail at start", "ERROR", "EngineCore")
+        return int(args.standin_exit_at_start)
+    time.sleep(args.standin_startup_delay)
+    dtype = args.standin_report_dtype or args.kv_cache_dtype
+    log(f"Initializing a V1 LLM engine (v0.0.0-standin) with config: model={args.model!r}, kv_cache_dtype={dtype}")
+    log("CPU KV cache size: 65,536 tokens")
+    labels = {
+        "block_size": "16",
+        "cache_dtype": dtype,
+        "enable_prefix_caching": "True",
+        "kv_cache_size_tokens": "65536",
+        "mamba_cache_dtype": "auto",
+    }
+    schedule = Schedule(ttft_s=args.standin_ttft, itl_s=args.standin_itl)
+    server = StreamServer(
+        schedule,
+        host=args.host,
+        port=args.port,
+        model_name=args.model,
+        max_model_len=args.max_model_len,
+        cache_config_labels=labels,
+        count_prompt_tokens=True,
+        disabled_paths=frozenset({"/tokenize"}) if args.standin_no_tokenize else frozenset(),
+        unstreamed_delay_s=args.standin_unstreamed_delay,
+        enforce_max_model_len=args.standin_short_context,
+        advertise_max_model_len=not args.standin_short_context,
+    )
+    server.start()
+    log(f"Started server process on http://{args.host}:{args.port}")
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if not args.standin_ignore_sigterm:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.wait(0.02):
+        if args.standin_die_after is not None:
+            chats = [r for r in server.requests if r.path.endswith("/chat/completions")]
+            if len(chats) == args.standin_die_after - 1:
+                server.set_schedule(Schedule(ttft_s=30.0))  # the next request is still waiting when we die
+            if len(chats) >= args.standin_die_after:
+                time.sleep(0.1)
+                log("RuntimeError: standin died", "ERROR", "EngineCore")
+                os._exit(3)
+    server.close()
+    log("Shutting down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

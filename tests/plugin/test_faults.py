@@ -1,0 +1,368 @@
+"""Faults and bad input, the way a user gets them wrong: every case runs the real CLI as a subprocess and
+checks the exit code, a one-line headline that names the file, option or arm, that no traceback is
+printed, and that no engine is left running (docs/errors.md lists what each looks like)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from pytest_kvcache.engines.process import free_port
+from pytest_kvcache.run.folder import read_records
+from tests.plugin.conftest import STANDIN, kill_leftovers, latest, processes_with, spawn_pytest
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    exit: int
+    headline: str  # fnmatch pattern of one line of stdout or stderr
+    setup: Callable[[Path], None] = field(default=lambda path: None)
+    standin: bool = False  # append the stand-in arguments
+
+
+def _stored(path: Path, *, run_json: str | None = None, evidence: str | None = None, torn: bool = False) -> None:
+    """A small stored run folder at ``path/stored`` (one arm, three valid records)."""
+    run = path / "stored"
+    (run / "arms" / "auto").mkdir(parents=True)
+    meta = {"run_id": "r1", "settings": {"arms": [{"name": "auto"}], "seed": 0}, "plan": [{"boot": "auto"}]}
+    (run / "run.json").write_text(run_json if run_json is not None else json.dumps(meta))
+    record = {"arm": "auto", "boot": "auto", "probe": "short", "shape": "code", "phase": "measured", "ok": True}
+    lines = [json.dumps({**record, "index": i, "metrics": {"decode_tps": 100.0 + i}}) for i in range(3)]
+    (run / "requests.jsonl").write_text("\n".join(lines) + ("\n" + lines[0][:25] if torn else "") + "\n")
+    (run / "arms" / "auto" / "evidence.json").write_text(evidence if evidence is not None else '{"status": "stopped"}')
+
+
+def _baseline(name: str, **kwargs: object) -> Callable[[Path], None]:
+    def make(path: Path) -> None:
+        _stored(path, **kwargs)  # type: ignore[arg-type]
+        target = path / ".kvcache" / "baselines" / name
+        target.parent.mkdir(parents=True)
+        shutil.move(path / "stored", target)
+
+    return make
+
+
+def _file(name: str) -> Callable[[Path], None]:
+    return lambda path: (path / name).write_text("not a folder\n")
+
+
+def _pyproject(text: str) -> Callable[[Path], None]:
+    return lambda path: (path / "pyproject.toml").write_text(text)
+
+
+MISSING = "vllm_is_not_installed_here"
+
+CASES = [
+    Case(
+        "rerender-corrupt-run-json",
+        ("--kv-rerender=stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/run.json: not valid JSON (the run's settings and plan)*",
+        lambda p: _stored(p, run_json="{not json"),
+    ),
+    Case(
+        "rerender-corrupt-evidence",
+        ("--kv-rerender=stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/arms/auto/evidence.json: not valid JSON (boot auto's evidence)*",
+        lambda p: _stored(p, evidence="{"),
+    ),
+    Case(
+        "rerender-names-a-file",
+        ("--kv-rerender=notes.txt",),
+        4,
+        "ERROR: pytest-kvcache: */notes.txt: is a file, not a run folder",
+        _file("notes.txt"),
+    ),
+    Case(
+        "rerender-torn-record-is-counted",
+        ("--kv-rerender=stored",),
+        0,
+        "note: 1 line(s) of requests.jsonl could not be read (torn by a killed run) and were skipped",
+        lambda p: _stored(p, torn=True),
+    ),
+    Case(
+        "noise-baseline-corrupt",
+        ("--kv-arms=auto,float16", "--kv-noise=aa"),
+        4,
+        "ERROR: pytest-kvcache: --kv-noise: */baselines/aa/run.json: not valid JSON*",
+        _baseline("aa", run_json="[1,"),
+    ),
+    Case(
+        "compare-baseline-corrupt-evidence",
+        ("--kv-arms=auto,float16", "--kv-compare=old"),
+        4,
+        "ERROR: pytest-kvcache: --kv-compare: */baselines/old/arms/auto/evidence.json: not valid JSON*",
+        _baseline("old", evidence="nope"),
+    ),
+    Case(
+        "report-dir-is-a-file",
+        ("--kv-arms=auto", "--kv-report-dir=out"),
+        4,
+        "ERROR: pytest-kvcache: --kv-report-dir: */out is a file, not a folder",
+        _file("out"),
+    ),
+    Case(
+        "report-dir-under-a-file",
+        ("--kv-arms=auto", "--kv-report-dir=out/runs"),
+        4,
+        "ERROR: pytest-kvcache: --kv-report-dir: */out/runs is under */out, which is a file",
+        _file("out"),
+    ),
+    Case(
+        "model-is-a-file",
+        ("--kv-arms=auto", "--kv-model=./weights.bin"),
+        4,
+        "ERROR: pytest-kvcache: --kv-model: './weights.bin' is a file; give the model's folder*",
+        _file("weights.bin"),
+    ),
+    Case(
+        "two-endpoints-for-one-arm",
+        (
+            "--kv-arms=auto",
+            "--kv-launcher=external",
+            "--kv-endpoint=auto=http://127.0.0.1:1",
+            "--kv-endpoint=auto=http://127.0.0.1:2",
+        ),
+        4,
+        "ERROR: pytest-kvcache: --kv-endpoint: arm 'auto' is given two endpoints (http://127.0.0.1:1 and *:2)*",
+    ),
+    Case(
+        "unterminated-quote-in-a-named-arm",
+        ("--kv-arms=bad",),
+        4,
+        "ERROR: pytest-kvcache: [[]tool.pytest_kvcache.arms.bad]: args: cannot split*",
+        _pyproject('[tool.pytest_kvcache.arms.bad]\nkv_cache_dtype = "auto"\nargs = "--max-num-seqs \'4"\n'),
+    ),
+    Case(
+        "gate-on-an-unknown-probe",
+        ("--kv-arms=auto", "--kv-fail=decode_tps[nope]: >= 1"),
+        4,
+        "ERROR: pytest-kvcache: --kv-fail: gate * unknown probe 'nope'; known: short, prefill, agentic, concurrency",
+        standin=True,
+    ),
+    Case(
+        "engine-module-missing",
+        (
+            "--kv-arms=auto",
+            f"--kv-engine-cmd={sys.executable} -m vllm_is_not_installed_here.entrypoints.openai.api_server",
+        ),
+        1,
+        "*auto: engine exited with code 1 during startup after * s (*): "
+        "ModuleNotFoundError: No module named 'vllm_is_not_installed_here'",
+        standin=True,
+    ),
+    Case(
+        "every-probe-skipped-says-why",
+        ("--kv-arms=auto", "--kv-depths=9k", "-m", "prefill"),
+        0,
+        "note: 1 probe test(s) skipped: test_prefill[[]auto-9k]: depth 9000 + 16 output tokens exceeds auto's "
+        "max_model_len 8192",
+        standin=True,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_gets_a_headline_and_the_right_exit(
+    pytester: pytest.Pytester, standin_args: list[str], tag: str, case: Case
+) -> None:
+    case.setup(pytester.path)
+    args = list(case.args)
+    if case.standin:
+        base = [a for a in standin_args if a not in ("-m", "short")]
+        if "-m" not in args:
+            base += ["-m", "short or prefill"]
+        if any(a.startswith("--kv-engine-cmd") for a in args):
+            base = [a for a in base if not a.startswith("--kv-engine-cmd")]
+        args = [*base, *args]
+    result = pytester.runpytest_subprocess(*args)
+    output = result.stdout.lines + result.stderr.lines
+    assert result.ret == case.exit, "\n".join(output)
+    from _pytest.pytester import LineMatcher
+
+    LineMatcher(output).fnmatch_lines([case.headline])
+    assert "Traceback" not in "\n".join(output)
+    assert not processes_with(tag)
+
+
+def test_kvcache_report_on_a_corrupt_folder_is_a_usage_error(tmp_path: Path) -> None:
+    _stored(tmp_path, run_json="{")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_kvcache.cli", str(tmp_path / "stored")], capture_output=True, text=True
+    )
+    assert done.returncode == 4
+    assert done.stdout.startswith(f"ERROR: pytest-kvcache: {tmp_path / 'stored' / 'run.json'}: not valid JSON")
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------------------------ external endpoints
+
+
+@pytest.fixture
+def external(tag: str) -> object:
+    """A stand-in started by hand, as a user starts a server for ``--kv-launcher=external``."""
+    port = free_port()
+    cmd = [*STANDIN.split(), "--model", "served-model", "--port", str(port), tag]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:  # urllib, not httpx: pytester's sys.modules restore can split httpx from httpcore's exceptions
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as answer:
+                if answer.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _external_args(standin_args: list[str]) -> list[str]:
+    return [a for a in standin_args if not a.startswith(("--kv-engine-cmd", "--kv-engine-args"))]
+
+
+def test_an_openai_base_url_with_v1_is_accepted(
+    pytester: pytest.Pytester, standin_args: list[str], external: str
+) -> None:
+    result = pytester.runpytest_subprocess(
+        *_external_args(standin_args), "--kv-arms=auto", "--kv-launcher=external", f"--kv-endpoint=auto={external}/v1"
+    )
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["kvcache boot plan — launcher external, model as served by each --kv-endpoint:"])
+    run = json.loads((latest(pytester) / "run.json").read_text())
+    assert run["model"] == "served-model"
+    report = json.loads((latest(pytester) / "report.json").read_text())
+    assert report["model"] == "served-model"
+
+
+def test_a_model_the_server_does_not_serve_is_refused(
+    pytester: pytest.Pytester, standin_args: list[str], external: str
+) -> None:
+    result = pytester.runpytest_subprocess(
+        *_external_args(standin_args),
+        "--kv-arms=auto",
+        "--kv-launcher=external",
+        f"--kv-endpoint=auto={external}",
+        "--kv-model=org/other-model",
+    )
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            "*auto: --kv-model=org/other-model but the server at * serves served-model; "
+            "pass --kv-model=served-model or leave --kv-model out to use it*"
+        ]
+    )
+    assert not read_records(latest(pytester) / "requests.jsonl")
+
+
+def test_a_server_without_tokenize_and_a_short_context_fails_the_probe_cleanly(
+    pytester: pytest.Pytester, standin_args: list[str], tag: str
+) -> None:
+    engine = [a for a in standin_args if not a.startswith("--kv-engine-args")]
+    engine.append(f"--kv-engine-args={tag} --standin-no-tokenize --standin-short-context --max-model-len 2000")
+    engine = [a for a in engine if a not in ("-m", "short")]
+    # The server does not say its max_model_len (no skip up front) and refuses prompts over 2000 tokens.
+    result = pytester.runpytest_subprocess(*engine, "--kv-arms=auto", "--kv-depths=3k", "-m", "prefill")
+    assert result.ret == 1, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*prefill 3k on auto: cannot size a 3000-token prompt (calibrated): calibration request failed: "
+            "http_error: *maximum context length is 2000 tokens*"
+        ]
+    )
+    assert "Traceback" not in result.stdout.str()
+    assert not processes_with(tag)
+
+
+# ------------------------------------------------------------------------------------ signals and timeouts
+
+
+def _wait_for(predicate: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_second_ctrl_c_leaves_nothing_running(pytester: pytest.Pytester, standin_args: list[str], tag: str) -> None:
+    """The stand-in ignores SIGTERM and has a child that ignores it too: only SIGKILL of the group ends them."""
+    slow = [a for a in standin_args if not a.startswith(("--kv-engine-args", "--kv-runs"))]
+    args = [
+        *slow,
+        "--kv-arms=auto",
+        "--kv-runs=500",
+        f"--kv-engine-args={tag} --standin-ignore-sigterm --standin-spawn-child",
+    ]
+    proc = spawn_pytest(pytester, *args, new_session=True)
+    try:
+        requests = pytester.path / ".kvcache" / "runs" / "latest" / "requests.jsonl"  # latest() resolves too early
+        assert _wait_for(lambda: requests.exists() and len(read_records(requests)) >= 1, 60)
+        assert len(processes_with(tag)) >= 2, "the engine and its child should be running"
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # the run is now waiting out the engine's SIGTERM grace
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - started
+    finally:
+        kill_leftovers(proc, tag)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
+    assert took < 12, f"the second Ctrl-C took {took:.1f} s to end the run"
+    assert _wait_for(lambda: not processes_with(tag), 5), f"left running: {processes_with(tag)}"
+    assert "Traceback" not in out.decode()
+
+
+def test_ctrl_c_during_a_boot_returns_within_5_s(pytester: pytest.Pytester, standin_args: list[str], tag: str) -> None:
+    slow = [a for a in standin_args if not a.startswith("--kv-engine-args")]
+    args = [*slow, "--kv-arms=auto", f"--kv-engine-args={tag} --standin-startup-delay=60 --standin-ignore-sigterm"]
+    proc = spawn_pytest(pytester, *args, new_session=True)
+    try:
+        assert _wait_for(lambda: bool(processes_with(tag)), 30), "the engine should be booting"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - started
+    finally:
+        kill_leftovers(proc, tag)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
+    assert took < 5, f"Ctrl-C during the boot took {took:.1f} s"
+    assert not processes_with(tag)
+
+
+def test_agreement_requests_are_bounded_by_the_stall_timeout(
+    pytester: pytest.Pytester, standin_args: list[str], tag: str
+) -> None:
+    """A server that never answers a non-streamed request: the agreement request gives up after the stall
+    timeout (3 s), not the request timeout (600 s), and the run still passes (agreement is evidence)."""
+    engine = [a for a in standin_args if not a.startswith(("--kv-engine-args", "--kv-runs", "--kv-warmups"))]
+    args = [
+        *engine,
+        "--kv-arms=auto",
+        "--kv-runs=1",
+        "--kv-warmups=0",
+        "--kv-stall-timeout=3",
+        f"--kv-engine-args={tag} --standin-unstreamed-delay=120",
+    ]
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess(*args, timeout=90)
+    took = time.monotonic() - started
+    assert result.ret == 0, result.stdout.str()
+    rows = read_records(latest(pytester) / "agreement.jsonl")
+    assert rows and all(not r["ok"] and "ReadTimeout" in str(r.get("error")) for r in rows)
+    assert took < 60, f"the run took {took:.0f} s"
