@@ -43,7 +43,12 @@ ErrorKind = Literal[
     "zero_tokens",
     "no_token_clock",
     "engine_died",
+    "first_token_timeout",
 ]
+
+#: A conservative characters-per-token for sizing the first-token limit when the prompt's token count is
+#: not known (BPE tokenizers give ~4 for English text and code; fewer chars per token means a longer limit).
+CHARS_PER_TOKEN = 3.0
 
 #: A decode window shorter than this share of the request's wall time voids ``decode_tps``.
 MIN_DECODE_WINDOW_SHARE = 0.05
@@ -153,10 +158,16 @@ class Client:
         stall_timeout_s: float = 120.0,
         connect_timeout_s: float = 10.0,
         headers: Mapping[str, str] | None = None,
+        first_token_floor_s: float | None = None,
+        min_prefill_tps: float = 500.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.request_timeout_s = request_timeout_s
         self.stall_timeout_s = stall_timeout_s
+        #: Before the first byte, a request may wait ``first_token_floor_s + prompt tokens / min_prefill_tps``
+        #: (vLLM sends nothing until prefill ends); None: the stall timeout applies from the start.
+        self.first_token_floor_s = first_token_floor_s
+        self.min_prefill_tps = min_prefill_tps
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = min(stall_timeout_s, request_timeout_s)
         self._headers = {"Content-Type": "application/json", **(headers or {})}
@@ -217,12 +228,15 @@ class Client:
             self._conn.close()
             self._conn = None
 
-    def _send(self, body: bytes) -> http.client.HTTPResponse:
-        """POST the request; a kept-alive connection the server closed meanwhile is replaced once."""
+    def _send(self, body: bytes, first_limit_s: float) -> http.client.HTTPResponse:
+        """POST the request; a kept-alive connection the server closed meanwhile is replaced once. Until
+        the response's first byte the socket waits up to ``first_limit_s``."""
         path = self._prefix + "/v1/chat/completions"
         for attempt in (1, 2):
             conn, fresh = self._connection()
             try:
+                assert conn.sock is not None
+                conn.sock.settimeout(first_limit_s)
                 conn.request("POST", path, body=body, headers=self._headers)
                 return conn.getresponse()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
@@ -231,34 +245,66 @@ class Client:
                     raise
         raise AssertionError("unreachable")
 
-    def stream_chat(self, payload: Mapping[str, Any], *, keep_text: bool = False) -> Sample:
-        """Send one streamed chat completion and measure it. ``payload`` must set ``stream: true``."""
+    def first_token_limit_s(self, prompt_tokens: int) -> float:
+        """How long a request of ``prompt_tokens`` may wait for its first byte (never less than the stall
+        timeout, never more than the request timeout)."""
+        if self.first_token_floor_s is None:
+            return self.read_timeout_s
+        limit = self.first_token_floor_s + prompt_tokens / self.min_prefill_tps
+        return min(max(limit, self.read_timeout_s), self.request_timeout_s)
+
+    def _first_token_failure(self, sample: Sample, limit: float, tokens: int, estimated: bool) -> Sample:
+        if self.first_token_floor_s is None or limit <= self.read_timeout_s:
+            return sample.fail("stall", f"no response for {self.read_timeout_s:g} s (--kv-stall-timeout)")
+        about = "~" if estimated else ""
+        return sample.fail(
+            "first_token_timeout",
+            f"no first byte within the first-token limit of {limit:.4g} s (--kv-first-token-floor "
+            f"{self.first_token_floor_s:g} s + {about}{tokens:,} prompt tokens / --kv-min-prefill-tps "
+            f"{self.min_prefill_tps:g}); raise either for deeper or slower prefills",
+        )
+
+    def stream_chat(
+        self, payload: Mapping[str, Any], *, keep_text: bool = False, prompt_tokens: int | None = None
+    ) -> Sample:
+        """Send one streamed chat completion and measure it. ``payload`` must set ``stream: true``.
+
+        Until the first byte arrives the first-token limit applies (``first_token_limit_s`` of
+        ``prompt_tokens``, estimated from the payload's length when not given); after it, the stall timeout
+        between chunks.
+        """
         body = json.dumps(payload).encode()
+        estimated = prompt_tokens is None
+        tokens = int(len(body) / CHARS_PER_TOKEN) if prompt_tokens is None else prompt_tokens
+        first_limit = self.first_token_limit_s(tokens)
         sample = Sample(send_unix_s=time.time())
         t0 = sample.send_perf_s = time.perf_counter()
+        first_byte = [False]
         try:
             try:
-                response = self._send(body)
+                response = self._send(body, first_limit)
             except (ConnectionRefusedError, socket.gaierror, http.client.RemoteDisconnected) as exc:
                 self._drop_connection()
                 return sample.fail("connection_error", f"cannot connect to {self.base_url}: {exc}")
             except TimeoutError:
                 self._drop_connection()
-                return sample.fail("stall", f"no response for {self.read_timeout_s:g} s")
+                return self._first_token_failure(sample, first_limit, tokens, estimated)
             sample.http_status = response.status
             if response.status >= 400:
                 sample.end_s = time.perf_counter() - t0
                 message = _error_message(response)
                 self._drop_connection()
                 return sample.fail("http_error", f"HTTP {response.status}: {message}")
-            self._read_stream(response, sample, t0, keep_text)
+            self._read_stream(response, sample, t0, keep_text, first_byte)
             if sample.ok or sample.error_kind in ("missing_usage", "zero_tokens", "no_token_clock"):
                 response.read()  # the end of the chunked body: the connection stays reusable
             else:
                 self._drop_connection()
         except TimeoutError:
             self._drop_connection()
-            return sample.fail("stall", f"no chunk for {self.read_timeout_s:g} s")
+            if not first_byte[0]:
+                return self._first_token_failure(sample, first_limit, tokens, estimated)
+            return sample.fail("stall", f"no chunk for {self.read_timeout_s:g} s (--kv-stall-timeout)")
         except (http.client.IncompleteRead, http.client.HTTPException, ConnectionError) as exc:
             self._drop_connection()
             sample.end_s = time.perf_counter() - t0
@@ -271,7 +317,9 @@ class Client:
             self._drop_connection()
         return sample
 
-    def _read_stream(self, response: http.client.HTTPResponse, sample: Sample, t0: float, keep_text: bool) -> None:
+    def _read_stream(
+        self, response: http.client.HTTPResponse, sample: Sample, t0: float, keep_text: bool, first_byte: list[bool]
+    ) -> None:
         count = 0
         first_usage: float | None = None
         last_usage: float | None = None
@@ -283,6 +331,10 @@ class Client:
         tool_calls: dict[int, dict[str, Any]] = {}
         while raw := response.readline():
             now = time.perf_counter() - t0
+            if not first_byte[0]:
+                first_byte[0] = True  # from now on the stall timeout applies between chunks
+                if self._conn is not None and self._conn.sock is not None:
+                    self._conn.sock.settimeout(self.read_timeout_s)
             if now > self.request_timeout_s:
                 sample.end_s = now
                 sample.fail("timeout", f"request took longer than {self.request_timeout_s:g} s")

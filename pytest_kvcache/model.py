@@ -77,6 +77,7 @@ class Record(TypedDict, total=False):
     test: str
     engine: dict[str, Json] | None
     gpu: dict[str, Json] | None
+    host_cpu: dict[str, Json] | None
     cold_proof: Json
     prompt_sha256: str
     sizing: dict[str, Json]
@@ -135,6 +136,7 @@ class LogFacts(TypedDict, total=False):
     engine_version: str
     kv_cache_dtype: str
     kv_cache_size_tokens: int
+    kv_cache_device: str
     attention_backend: str
     attention_candidates: list[str]
     non_default_args: dict[str, Json]

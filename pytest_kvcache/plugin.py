@@ -270,11 +270,7 @@ def kv_client(kv_server: Server, kv_settings: Settings) -> Iterator[ArmClient]:
         pytest.fail(
             EngineError(*death_notice(kv_server)).render() + "\n(the engine died before this test)", pytrace=False
         )
-    client = Client(
-        kv_server.url,
-        request_timeout_s=kv_settings.request_timeout_s,
-        stall_timeout_s=kv_settings.stall_timeout_s,
-    )
+    client = Client(kv_server.url, **kv_settings.client_kwargs())
     arm_client = ArmClient(client, kv_server)
     yield arm_client
     arm_client.close()

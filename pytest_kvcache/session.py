@@ -6,6 +6,7 @@ Imported by the plugin only once ``--kv-arms`` makes it active (it pulls in the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -22,10 +23,48 @@ from pytest_kvcache.engines.base import Engine
 from pytest_kvcache.engines.registry import EngineRegistry
 from pytest_kvcache.model import Json
 from pytest_kvcache.probes import registry as probe_registry
+from pytest_kvcache.probes.prefill import depth_label
+from pytest_kvcache.run.progress import Mode, Progress
 from pytest_kvcache.run.run import Run
 
 if TYPE_CHECKING:
     from pytest_kvcache.report.pipeline import Outcome
+
+
+class TerminalWriter:
+    """``run.progress.Writer`` over pytest's terminal reporter (found when first used)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def _reporter(self) -> Any:
+        return self.config.pluginmanager.get_plugin("terminalreporter")
+
+    def isatty(self) -> bool:
+        reporter = self._reporter()
+        return bool(reporter is not None and reporter.isatty)
+
+    def _shown(self) -> contextlib.AbstractContextManager[object]:
+        """Output capture off while writing: boots and requests happen inside tests (fixture setup)."""
+        capman = self.config.pluginmanager.getplugin("capturemanager")
+        return capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
+
+    def line(self, text: str) -> None:
+        reporter = self._reporter()
+        if reporter is None:
+            return
+        with self._shown():
+            writer = getattr(reporter, "_tw", None)
+            if reporter.currentfspath is None and writer is not None and writer.width_of_current_line:
+                reporter.write("\n")  # after pytest's progress dots (write_line breaks the line after a path)
+            reporter.write_line(text)
+            reporter.currentfspath = None  # pytest starts its next dots on a line of their own
+
+    def rewrite(self, text: str) -> None:
+        reporter = self._reporter()
+        if reporter is not None:
+            with self._shown():
+                reporter.rewrite(text, erase=True)
 
 
 def boot_of(item: pytest.Item | None) -> Boot | None:
@@ -50,9 +89,17 @@ class KvSession:
     outcome: Outcome | None = None
     _previous_sigterm: Any = None
     _machine_info: Json = None
+    _depth_planned: bool = False
 
     def __post_init__(self) -> None:
         self.run = Run(self.settings, make_engine=self._make_engine, machine_info=self._benchmark_machine_info)
+        self.progress: Progress | None = None
+        if self.settings.progress != "off":
+            writer = TerminalWriter(self.config)
+            mode: Mode = "live" if self.settings.progress == "auto" and writer.isatty() else "lines"
+            quiet = self.config.get_verbosity() < 0
+            self.progress = Progress(writer, self.settings, mode=mode, quiet=quiet)
+            self.run.listeners.append(self.progress)
 
     def _make_engine(self, boot: Boot, arm_dir: Path, registry: EngineRegistry) -> Engine | None:
         engine: Engine | None = self.config.hook.pytest_kvcache_make_engine(
@@ -116,6 +163,9 @@ class KvSession:
             if boot is not None:
                 counts[boot.boot_id] = counts.get(boot.boot_id, 0) + 1
         self.run.set_plan(counts)
+        self._depth_planned = any(boot_of(i) is not None and i.get_closest_marker("depth") for i in items)
+        if self.progress is not None:
+            self.progress.planned(counts)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Every test file is imported now, so a user's probe has registered its spec: check the gates
@@ -140,6 +190,12 @@ class KvSession:
         model = st.model or default
         order = f", order {st.order}" if st.replicates >= 2 else ""
         lines = [f"kvcache boot plan — launcher {st.launcher}, model {model}{order}:"]
+        if st.embedded and st.launcher != "external" and self._depth_planned:
+            lines.append(
+                f"  depth probes sized for the CPU: depths {','.join(depth_label(d) for d in st.depths)}, "
+                f"{st.sessions} agentic session(s) of {st.turns or 'all'} turns "
+                "(the seed's: --kv-depths=10k,90k --kv-sessions=2 --kv-turns=15)"
+            )
         for i, entry in enumerate(self.run.plan, 1):
             args = entry.get("args") or []
             extra = f" args={' '.join(args)}" if args else ""
@@ -181,6 +237,8 @@ class KvSession:
 
         path = self.run.folder.path
         self.run.close(status="interrupted" if self.run.interrupted else "finished")
+        if self.run.interrupted:
+            return  # Ctrl-C means now: the records are on disk, and kvcache-report builds the report later
         try:
             self.outcome = produce(path, self.settings.report_options())
         except ReportInputError as exc:
@@ -212,7 +270,9 @@ class KvSession:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """A probe test that skipped is remembered with its reason: a run where every probe skipped
-        says why (terminal and report notes) without ``-rs``."""
+        says why (terminal and report notes) without ``-rs``. A finished probe test moves the ETA."""
+        if report.when == "teardown" and "[" in report.nodeid and self.progress is not None:
+            self.progress.test_done(report.nodeid.split("::")[-1])
         if not report.skipped or report.when not in ("setup", "call"):
             return
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -247,6 +307,12 @@ class KvSession:
             tr.line(message, yellow=True)
         if self.run.folder is not None:
             tr.line(f"run folder: {self.run.folder.path}")
+        if self.run.interrupted and self.run.folder is not None:
+            kept = len(self.run.records)
+            tr.line(
+                f"interrupted: {kept} record(s) kept; build the report with: kvcache-report {self.run.folder.path}",
+                yellow=True,
+            )
         if self.outcome is None:
             return
         from pytest_kvcache.report.outputs.terminal import outcome_lines

@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pytest_kvcache.model import ArmData
 from pytest_kvcache.report.options import ReportOptions
@@ -63,8 +63,26 @@ Sampling = Literal["greedy", "sampled"]
 AgenticMode = Literal["replay", "live"]
 Order = Literal["sequential", "abba", "random"]
 SelfCheck = Literal["quick", "full", "off"]
+Progress = Literal["auto", "lines", "off"]
+HostCpuAction = Literal["flag", "exclude", "off"]
+
+#: The seed's depth probes (GPU): fresh prefill at 10K and 90K tokens, 2 agentic sessions of all 15 turns.
+SEED_DEPTHS = (10_000, 90_000)
+#: The embedded CPU default's: smaller, so that ``-m depth`` fits a few minutes an arm on 2 cores.
+CPU_DEPTHS = (4_000, 32_000)
+CPU_SESSIONS = 1
+CPU_TURNS = 10
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
+
+
+class ClientLimits(TypedDict):
+    """The measuring client's limits, as ``Client`` takes them."""
+
+    request_timeout_s: float
+    stall_timeout_s: float
+    first_token_floor_s: float | None
+    min_prefill_tps: float
 
 
 class SettingsError(ValueError):
@@ -197,6 +215,11 @@ class Settings:
     self_check: SelfCheck = "quick"
     concurrency: tuple[int, ...] = (1, 4, 16)
     concurrency_max_tokens: int = 128
+    first_token_floor_s: float = 120.0
+    min_prefill_tps: float = 500.0
+    progress: Progress = "auto"
+    host_cpu_max_pct: float | None = None
+    host_cpu_action: HostCpuAction = "flag"
 
     @property
     def active(self) -> bool:
@@ -274,6 +297,20 @@ class Settings:
             "self_check": self.self_check,
             "concurrency": list(self.concurrency),
             "concurrency_max_tokens": self.concurrency_max_tokens,
+            "first_token_floor_s": self.first_token_floor_s,
+            "min_prefill_tps": self.min_prefill_tps,
+            "progress": self.progress,
+            "host_cpu_max_pct": self.host_cpu_max_pct,
+            "host_cpu_action": self.host_cpu_action,
+        }
+
+    def client_kwargs(self) -> ClientLimits:
+        """The measuring client's limits (``Client(url, **settings.client_kwargs())``)."""
+        return {
+            "request_timeout_s": self.request_timeout_s,
+            "stall_timeout_s": self.stall_timeout_s,
+            "first_token_floor_s": self.first_token_floor_s,
+            "min_prefill_tps": self.min_prefill_tps,
         }
 
     @property
@@ -449,6 +486,19 @@ def _pct(raw: Any) -> float:
     return value
 
 
+def _pct_or_off(raw: Any) -> float | None:
+    text = str(raw).strip().rstrip("%")
+    if text.lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingsError(f"expected a percentage (0-100) or 'off', got {raw!r}") from None
+    if not 0 < value <= 100:
+        raise SettingsError(f"expected a percentage between 0 and 100, got {raw!r}")
+    return value
+
+
 def _levels(raw: Any) -> tuple[int, ...]:
     text = ",".join(raw) if isinstance(raw, list | tuple) else str(raw)
     levels = []
@@ -591,6 +641,35 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("startup_timeout", "seconds an engine may take to answer /v1/models (default 600).", "S"),
     OptionSpec("request_timeout", "seconds one request may take end to end (default 600).", "S"),
     OptionSpec("stall_timeout", "seconds without a streamed chunk before a request fails (default 120).", "S"),
+    OptionSpec(
+        "first_token_floor",
+        "before the first byte a request may wait this floor plus prompt tokens / --kv-min-prefill-tps "
+        "(default 120 s): vLLM sends nothing until prefill ends, and a deep prefill takes minutes.",
+        "S",
+    ),
+    OptionSpec(
+        "min_prefill_tps",
+        "the slowest prefill rate (tokens/s) the first-token limit allows for (default 500: a 90K prompt may "
+        "take 120 + 180 s before its first token).",
+        "TPS",
+    ),
+    OptionSpec(
+        "progress",
+        "progress lines during the run: auto (a live line on a terminal, plain lines otherwise; default), "
+        "lines (always plain lines) or off.",
+        "MODE",
+    ),
+    OptionSpec(
+        "host_cpu_max",
+        "a sample whose window saw more than this share (%) of the host's CPU busy outside the engine and "
+        "the client is disturbed (default off: opt in, e.g. 50; see docs/host-cpu.md).",
+        "PCT",
+    ),
+    OptionSpec(
+        "host_cpu",
+        "what a disturbed sample gets: flag (default: counted in the report) or exclude (left out of the statistics).",
+        "ACTION",
+    ),
     OptionSpec("warmups", "unmeasured warmup requests per probe shape (default 3).", "N"),
     OptionSpec("runs", "measured requests per probe shape (default 5).", "N"),
     OptionSpec("max_tokens", "override every short probe's max_tokens.", "N"),
@@ -926,6 +1005,9 @@ def resolve(
             listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in fp8)
             raise SettingsError(f"arm(s) {listed} cannot run on the embedded CPU default here: {fp8_kv_unsupported}")
 
+    # The embedded tiny model on CPU prefills ~7K tok/s on 2 cores: the seed's 90K depths and 15-turn
+    # sessions take many minutes an arm there, so its depth probes get smaller defaults (the boot plan says so).
+    cpu_default = model is None and launcher != "external"
     engine_cmd = get("engine_cmd", lambda raw: _args(joined(raw)), ())
     engine_args = get("engine_args", lambda raw: _args(" ".join(raw) if isinstance(raw, list) else raw), ())
     report_dir = report_dir_of(cli, env, ini, rootdir)
@@ -964,6 +1046,11 @@ def resolve(
         startup_timeout_s=get("startup_timeout", lambda raw: _positive_float(str(raw)), 600.0),
         request_timeout_s=get("request_timeout", lambda raw: _positive_float(str(raw)), 600.0),
         stall_timeout_s=get("stall_timeout", lambda raw: _positive_float(str(raw)), 120.0),
+        first_token_floor_s=get("first_token_floor", lambda raw: _positive_float(str(raw)), 120.0),
+        min_prefill_tps=get("min_prefill_tps", lambda raw: _positive_float(str(raw)), 500.0),
+        progress=get("progress", _choice("auto", "lines", "off"), "auto"),
+        host_cpu_max_pct=get("host_cpu_max", _pct_or_off, None),
+        host_cpu_action=get("host_cpu", _choice("flag", "exclude", "off"), "flag"),
         warmups=get("warmups", lambda raw: _count(0)(str(raw)), 3),
         runs=runs,
         max_tokens=get("max_tokens", lambda raw: _count(1)(str(raw)), None),
@@ -971,11 +1058,11 @@ def resolve(
         report_dir=report_dir,
         suite=not get("no_suite", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
         seed=seed,
-        depths=get("depths", _depths, (10_000, 90_000)),
+        depths=get("depths", _depths, CPU_DEPTHS if cpu_default else SEED_DEPTHS),
         depth_warmups=get("depth_warmups", lambda raw: _count(0)(str(raw)), 1),
         depth_runs=get("depth_runs", lambda raw: _count(1)(str(raw)), 3),
-        sessions=get("sessions", lambda raw: _count(1)(str(raw)), 2),
-        turns=get("turns", lambda raw: _count(1)(str(raw)), None),
+        sessions=get("sessions", lambda raw: _count(1)(str(raw)), CPU_SESSIONS if cpu_default else 2),
+        turns=get("turns", lambda raw: _count(1)(str(raw)), CPU_TURNS if cpu_default else None),
         agentic_mode=get("agentic_mode", _choice("replay", "live"), "replay"),
         agentic_max_tokens=get("agentic_max_tokens", lambda raw: _count(1)(str(raw)), 600),
         gates=judged.gates,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
 from pytest_kvcache import metrics
-from pytest_kvcache.model import Evidence
+from pytest_kvcache.model import Evidence, LogFacts
 
 BACKEND = re.compile(r"Using (\S+) attention backend out of potential backends: \[([^\]]*)\]")
 ENGINE_INIT = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\) with config: (.*)")
@@ -19,7 +19,7 @@ KV_SIZE = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
 NON_DEFAULT_ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
 
 
-def parse_log(text: str) -> dict[str, Any]:
+def parse_log(text: str) -> LogFacts:
     """The facts an engine log states about itself (vLLM V1 line formats; absent facts are omitted)."""
     found: dict[str, Any] = {}
     for line in text.splitlines():
@@ -39,7 +39,7 @@ def parse_log(text: str) -> dict[str, Any]:
                 found["non_default_args"] = ast.literal_eval(raw)
             except (ValueError, SyntaxError):
                 found["non_default_args"] = raw
-    return found
+    return cast(LogFacts, found)
 
 
 def _get(client: httpx.Client, path: str) -> tuple[Any, str | None]:
@@ -52,7 +52,7 @@ def _get(client: httpx.Client, path: str) -> tuple[Any, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def collect(url: str, log_path: Path | None, timeout_s: float = 10.0) -> dict[str, Any]:
+def collect(url: str, log_path: Path | None, timeout_s: float = 10.0) -> Evidence:
     """Ask the server what it is. Never raises: a missing endpoint is recorded as an error string."""
     evidence: dict[str, Any] = {"url": url}
     errors: dict[str, str] = {}
@@ -88,7 +88,7 @@ def collect(url: str, log_path: Path | None, timeout_s: float = 10.0) -> dict[st
         evidence["log"] = parse_log(log_path.read_text(encoding="utf-8", errors="replace"))
     if errors:
         evidence["errors"] = errors
-    return evidence
+    return cast(Evidence, evidence)
 
 
 def resolved_cache_dtype(evidence: Evidence) -> str | None:

@@ -458,7 +458,7 @@ def agreement_sentences(rows: Sequence[AgreementRow], arms: Sequence[str]) -> li
 
 def confound_report(run: RunData, boots: Sequence[BootEntry], allow: Sequence[str]) -> Confounds:
     evidence = [run.evidence[b["boot"]] for b in boots if b["boot"] in run.evidence]
-    found = cast(Confounds, confounds.find(evidence, allow))
+    found = confounds.find(evidence, allow)
     found["lines"] = [confounds.describe(e) for e in found.get("confounds") or []]
     return found
 
@@ -607,6 +607,17 @@ def spec_decode_section(records: Sequence[Record], arms: Sequence[str]) -> SpecD
     return {"rows": rows, "line": "; ".join(parts) or "not enabled (no vllm:spec_decode_* counters moved)"}
 
 
+def host_cpu_note(records: Sequence[Record], action: object) -> str | None:
+    """How many measured samples saw the host's CPU busy outside the engine and client (``host_cpu_busy``)."""
+    busy = [r for r in records if r.get("phase") == "measured" and "host_cpu_busy" in (r.get("flags") or [])]
+    if not busy:
+        return None
+    peaks = [p for r in busy if isinstance(p := (r.get("host_cpu") or {}).get("other_busy_pct_max"), int | float)]
+    peak = f" (max {max(peaks):.0f}%)" if peaks else ""
+    done = "excluded" if action == "exclude" else "flagged"
+    return f"{len(busy)} measured sample(s) saw the host's CPU busy outside the engine and client{peak}: {done}"
+
+
 def flag_summary(records: Sequence[Record]) -> FlagSummary:
     flagged = [r for r in records if r.get("phase") == "measured" and r.get("flags")]
     return {"samples": len(flagged), "kinds": sorted({f for r in flagged for f in r.get("flags") or []})}
@@ -639,6 +650,8 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
     notes += [f"reaped at the start of the run: {line}" for line in run.meta.get("reaped") or []]
     notes += list(run.problems)
     settings = run.meta.get("settings") or {}
+    host_cpu = host_cpu_note(run.records, settings.get("host_cpu_action"))
+    notes += [host_cpu] if host_cpu else []
     allow = [*cast(list[str], settings.get("allow_diff") or []), *allow_diff]
     agreed = agreement_report(run, arms)
     report: Report = {

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
+
+from pytest_kvcache.model import Confounds
 
 #: Paths that differ between any two boots by construction (ports, engine index).
 PER_BOOT = ("argv.--port", "non_default_args.port", "cache_config.engine", "docker.ports")
@@ -155,7 +157,7 @@ def _allowed(path: str, allow: Iterable[str]) -> str | None:
     return None
 
 
-def find(boots: Sequence[Mapping[str, Any]], allow: Sequence[str] = ()) -> dict[str, Any]:
+def find(boots: Sequence[Mapping[str, Any]], allow: Sequence[str] = ()) -> Confounds:
     """Compare boots' evidence: each arm's first boot with the baseline's first boot (arms may differ in
     what they declare), and every later boot of an arm with that arm's first boot (nothing may differ but
     the KV capacity, which memory profiling can move by a few blocks).
@@ -168,7 +170,7 @@ def find(boots: Sequence[Mapping[str, Any]], allow: Sequence[str] = ()) -> dict[
     result: dict[str, Any] = {"status": "unknown", "reference": None, "confounds": [], "allowed": [], "declared": []}
     if len(usable) < 2:
         result["reason"] = "fewer than two boots reached ready: nothing to compare"
-        return result
+        return cast(Confounds, result)
     baseline = usable[0]
     result["reference"] = baseline["boot"]
     first_of: dict[str, Mapping[str, Any]] = {}
@@ -209,7 +211,7 @@ def find(boots: Sequence[Mapping[str, Any]], allow: Sequence[str] = ()) -> dict[
                 result["confounds"].append(entry)
     result["compared"] = len(compared)
     result["status"] = "CONFOUNDED" if result["confounds"] else "clean"
-    return result
+    return cast(Confounds, result)
 
 
 def describe(entry: Mapping[str, Any]) -> str:

@@ -19,7 +19,7 @@ from pytest_kvcache.engines.base import Engine, tail
 from pytest_kvcache.model import Evidence, Json
 
 #: Failures that may mean the engine died; ``DEATH_GRACE_S`` is how long its exit may lag the socket.
-TRANSPORT_FAILURES = frozenset({"dropped", "connection_error", "stall", "server_error"})
+TRANSPORT_FAILURES = frozenset({"dropped", "connection_error", "stall", "server_error", "first_token_timeout"})
 DEATH_GRACE_S = 2.0
 #: How long the "after" /metrics scrape waits for the request to be counted as finished.
 SUCCESS_WAIT_S = 2.0
@@ -69,8 +69,8 @@ class ArmClient:
     def base_url(self) -> str:
         return self.client.base_url
 
-    def stream_chat(self, payload: Payload, *, keep_text: bool = False) -> Sample:
-        sample = self.client.stream_chat(payload, keep_text=keep_text)
+    def stream_chat(self, payload: Payload, *, keep_text: bool = False, prompt_tokens: int | None = None) -> Sample:
+        sample = self.client.stream_chat(payload, keep_text=keep_text, prompt_tokens=prompt_tokens)
         if not sample.ok and sample.error_kind in TRANSPORT_FAILURES:
             alive_after(self.server.engine)  # a dying engine closes its sockets a moment before it is gone
         if not sample.ok and not self.server.engine.alive():
@@ -88,14 +88,16 @@ class ArmClient:
             self._no_metrics = True
             return None
 
-    def measure(self, payload: Payload, *, keep_text: bool = False) -> tuple[Sample, dict[str, Json] | None]:
+    def measure(
+        self, payload: Payload, *, keep_text: bool = False, prompt_tokens: int | None = None
+    ) -> tuple[Sample, dict[str, Json] | None]:
         """Stream one request with ``/metrics`` read before and after it (outside the timed window).
 
         The "after" scrape waits (up to ``SUCCESS_WAIT_S``) until ``vllm:request_success_total`` has
         moved, since the engine's counters lag the response. Returns the sample and the counter deltas.
         """
         before = self.scrape()
-        sample = self.stream_chat(payload, keep_text=keep_text)
+        sample = self.stream_chat(payload, keep_text=keep_text, prompt_tokens=prompt_tokens)
         if before is None or not self.server.engine.alive():
             return sample, None
         goal = (before.total(metrics.REQUEST_SUCCESS) or 0.0) + 1

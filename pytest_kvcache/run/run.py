@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import httpx
 
@@ -38,10 +38,27 @@ from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
 from pytest_kvcache.model import RECORD_SCHEMA_VERSION, AgreementRecord, Evidence, GpuSnapshot, Json, PlanEntry, Record
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.run.folder import RunFolder, make_record
+from pytest_kvcache.run.hostload import HostSampler, MeasuredProcesses, judge
 from pytest_kvcache.run.measure import Server, alive_after
 
 MakeEngine = Callable[[Boot, Path, EngineRegistry], Engine | None]
 Payload = Mapping[str, Any]
+
+
+class RunListener(Protocol):
+    """Told what a run does as it happens (``run.progress.Progress`` reports it on the terminal)."""
+
+    def run_opened(self, path: Path) -> None: ...
+
+    def boot_starting(self, boot: Boot, log_path: Path) -> None: ...
+
+    def boot_ready(self, boot: Boot, evidence: Evidence) -> None: ...
+
+    def boot_failed(self, boot: Boot, headline: str) -> None: ...
+
+    def recorded(self, record: Record, of: int | None) -> None: ...
+
+    def closed(self) -> None: ...
 
 
 def versions() -> dict[str, str | None]:
@@ -95,12 +112,14 @@ class Run:
         self.skipped: list[str] = []  # "test id: reason" of every probe test that skipped
         self.started_unix_s = time.time()
         self.gpu: Any = None  # GpuState, imported when the folder opens
+        self.hostcpu: HostSampler | None = None  # host CPU busy outside the engines and this process
         self.self_check: dict[str, Json] | None = None
         self.interrupted = False
         self.closed = False
         self.round_decisions: dict[int, str | None] = {}
         self.agreement_due: dict[str, list[tuple[str, str, Payload]]] = {}
         self._lock = threading.Lock()
+        self.listeners: list[RunListener] = []
         atexit.register(self.stop_all)
 
     # ------------------------------------------------------------------ the folder
@@ -130,6 +149,8 @@ class Run:
         if self.settings.launcher == "docker":
             self.reaped += reap_dead_containers()
         self.folder = RunFolder(root).create()
+        for listener in self.listeners:
+            listener.run_opened(self.folder.path)
         self.registry = EngineRegistry(self.folder.path)
         st = self.settings
         self.gpu = GpuState(
@@ -142,6 +163,10 @@ class Run:
             )
         )
         self.gpu.open(self.folder.path)
+        if st.host_cpu_max_pct is not None and st.host_cpu_action != "off":
+            folder = self.folder
+            measured = MeasuredProcesses(lambda: list(self.engines.values()))  # asked at every reading
+            self.hostcpu = HostSampler(measured, lambda line: folder.log("hostcpu.jsonl", line)).start()
         self.self_check = self._self_check()
         self.write_meta(status="running")
         return self.folder
@@ -222,6 +247,11 @@ class Run:
         if self.gpu is not None:
             self.problems += self.gpu.close()
             self.gpu = None
+        if self.hostcpu is not None:
+            self.problems += self.hostcpu.close()
+            self.hostcpu = None
+        for listener in self.listeners:
+            listener.closed()
         if self.folder is not None and not self.closed:
             self.write_meta(status=status)
             self.folder.close()
@@ -247,6 +277,8 @@ class Run:
             "started_unix_s": time.time(),
         }
         self.evidence[boot.boot_id] = evidence
+        for listener in self.listeners:
+            listener.boot_starting(boot, arm_dir / "engine.log")
         engine: Engine | None = None
         try:
             before, problems = self.gpu.before_boot()
@@ -259,7 +291,7 @@ class Run:
             self.engines[boot.boot_id] = engine
             engine.start()
             evidence.update(cast(Evidence, engine.describe()))
-            evidence.update(cast(Evidence, collect(engine.url, engine.log_path)))
+            evidence.update(collect(engine.url, engine.log_path))
             if self.settings.launcher == "external":
                 self._check_served_model(boot, evidence)
             from pytest_kvcache.gpu.snapshot import memory_used_mib
@@ -269,6 +301,8 @@ class Run:
             evidence["vram_ready_mib"] = memory_used_mib(ready)
             self._check(boot, evidence)
         except EngineError as exc:
+            for listener in self.listeners:
+                listener.boot_failed(boot, exc.headline)
             evidence.update({"status": "failed", "error": exc.render()})
             if engine is not None:
                 with contextlib.suppress(Exception):
@@ -278,9 +312,13 @@ class Run:
             self.write_meta(status="running")
             raise
         except BaseException:
+            for listener in self.listeners:
+                listener.closed()
             self.stop(boot.boot_id)
             raise
         evidence["status"] = "ready"
+        for listener in self.listeners:
+            listener.boot_ready(boot, evidence)
         folder.write(f"arms/{boot.boot_id}/evidence.json", evidence)
         self.write_meta(status="running")
         model = evidence.get("served_model") or self.settings.model or str(embedded_model_path())
@@ -361,12 +399,23 @@ class Run:
             context["flags"] = [*(context.get("flags") or []), *flags]
             if excluded and not context.get("excluded_reason"):
                 context["excluded_reason"] = excluded
+        if self.hostcpu is not None and sample.end_s is not None:
+            context["host_cpu"] = self.hostcpu.window(sample.send_unix_s, sample.send_unix_s + sample.end_s)
+            flags, excluded = judge(context["host_cpu"], self.settings.host_cpu_max_pct, self.settings.host_cpu_action)
+            context["flags"] = [*(context.get("flags") or []), *flags]
+            if excluded and not context.get("excluded_reason"):
+                context["excluded_reason"] = excluded
         rec = make_record(
             sample, run_id=folder.run_id, arm=boot.arm.name, boot=boot.boot_id, replicate=boot.replicate, **context
         )
         with self._lock:
             folder.append(rec)
             self.records.append(rec)
+        if self.listeners:
+            from pytest_kvcache.run.progress import requests_of
+
+            for listener in self.listeners:
+                listener.recorded(rec, requests_of(rec, self.settings))
         return rec
 
     # ------------------------------------------------------------------ adaptive rounds

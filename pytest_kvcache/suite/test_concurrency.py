@@ -19,7 +19,7 @@ def test_concurrency(
     st = kv_settings
 
     def make_client() -> Client:
-        return Client(kv_server.url, request_timeout_s=st.request_timeout_s, stall_timeout_s=st.stall_timeout_s)
+        return Client(kv_server.url, **st.client_kwargs())
 
     problems = []
     plan = [("warmup", i) for i in range(min(st.warmups, 1))] + [("measured", i) for i in range(st.runs)]

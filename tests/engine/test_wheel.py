@@ -45,7 +45,8 @@ def test_wheel_installs_in_a_fresh_venv_and_collects_the_suite(tmp_path: Path) -
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1. auto (baseline): kv_cache_dtype=auto — 9 test(s)" in result.stdout
+    # short 2 + prefill 2 depths + agentic 1 session (the CPU default) + concurrency 3 levels
+    assert "1. auto (baseline): kv_cache_dtype=auto — 8 test(s)" in result.stdout
     assert "test_short[auto-narrative]" in result.stdout and "test_short[float16-code]" in result.stdout
     model = subprocess.run(
         [str(python), "-c", "from pytest_kvcache.engines import embedded_model_path as p; print(p())"],

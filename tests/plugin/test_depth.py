@@ -89,6 +89,7 @@ def test_agentic_replay_on_standin(pytester: pytest.Pytester, standin_args: list
         *standin_args,
         "-m",
         "agentic",
+        "--kv-sessions=2",
         "--kv-turns=3",
         "--kv-agentic-max-tokens=8",
         "--kv-engine-args=--max-model-len 100000",

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,22 +212,24 @@ def test_kvcache_report_on_a_corrupt_folder_is_a_usage_error(tmp_path: Path) -> 
 
 
 @pytest.fixture
-def external(tag: str) -> object:
+def external(tag: str) -> Iterator[str]:
     """A stand-in started by hand, as a user starts a server for ``--kv-launcher=external``."""
     port = free_port()
     cmd = [*STANDIN.split(), "--model", "served-model", "--port", str(port), tag]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:  # urllib, not httpx: pytester's sys.modules restore can split httpx from httpcore's exceptions
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as answer:
-                if answer.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:  # urllib, not httpx: pytester's sys.modules restore can split httpx from httpcore's exceptions
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def _external_args(standin_args: list[str]) -> list[str]:

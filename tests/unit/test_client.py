@@ -79,7 +79,7 @@ def test_a_stall_longer_than_the_stall_timeout() -> None:
     sample = stream(
         Schedule(itl_s=0.001, completion_tokens=6, fault=Fault("stall", 2, stall_s=1.0)), stall_timeout_s=0.3
     )
-    assert sample.error_kind == "stall" and sample.error == "no chunk for 0.3 s"
+    assert sample.error_kind == "stall" and sample.error == "no chunk for 0.3 s (--kv-stall-timeout)"
 
 
 def test_a_request_longer_than_the_request_timeout() -> None:
@@ -111,3 +111,52 @@ def test_one_connection_carries_consecutive_requests_and_recovers_after_a_drop()
         again = client.stream_chat(payload())
         assert again.ok  # a fresh connection after the dropped one
         assert server.wait_finished(4)[-1].client_port != served[0].client_port
+
+
+# ------------------------------------------------------------------------------ first token vs stall
+
+
+def first_token(ttft_s: float, *, prompt_tokens: int = 200, floor_s: float = 0.5, tps: float = 200.0):
+    """A ``prompt_tokens`` prompt whose first byte comes after ``ttft_s``: the stall timeout is 0.3 s; the
+    first-token limit is ``floor_s + prompt_tokens / tps`` (0.5 + 200/200 = 1.5 s by default)."""
+    schedule = Schedule(ttft_s=ttft_s, itl_s=0.002, completion_tokens=6, prompt_tokens=prompt_tokens)
+    with (
+        StreamServer(schedule) as server,
+        Client(
+            server.url, stall_timeout_s=0.3, request_timeout_s=30.0, first_token_floor_s=floor_s, min_prefill_tps=tps
+        ) as client,
+    ):
+        return client.stream_chat(payload(), prompt_tokens=prompt_tokens)
+
+
+def test_a_first_byte_later_than_the_stall_timeout_but_within_the_first_token_limit_is_measured() -> None:
+    sample = first_token(0.9)
+    assert sample.ok, sample.error
+    assert sample.first_token_s is not None and sample.first_token_s >= 0.9
+
+
+def test_a_first_byte_past_the_first_token_limit_fails_naming_it() -> None:
+    sample = first_token(2.5)
+    assert not sample.ok and sample.error_kind == "first_token_timeout"
+    assert sample.error == (
+        "no first byte within the first-token limit of 1.5 s (--kv-first-token-floor 0.5 s + 200 prompt tokens / "
+        "--kv-min-prefill-tps 200); raise either for deeper or slower prefills"
+    )
+
+
+def test_after_the_first_byte_the_stall_timeout_applies() -> None:
+    schedule = Schedule(itl_s=0.001, completion_tokens=6, fault=Fault("stall", 2, stall_s=1.0))
+    with (
+        StreamServer(schedule) as server,
+        Client(server.url, stall_timeout_s=0.3, first_token_floor_s=5.0) as client,
+    ):
+        sample = client.stream_chat(payload())
+    assert sample.error_kind == "stall" and sample.error == "no chunk for 0.3 s (--kv-stall-timeout)"
+
+
+def test_the_first_token_limit_grows_with_the_prompt_within_the_request_timeout() -> None:
+    client = Client("http://127.0.0.1:9", stall_timeout_s=120, request_timeout_s=600, first_token_floor_s=120)
+    assert client.first_token_limit_s(0) == 120
+    assert client.first_token_limit_s(90_000) == 120 + 90_000 / 500  # the seed's deepest prefill: 300 s
+    assert client.first_token_limit_s(10_000_000) == 600
+    assert Client("http://127.0.0.1:9", stall_timeout_s=7).first_token_limit_s(90_000) == 7  # off by default

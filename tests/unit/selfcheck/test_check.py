@@ -107,9 +107,11 @@ class StallingClient(Client):
 
     stall_s = 0.08
 
-    def _read_stream(self, response: http.client.HTTPResponse, sample: Sample, t0: float, keep_text: bool) -> None:
+    def _read_stream(
+        self, response: http.client.HTTPResponse, sample: Sample, t0: float, keep_text: bool, first_byte: list[bool]
+    ) -> None:
         time.sleep(self.stall_s)
-        super()._read_stream(response, sample, t0, keep_text)
+        super()._read_stream(response, sample, t0, keep_text, first_byte)
 
 
 def test_an_injected_client_stall_is_measured_as_error() -> None:

@@ -1,0 +1,226 @@
+"""Where a long run is: the run folder at the start, each boot launching → ready (with the engine's own
+phase line every ~10 s while it starts), each measured request of a probe point (``i/N`` and its figure),
+and an ETA for the whole run from the boot plan and the times measured so far.
+
+Plain Python: it writes through a :class:`Writer` (the plugin passes pytest's terminal reporter) and is
+told what happens by :class:`~pytest_kvcache.run.run.Run` (``RunListener``). ``lines`` mode writes one
+line per event (CI logs); ``live`` mode rewrites one line per request in place (a terminal); ``quiet``
+(pytest's ``-q``) keeps the boot lines and the ETA only.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Literal, Protocol
+
+from pytest_kvcache.config.settings import Boot, Settings
+from pytest_kvcache.model import Evidence, Record
+
+Mode = Literal["lines", "live", "off"]
+
+#: How often a booting engine's progress is reported.
+BOOT_TICK_S = 10.0
+#: Engine log lines that say which phase a boot is in (vLLM's own words).
+PHASE = re.compile(
+    r"(non-default args|Initializing a V1 LLM engine|Loading model|Loading weights|Model loading took"
+    r"|torch\.compile|Compiling a graph|Capturing CUDA graphs|KV cache|init engine"
+    r"|Starting vLLM server|Started server process|Application startup)",
+    re.IGNORECASE,
+)
+LOG_PREFIX = re.compile(r"^\([^)]*\)\s+(?:[A-Z]+\s+[\d-]+\s+[\d:.]+\s+\[[^\]]*\]\s+)?")
+
+
+class Writer(Protocol):
+    def line(self, text: str) -> None: ...
+
+    def rewrite(self, text: str) -> None: ...
+
+
+def engine_phase(log_path: Path, limit: int = 64 * 1024) -> str | None:
+    """The last line of the engine log that names a startup phase, without its logger prefix."""
+    try:
+        with log_path.open("rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - limit))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = None
+    for raw in text.replace("\r", "\n").splitlines():
+        if PHASE.search(raw):
+            found = raw
+    if found is None:
+        return None
+    line = LOG_PREFIX.sub("", found.strip())
+    return line[:117] + "…" if len(line) > 120 else line
+
+
+def fmt_s(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+def figure(record: Record) -> str:
+    """The running figure of one measured request: what its probe is about."""
+    metrics = record.get("metrics") or {}
+    parts = []
+    ttft = metrics.get("ttft_s")
+    if ttft is not None:
+        parts.append(f"ttft {ttft:.2f} s" if ttft >= 1 else f"ttft {ttft * 1000:.0f} ms")
+    for name, unit in (("prefill_tps", "prefill tok/s"), ("decode_tps", "decode tok/s")):
+        value = metrics.get(name)
+        if value is not None and (name != "prefill_tps" or record.get("probe") == "prefill"):
+            parts.append(f"{value:,.0f} {unit}")
+    if not record.get("ok"):
+        parts.append(f"FAILED {record.get('error_kind')}")
+    elif record.get("excluded_reason"):
+        parts.append("excluded")
+    return " ".join(parts)
+
+
+class Progress:
+    """A ``RunListener`` that reports progress through ``writer``."""
+
+    def __init__(
+        self,
+        writer: Writer,
+        settings: Settings,
+        *,
+        mode: Mode,
+        quiet: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        tick_s: float = BOOT_TICK_S,
+    ) -> None:
+        self.writer = writer
+        self.settings = settings
+        self.mode = mode
+        self.quiet = quiet
+        self.clock = clock
+        self.tick_s = tick_s
+        self.started = clock()
+        self.tests_total = 0
+        self.tests_done = 0
+        self.boots_total = 0
+        self.boots_done = 0
+        self._booting: threading.Event | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ what the plugin tells
+
+    def planned(self, tests_per_boot: Mapping[str, int]) -> None:
+        self.tests_total = sum(tests_per_boot.values())
+        self.boots_total = sum(1 for n in tests_per_boot.values() if n)
+
+    def test_done(self, name: str) -> None:
+        self.tests_done += 1
+        eta = self.eta()
+        if eta and not self.quiet:
+            self._line(f"kvcache: {self.tests_done}/{self.tests_total} probe tests done ({name}); run ETA {eta}")
+
+    def eta(self) -> str | None:
+        """Remaining time from the share of the plan done so far (tests, each boot counted as one)."""
+        total = self.tests_total + self.boots_total
+        done = self.tests_done + self.boots_done
+        if not total or not done or done >= total:
+            return None
+        elapsed = self.clock() - self.started
+        return fmt_s(elapsed / done * (total - done))
+
+    # ------------------------------------------------------------------ RunListener
+
+    def run_opened(self, path: Path) -> None:
+        self._line(f"kvcache: run folder {path} (requests.jsonl grows as requests finish)")
+
+    def boot_starting(self, boot: Boot, log_path: Path) -> None:
+        position = self.boots_done + 1
+        of = f" ({position}/{self.boots_total})" if self.boots_total else ""
+        self._line(f"kvcache: {boot.boot_id}{of} launching …")
+        stop = threading.Event()
+        self._booting = stop
+        started = self.clock()
+
+        def watch() -> None:
+            while not stop.wait(self.tick_s):
+                phase = engine_phase(log_path)
+                self._line(
+                    f"kvcache: {boot.boot_id} starting, {fmt_s(self.clock() - started)}"
+                    + (f": {phase}" if phase else " (the engine log says nothing yet)")
+                )
+
+        threading.Thread(target=watch, name=f"kvcache-boot-{boot.boot_id}", daemon=True).start()
+
+    def boot_ready(self, boot: Boot, evidence: Evidence) -> None:
+        self._stop_watch()
+        self.boots_done += 1
+        ready = evidence.get("ready_s")
+        cache = evidence.get("cache_config") or {}
+        what = ", ".join(
+            part
+            for part in (
+                f"cache_dtype={cache.get('cache_dtype')}" if cache.get("cache_dtype") else "",
+                f"{int(cache['kv_cache_size_tokens']):,} KV tokens" if cache.get("kv_cache_size_tokens") else "",
+            )
+            if part
+        )
+        eta = self.eta()
+        after = f" after {ready:.1f} s" if ready is not None else ""
+        details = (f" ({what})" if what else "") + (f"; run ETA {eta}" if eta else "")
+        self._line(f"kvcache: {boot.boot_id} ready{after}{details}")
+
+    def boot_failed(self, boot: Boot, headline: str) -> None:
+        self._stop_watch()
+        self.boots_done += 1
+        self._line(f"kvcache: {boot.boot_id} FAILED: {headline.splitlines()[0]}")
+
+    def recorded(self, record: Record, of: int | None) -> None:
+        if self.quiet or record.get("phase") != "measured":
+            return
+        index = record.get("index")
+        position = ""
+        if isinstance(index, int):  # 0-based in the record, 1-based on the screen
+            position = f"{index + 1}/{of}" if of else f"#{index + 1}"
+        point = record.get("shape") or ""
+        if record.get("probe") == "agentic":
+            point = f"s{record.get('session')} turn {record.get('turn')}"
+        text = f"kvcache: {record.get('probe')}@{point} {record.get('boot')} {position} {figure(record)}".rstrip()
+        if self.mode == "live":
+            self.writer.rewrite(text)
+        else:
+            self._line(text)
+
+    def closed(self) -> None:
+        self._stop_watch()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _stop_watch(self) -> None:
+        if self._booting is not None:
+            self._booting.set()
+            self._booting = None
+
+    def _line(self, text: str) -> None:
+        if self.mode == "off":
+            return
+        with self._lock:
+            self.writer.line(text)
+
+
+def requests_of(record: Record, settings: Settings) -> int | None:
+    """How many measured requests the record's probe point plans (for ``i/N``), when the plugin knows."""
+    probe = record.get("probe")
+    if probe == "short":
+        return settings.runs
+    if probe == "prefill":
+        return settings.depth_runs
+    if probe == "concurrency":
+        return settings.runs
+    if probe == "agentic":
+        return settings.turns
+    return None
