@@ -14,12 +14,11 @@ from pathlib import Path
 
 from pytest_kvcache.report.options import ReportOptions
 
-EXIT_USAGE = 4
-
 
 def rerender(run: Path, options: ReportOptions, out: Callable[[str], None] = print) -> int:
     """Rebuild a stored run's report with ``options``; print what a run's terminal summary prints; return
     the exit code."""
+    from pytest_kvcache.report.judge import EXIT_USAGE
     from pytest_kvcache.report.outputs.terminal import outcome_lines
     from pytest_kvcache.report.pipeline import ReportInputError, produce
 
@@ -44,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--allow-diff", action="append", default=[], metavar="PATH", help="an evidence path allowed to differ"
     )
     args = parser.parse_args(argv)
+    from pytest_kvcache.report.judge import EXIT_USAGE
     from pytest_kvcache.report.pipeline import ReportInputError, stored_noise_run
 
     run = args.run_dir.resolve()

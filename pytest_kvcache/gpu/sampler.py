@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from pytest_kvcache.gpu.nvml import _mib, _watts, throttle_reason_names
+from pytest_kvcache.periodic import every
 
 if TYPE_CHECKING:
     from pytest_kvcache.gpu.cards import CardRef
@@ -171,19 +172,11 @@ class Sampler:
             self._fh = self.path.open("a", encoding="utf-8")
 
     def _run(self) -> None:
-        interval = 1.0 / self.hz
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                self.sample_once()
-            except Exception as exc:  # a sampler must never take the run down
-                self.errors += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
-            next_at += interval
-            now = time.monotonic()
-            if next_at < now:  # fell behind: skip the missed ticks, keep the phase
-                next_at += interval * math.ceil((now - next_at) / interval)
-            self._stop.wait(next_at - now)
+        every(1.0 / self.hz, self._stop, self.sample_once, self._failed)
+
+    def _failed(self, exc: Exception) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
 
     def sample_once(self) -> list[GpuSample]:
         """Read every card once, keep and write the readings."""

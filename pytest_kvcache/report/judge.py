@@ -17,7 +17,7 @@ from pytest_kvcache.model import GateResult, Report, SavedRow, SavedSection
 from pytest_kvcache.probes.registry import COUNT_METRICS
 from pytest_kvcache.report import gates as gate_grammar
 from pytest_kvcache.report.build import agreement_sentences, build, verdict_sentences
-from pytest_kvcache.report.frame import compare, frame
+from pytest_kvcache.report.frame import Specs, compare
 from pytest_kvcache.report.load import RunData
 
 #: The exit codes, for pytest and ``kvcache-report`` alike.
@@ -54,7 +54,7 @@ def noise_bands(noise: RunData) -> Bands:
     return bands
 
 
-def apply_noise(report: Report, bands: Bands, name: str) -> None:
+def apply_noise(report: Report, bands: Bands, name: str, specs: Specs) -> None:
     """Judge every delta against the A/A noise band: better/worse only when the CI clears 1 ± band."""
     missing = 0
     for d in report["deltas"]:
@@ -75,11 +75,7 @@ def apply_noise(report: Report, bands: Bands, name: str) -> None:
         "missing": missing,
     }
     arms = [a["name"] for a in report["arms"]]
-    specs = {s["name"]: s for s in report.get("probes") or []}
-    from pytest_kvcache.probes.registry import ProbeSpec
-
-    table = {name: ProbeSpec.from_dict(data) for name, data in specs.items()}
-    report["verdicts"] = verdict_sentences(report["deltas"], report["crossovers"], arms, table) + agreement_sentences(
+    report["verdicts"] = verdict_sentences(report["deltas"], report["crossovers"], arms, specs) + agreement_sentences(
         report["agreement"]["rows"], arms
     )
 
@@ -87,7 +83,7 @@ def apply_noise(report: Report, bands: Bands, name: str) -> None:
 def compare_with_saved(report: Report, data: pd.DataFrame, saved: RunData, seed: int) -> SavedSection:
     """Current arms against a stored run, by probe, point, metric and arm; warns where the setup differs."""
     saved_report = build(saved)
-    old_data = frame(saved.records, saved.specs)
+    old_data = saved.frame
     rows: list[SavedRow] = []
     keys = sorted({(s["probe"], s["point"], s["metric"], s["arm"]) for s in report["summary"]})
     for probe, point, metric, arm in keys:
@@ -130,13 +126,13 @@ def judge(
     seed = run.seed
     specs = run.specs
     arms = run.arms
-    data = frame(run.records, specs)
+    data = run.frame
     done = Judgement()
     parsed = [gate_grammar.parse(text, arms=arms, specs=specs) for text in gate_texts]
     bands: Bands = {}
     if noise is not None:
         bands = noise_bands(noise)
-        apply_noise(report, bands, noise.path.name)
+        apply_noise(report, bands, noise.path.name, specs)
     check = report.get("self_check") or {}
     done.messages += [f"warning: {w}" for w in check.get("warnings") or []]
     if check.get("error"):
@@ -152,7 +148,7 @@ def judge(
     old = None
     if saved is not None:
         report["compare"] = compare_with_saved(report, data, saved, seed)
-        old = frame(saved.records, saved.specs)
+        old = saved.frame
         done.messages += report["compare"]["warnings"]
     done.gate_results = gate_grammar.evaluate(parsed, data, arms, seed=seed, saved=old, noise=bands)
     bad = {"fail"} | ({"inconclusive"} if inconclusive == "fail" else set())

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from pytest_kvcache.model import AgreementRecord, Evidence, ProbeSpecData, Record, RunMeta, SamplingRecord
 from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.registry import ProbeSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class RunFolderError(ValueError):
@@ -48,9 +52,16 @@ class RunData:
     def seed(self) -> int:
         return int(self.settings.get("seed") or 0)
 
-    @property
+    @cached_property
     def specs(self) -> dict[str, ProbeSpec]:
         return registry.resolve(cast(list[ProbeSpecData], self.meta.get("probes") or []))
+
+    @cached_property
+    def frame(self) -> pd.DataFrame:
+        """The measured requests as one frame (``report.frame.frame``), built once for build and judge."""
+        from pytest_kvcache.report.frame import frame
+
+        return frame(self.records, self.specs)
 
 
 def _json_file(path: Path, what: str) -> Any:
@@ -92,6 +103,12 @@ def jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
         else:
             bad += 1
     return rows, bad
+
+
+def read_meta(path: Path) -> RunMeta:
+    """Only ``run.json`` of a run folder (validated), for callers that need its settings and not the rest."""
+    check_folder(path)
+    return cast(RunMeta, _json_file(path / "run.json", "the run's settings and plan"))
 
 
 def check_folder(path: Path, what: str = "run folder") -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from pytest_kvcache.model import Report
 from pytest_kvcache.report.gates import GateError
 from pytest_kvcache.report.judge import Judgement, exit_code
-from pytest_kvcache.report.load import RunData, RunFolderError, load
+from pytest_kvcache.report.load import RunData, RunFolderError, load, read_meta
 from pytest_kvcache.report.options import ReportOptions
 
 
@@ -121,7 +121,7 @@ def stored_noise_run(run: Path, options: ReportOptions) -> ReportOptions:
     """A re-render without ``--kv-noise`` is judged against the A/A run the run itself named, when that
     stored run is still there (``run.json``'s settings); a vanished one is a usage error."""
     try:
-        meta = load(run).meta
+        meta = read_meta(run)
     except RunFolderError:
         return options  # produce() reports the folder's problem
     settings = meta.get("settings") or {}

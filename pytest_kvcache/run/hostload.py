@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import math
 import os
 import threading
 import time
@@ -42,6 +41,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from pytest_kvcache.periodic import every
 
 #: The flag a request gets when its window saw more of the host busy outside the measurement than allowed.
 FLAG = "host_cpu_busy"
@@ -366,19 +367,12 @@ class HostSampler:
         if self.write is not None:
             self.write(record)
 
-    def _run(self) -> None:
-        interval = 1.0 / self.hz
-        next_at = time.monotonic() + interval
-        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
-            try:
-                self.sample_once()
-            except Exception as exc:  # a sampler must never take the run down
-                self.errors += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
-            next_at += interval
-            now = time.monotonic()
-            if next_at < now:  # fell behind: skip the missed ticks, keep the phase
-                next_at += interval * math.ceil((now - next_at) / interval)
+    def _run(self) -> None:  # the first reading was taken by start()
+        every(1.0 / self.hz, self._stop, self.sample_once, self._failed, first_after_s=1.0 / self.hz)
+
+    def _failed(self, exc: Exception) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
 
     def sample_once(self) -> HostSample | None:
         """Take a reading; keep and write the interval since the last one (None for the first reading)."""

@@ -69,6 +69,12 @@ def standin_args(tag: str) -> list[str]:
     ]
 
 
+def with_counts(standin_args: list[str], *, warmups: int, runs: int, extra: tuple[str, ...] = ()) -> list[str]:
+    """``standin_args`` with other warmup/run counts, then ``extra``."""
+    kept = [a for a in standin_args if not a.startswith(("--kv-warmups", "--kv-runs"))]
+    return [*kept, f"--kv-warmups={warmups}", f"--kv-runs={runs}", *extra]
+
+
 def latest(pytester: pytest.Pytester) -> Path:
     """The newest run folder of a pytester project (``.kvcache/runs/latest``)."""
     return (pytester.path / ".kvcache" / "runs" / "latest").resolve()

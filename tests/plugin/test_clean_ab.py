@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pytest_kvcache.run.folder import read_records
-from tests.plugin.conftest import latest
+from tests.plugin.conftest import latest, with_counts
 
 
 def report_of(pytester: pytest.Pytester) -> dict[str, Any]:
@@ -19,12 +19,7 @@ def report_of(pytester: pytest.Pytester) -> dict[str, Any]:
 
 @pytest.fixture
 def args(standin_args: list[str]) -> list[str]:
-    return [a for a in standin_args if not a.startswith(("--kv-warmups", "--kv-runs"))] + [
-        "--kv-warmups=0",
-        "--kv-runs=3",
-        "-k",
-        "code",
-    ]
+    return with_counts(standin_args, warmups=0, runs=3, extra=("-k", "code"))
 
 
 def test_two_replicates_boot_abba_and_the_report_shows_each_boot(pytester: pytest.Pytester, args: list[str]) -> None:

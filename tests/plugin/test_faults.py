@@ -301,6 +301,25 @@ def _wait_for(predicate: Callable[[], bool], seconds: float) -> bool:
     return False
 
 
+def _interrupt(
+    pytester: pytest.Pytester, args: list[str], tag: str, ready: Callable[[], bool], sigints: int
+) -> tuple[int, str, float]:
+    """Start pytest, wait until ``ready()``, send ``sigints`` Ctrl-Cs half a second apart; return its exit
+    code, output and how long it took to end after the last one. Nothing is left behind either way."""
+    proc = spawn_pytest(pytester, *args, new_session=True)
+    try:
+        assert _wait_for(ready, 60), "the run never got to the point to interrupt"
+        for _ in range(sigints):
+            time.sleep(0.5)  # the first one: mid-boot or mid-run; the next: during the engine's SIGTERM grace
+            proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - started
+    finally:
+        kill_leftovers(proc, tag)
+    return proc.returncode, out.decode(), took
+
+
 def test_a_second_ctrl_c_leaves_nothing_running(pytester: pytest.Pytester, standin_args: list[str], tag: str) -> None:
     """The stand-in ignores SIGTERM and has a child that ignores it too: only SIGKILL of the group ends them."""
     slow = [a for a in standin_args if not a.startswith(("--kv-engine-args", "--kv-runs"))]
@@ -310,39 +329,23 @@ def test_a_second_ctrl_c_leaves_nothing_running(pytester: pytest.Pytester, stand
         "--kv-runs=500",
         f"--kv-engine-args={tag} --standin-ignore-sigterm --standin-spawn-child",
     ]
-    proc = spawn_pytest(pytester, *args, new_session=True)
-    try:
-        requests = pytester.path / ".kvcache" / "runs" / "latest" / "requests.jsonl"  # latest() resolves too early
-        assert _wait_for(lambda: requests.exists() and len(read_records(requests)) >= 1, 60)
-        assert len(processes_with(tag)) >= 2, "the engine and its child should be running"
-        proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)  # the run is now waiting out the engine's SIGTERM grace
-        proc.send_signal(signal.SIGINT)
-        started = time.monotonic()
-        out, _ = proc.communicate(timeout=30)
-        took = time.monotonic() - started
-    finally:
-        kill_leftovers(proc, tag)
-    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
+    requests = pytester.path / ".kvcache" / "runs" / "latest" / "requests.jsonl"  # latest() resolves too early
+
+    def measuring() -> bool:
+        return requests.exists() and len(read_records(requests)) >= 1 and len(processes_with(tag)) >= 2
+
+    code, out, took = _interrupt(pytester, args, tag, measuring, sigints=2)
+    assert code == pytest.ExitCode.INTERRUPTED, out
     assert took < 12, f"the second Ctrl-C took {took:.1f} s to end the run"
     assert _wait_for(lambda: not processes_with(tag), 5), f"left running: {processes_with(tag)}"
-    assert "Traceback" not in out.decode()
+    assert "Traceback" not in out
 
 
 def test_ctrl_c_during_a_boot_returns_within_5_s(pytester: pytest.Pytester, standin_args: list[str], tag: str) -> None:
     slow = [a for a in standin_args if not a.startswith("--kv-engine-args")]
     args = [*slow, "--kv-arms=auto", f"--kv-engine-args={tag} --standin-startup-delay=60 --standin-ignore-sigterm"]
-    proc = spawn_pytest(pytester, *args, new_session=True)
-    try:
-        assert _wait_for(lambda: bool(processes_with(tag)), 30), "the engine should be booting"
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
-        started = time.monotonic()
-        out, _ = proc.communicate(timeout=30)
-        took = time.monotonic() - started
-    finally:
-        kill_leftovers(proc, tag)
-    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
+    code, out, took = _interrupt(pytester, args, tag, lambda: bool(processes_with(tag)), sigints=1)
+    assert code == pytest.ExitCode.INTERRUPTED, out
     assert took < 5, f"Ctrl-C during the boot took {took:.1f} s"
     assert not processes_with(tag)
 

@@ -10,11 +10,9 @@ for failures vLLM cannot be made to produce on cue. The same paths run on real v
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import pytest
 from pytest_kvcache.engines.registry import reap_orphans
 from pytest_kvcache.run.folder import read_records
 from pytest_kvcache.selfcheck.stream import StreamServer
-from tests.plugin.conftest import processes_with
+from tests.plugin.conftest import processes_with, spawn_pytest
 
 BAD_ARMS = """
 [tool.pytest_kvcache.arms.exits]
@@ -166,17 +164,6 @@ def test_unreachable_external_endpoint(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*auto: external endpoint unreachable — auto: not ready at http://127.0.0.1:*"])
 
 
-def _spawn(pytester: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "pytest", *args],
-        cwd=pytester.path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-
-
 def _kill_and_reap(pytester: pytest.Pytester, proc: subprocess.Popen[bytes]) -> None:
     """If a test fails half-way, leave no pytest nor engine behind (a SIGKILLed pytest orphans its engine)."""
     if proc.poll() is None:
@@ -201,7 +188,7 @@ def test_interrupt_mid_run_stops_the_engine_and_keeps_records(
     pytester: pytest.Pytester, standin_args: list[str], tag: str, signum: int
 ) -> None:
     slow = [a for a in standin_args if not a.startswith(("--kv-runs", "--kv-max-tokens"))]
-    proc = _spawn(
+    proc = spawn_pytest(
         pytester,
         "--kv-arms=auto,float16",
         *slow,
@@ -227,7 +214,7 @@ def test_a_new_run_reaps_engines_left_by_a_killed_run(
     pytester: pytest.Pytester, standin_args: list[str], tag: str
 ) -> None:
     slow = [a for a in standin_args if not a.startswith("--kv-runs")]
-    proc = _spawn(pytester, "--kv-arms=auto", *slow, "--kv-runs=500")
+    proc = spawn_pytest(pytester, "--kv-arms=auto", *slow, "--kv-runs=500")
     try:
         _wait_for_records(pytester, proc, 1)
         proc.kill()  # SIGKILL: no teardown can run, the engine is orphaned

@@ -12,16 +12,12 @@ from pathlib import Path
 import pytest
 
 from pytest_kvcache import cli
-from tests.plugin.conftest import latest
+from tests.plugin.conftest import latest, with_counts
 
 
 @pytest.fixture
 def args(standin_args: list[str]) -> list[str]:
-    return [a for a in standin_args if not a.startswith(("--kv-warmups", "--kv-runs"))] + [
-        "--kv-warmups=0",
-        "--kv-runs=3",
-        "--kv-arms=auto,float16",
-    ]
+    return with_counts(standin_args, warmups=0, runs=3, extra=("--kv-arms=auto,float16",))
 
 
 BROKEN_WRITER = """

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.plugin.conftest import with_counts
+
 
 @pytest.fixture
 def args(standin_args: list[str]) -> list[str]:
-    return [a for a in standin_args if not a.startswith(("--kv-warmups", "--kv-runs"))] + [
-        "--kv-warmups=0",
-        "--kv-runs=2",
-        "--kv-arms=auto,float16",
-    ]
+    return with_counts(standin_args, warmups=0, runs=2, extra=("--kv-arms=auto,float16",))
 
 
 def test_a_two_arm_run_reports_boots_requests_and_an_eta_in_order(pytester: pytest.Pytester, args: list[str]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kvcache.run.folder import read_records
-from tests.plugin.conftest import latest
+from tests.plugin.conftest import latest, with_counts
 
 HOOK = """
 import json, pathlib
@@ -23,13 +23,7 @@ def pytest_kvcache_report(config, report):
 
 @pytest.fixture
 def args(standin_args: list[str]) -> list[str]:
-    return [a for a in standin_args if not a.startswith(("--kv-warmups", "--kv-runs"))] + [
-        "--kv-warmups=0",
-        "--kv-runs=3",
-        "--kv-arms=auto,float16",
-        "-m",
-        "short",
-    ]
+    return with_counts(standin_args, warmups=0, runs=3, extra=("--kv-arms=auto,float16", "-m", "short"))
 
 
 def test_report_files_and_passing_gate(

@@ -213,7 +213,7 @@ def test_noise_band_widens_gates_and_verdicts() -> None:
     report: Any = {"deltas": analysis.delta_rows(data, ["a", "b"]), "arms": [], "crossovers": []}
     report["agreement"] = {"rows": [], "notes": []}
     assert report["deltas"][0]["verdict"] == "better"
-    judge.apply_noise(report, {("short", "code", "decode_tps"): 0.03}, "aa")
+    judge.apply_noise(report, {("short", "code", "decode_tps"): 0.03}, "aa", SPECS)
     assert report["deltas"][0]["verdict"] == "inconclusive"
     assert report["deltas"][0]["verdict_note"] == "within the A/A noise band ±3.0%"
 
