@@ -17,12 +17,14 @@ from pytest_kvcache.report.options import ReportOptions
 
 def rerender(run: Path, options: ReportOptions, out: Callable[[str], None] = print) -> int:
     """Rebuild a stored run's report with ``options``; print what a run's terminal summary prints; return
-    the exit code."""
+    the exit code. Without a noise run in ``options``, the one the run itself was judged against is used."""
     from pytest_kvcache.report.judge import EXIT_USAGE
     from pytest_kvcache.report.outputs.terminal import outcome_lines
-    from pytest_kvcache.report.pipeline import ReportInputError, produce
+    from pytest_kvcache.report.pipeline import ReportInputError, produce, stored_noise_run
 
     try:
+        if options.noise is None:
+            options = stored_noise_run(run, options)
         outcome = produce(run, options)
     except ReportInputError as exc:
         out(f"ERROR: pytest-kvcache: {exc}")
@@ -43,10 +45,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--allow-diff", action="append", default=[], metavar="PATH", help="an evidence path allowed to differ"
     )
     args = parser.parse_args(argv)
-    from pytest_kvcache.report.judge import EXIT_USAGE
-    from pytest_kvcache.report.pipeline import ReportInputError, stored_noise_run
-
-    run = args.run_dir.resolve()
     options = ReportOptions(
         gates=tuple(args.fail),
         inconclusive=args.inconclusive,
@@ -54,13 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         noise=args.noise,
         allow_diff=tuple(k.strip() for text in args.allow_diff for k in text.split(",") if k.strip()),
     )
-    if options.noise is None:
-        try:
-            options = stored_noise_run(run, options)
-        except ReportInputError as exc:
-            print(f"ERROR: pytest-kvcache: {exc}")
-            return EXIT_USAGE
-    return rerender(run, options)
+    return rerender(args.run_dir.resolve(), options)
 
 
 if __name__ == "__main__":

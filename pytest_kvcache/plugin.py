@@ -133,10 +133,6 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         options = report_options(cli, os.environ, ini, config.rootpath)
     except SettingsError as exc:
         raise pytest.UsageError(f"pytest-kvcache: {exc}") from None
-    if options.noise is None:
-        from pytest_kvcache.report.pipeline import stored_noise_run
-
-        options = stored_noise_run(path, options)
     return rerender(path, options)
 
 

@@ -19,7 +19,7 @@ gated) without the user's file. Plain Python: no pytest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, cast
 
@@ -207,12 +207,6 @@ def specs() -> tuple[ProbeSpec, ...]:
     return tuple(sorted(_SPECS.values(), key=lambda s: (s.order, s.name)))
 
 
-def known_metrics(extra: Iterable[ProbeSpec] = ()) -> tuple[str, ...]:
-    """Every metric a gate may name: the probes' compared metrics, the client's and the engine's timings."""
-    found = [m for s in (*specs(), *extra) for m in s.compared_metrics]
-    return tuple(dict.fromkeys([*CLIENT_METRICS, *ENGINE_METRICS, *found]))
-
-
 def resolve(stored: Iterable[ProbeSpecData] = ()) -> dict[str, ProbeSpec]:
     """The specs a report uses: the ones a stored run wrote (as that run saw them), then the registry's."""
     found: dict[str, ProbeSpec] = {}
@@ -229,11 +223,6 @@ def user_spec(name: str) -> ProbeSpec:
     return ProbeSpec(name=name, title=name, metrics=CLIENT_METRICS, primary_metric="decode_tps", order=99)
 
 
-def ordered(names: Iterable[str], table: Mapping[str, ProbeSpec]) -> list[str]:
-    """Probe names in report order (stock order, then the rest by name)."""
-    return sorted(set(names), key=lambda n: (table[n].order if n in table else 99, n))
-
-
 __all__ = [
     "CLIENT_METRICS",
     "COUNT_METRICS",
@@ -243,8 +232,6 @@ __all__ = [
     "ProbeSpec",
     "add_listener",
     "get",
-    "known_metrics",
-    "ordered",
     "register",
     "remove_listener",
     "resolve",
