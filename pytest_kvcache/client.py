@@ -71,6 +71,9 @@ class Sample:
     end_s: float | None = None
     chunks: int = 0
     token_chunks: int = 0
+    #: tokens the first token chunk carried (running ``usage.completion_tokens``): more than 1 when a
+    #: speculative step landed in it; the decode rate counts only the tokens after it
+    first_chunk_tokens: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
@@ -115,7 +118,10 @@ class Sample:
             flags.append("decode_window_short")
             voided["decode_tps"] = "decode_window_short"
         else:
-            metrics["decode_tps"] = (self.completion_tokens - 1) / window
+            # the tokens that arrived after the first token chunk, over the time they took: with speculative
+            # decoding a chunk carries several tokens, the first one included
+            first = self.first_chunk_tokens if self.token_clock == "usage" and self.first_chunk_tokens else 1
+            metrics["decode_tps"] = (self.completion_tokens - first) / window
         return metrics, flags, voided
 
     def to_dict(self) -> dict[str, Any]:
@@ -388,6 +394,7 @@ class Client:
                 if isinstance(running, int) and running > count:
                     if first_usage is None:
                         first_usage = now
+                        sample.first_chunk_tokens = running
                     last_usage = now
                     count = running
                     sample.token_chunks += 1

@@ -76,6 +76,21 @@ REQUEST_SUCCESS = "vllm:request_success_total"
 SPEC_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 
+def spec_metrics(engine: Mapping[str, object]) -> dict[str, float]:
+    """Speculative-decoding figures of one request from its counter deltas (empty when no draft was made).
+
+    ``acceptance_length`` = 1 + accepted / drafts: tokens per verification step (vLLM's "mean acceptance
+    length"; 1.0 when every draft is rejected). ``acceptance_rate`` = accepted / draft tokens.
+    """
+    drafts, tokens, accepted = (engine.get(k) for k in ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens"))
+    if not isinstance(drafts, int | float) or not isinstance(accepted, int | float) or drafts <= 0:
+        return {}
+    out = {"acceptance_length": 1.0 + accepted / drafts}
+    if isinstance(tokens, int | float) and tokens > 0:
+        out["acceptance_rate"] = accepted / tokens
+    return out
+
+
 def engine_delta(before: Scrape, after: Scrape) -> dict[str, object]:
     """Counter deltas between two scrapes; a counter the engine does not export is left out.
 

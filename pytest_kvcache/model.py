@@ -140,6 +140,7 @@ class LogFacts(TypedDict, total=False):
     attention_backend: str
     attention_candidates: list[str]
     non_default_args: dict[str, Json]
+    speculative_config: str  # as the engine's config line prints it: "None" or "SpeculativeConfig(…)"
 
 
 class GpuCard(TypedDict, total=False):
@@ -317,6 +318,8 @@ class Comparison(TypedDict, total=False):
     boots_arm: int
     direction: str
     verdict: Verdict
+    #: a better/worse verdict from a within-boot CI: "N boot(s) per arm: within-boot CI only", else absent
+    provisional: str
 
 
 class DeltaRow(Comparison, total=False):
@@ -352,6 +355,7 @@ class ResolvedArm(TypedDict):
     served_model: str | None
     ready_s: float | None
     status: str | None
+    speculative: str | None  # "none", "ngram, 3 tokens" … (engines.evidence.speculative); None: not stated
 
 
 class GpuCardSummary(TypedDict):
@@ -487,15 +491,26 @@ class AgenticSection(TypedDict):
 
 
 class SpecDecodeRow(TypedDict):
+    """Speculative decoding of one arm at one probe point, from the per-request ``/metrics`` deltas."""
+
     arm: str
     probe: str
-    drafted: int
-    accepted: int
-    acceptance_pct: float
+    point: str
+    requests: int
+    drafts: int  # verification steps with a draft
+    drafted: int  # draft tokens proposed
+    accepted: int  # draft tokens accepted
+    acceptance_pct: float  # 100 · accepted / drafted
+    acceptance_length: float  # 1 + accepted / drafts (pooled)
+    acceptance_length_mean: float | None  # mean of per-request acceptance lengths, with its CI
+    ci_low: float | None
+    ci_high: float | None
+    per_position: list[float]  # accepted at draft position i / drafts (pooled), i = 1 … k
 
 
 class SpecDecodeSection(TypedDict):
     rows: list[SpecDecodeRow]
+    config: dict[str, str | None]  # arm → resolved setup ("ngram, 3 tokens", "none", None: not stated)
     line: str
 
 
@@ -532,7 +547,14 @@ class SavedSection(TypedDict):
     warnings: list[str]
 
 
-class GateResult(TypedDict):
+class _GateExtras(TypedDict, total=False):
+    #: for ratio gates: "boots", "within-boot" or "noise band" (the CI the outcome was judged on)
+    ci_method: str
+    #: what a ratio gate on a within-boot CI would have said; its ``outcome`` is then "inconclusive"
+    within_boot_outcome: Outcome
+
+
+class GateResult(_GateExtras):
     """One evaluated gate (one point and arm pair of a ``--kv-fail`` expression)."""
 
     name: str

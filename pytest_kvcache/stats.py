@@ -36,9 +36,13 @@ BOOTSTRAP_SAMPLES = 4000
 CONFIDENCE = 0.95
 
 
+#: Metrics better higher that are not throughputs: speculative acceptance.
+HIGHER_IS_BETTER = frozenset({"acceptance_length", "acceptance_rate"})
+
+
 def higher_is_better(metric: str) -> bool:
-    """Throughputs (``*_tps``) are better higher; times (``*_s``) and token counts better lower."""
-    return metric.endswith("_tps")
+    """Throughputs (``*_tps``) and acceptance are better higher; times (``*_s``) and token counts better lower."""
+    return metric.endswith("_tps") or metric in HIGHER_IS_BETTER
 
 
 def _rng(seed: int) -> np.random.Generator:

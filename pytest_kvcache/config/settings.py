@@ -218,7 +218,7 @@ class Settings:
     first_token_floor_s: float = 120.0
     min_prefill_tps: float = 500.0
     progress: Progress = "auto"
-    host_cpu_max_pct: float | None = None
+    host_cpu_max_pct: float | None = 50.0
     host_cpu_action: HostCpuAction = "flag"
 
     @property
@@ -662,7 +662,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "host_cpu_max",
         "a sample whose window saw more than this share (%) of the host's CPU busy outside the engine and "
-        "the client is disturbed (default off: opt in, e.g. 50; see docs/host-cpu.md).",
+        "the client is disturbed (default 50; off: no sampling; see docs/host-cpu.md).",
         "PCT",
     ),
     OptionSpec(
@@ -1049,7 +1049,7 @@ def resolve(
         first_token_floor_s=get("first_token_floor", lambda raw: _positive_float(str(raw)), 120.0),
         min_prefill_tps=get("min_prefill_tps", lambda raw: _positive_float(str(raw)), 500.0),
         progress=get("progress", _choice("auto", "lines", "off"), "auto"),
-        host_cpu_max_pct=get("host_cpu_max", _pct_or_off, None),
+        host_cpu_max_pct=get("host_cpu_max", _pct_or_off, 50.0),
         host_cpu_action=get("host_cpu", _choice("flag", "exclude", "off"), "flag"),
         warmups=get("warmups", lambda raw: _count(0)(str(raw)), 3),
         runs=runs,

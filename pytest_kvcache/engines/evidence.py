@@ -17,6 +17,8 @@ ENGINE_INIT = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\) with config
 KV_DTYPE_IN_CONFIG = re.compile(r"\bkv_cache_dtype=([A-Za-z0-9_]+)")
 KV_SIZE = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
 NON_DEFAULT_ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
+SPEC_IN_CONFIG = re.compile(r"\bspeculative_config=(None|SpeculativeConfig\([^)]*\))")
+SPEC_FIELD = re.compile(r"(\w+)=('[^']*'|[^,)]+)")
 
 
 def parse_log(text: str) -> LogFacts:
@@ -30,6 +32,8 @@ def parse_log(text: str) -> LogFacts:
             found["engine_version"] = m.group(1)
             if d := KV_DTYPE_IN_CONFIG.search(m.group(2)):
                 found["kv_cache_dtype"] = d.group(1)
+            if d := SPEC_IN_CONFIG.search(m.group(2)):
+                found["speculative_config"] = d.group(1)
         elif m := KV_SIZE.search(line):
             found["kv_cache_device"] = m.group(1)
             found["kv_cache_size_tokens"] = int(m.group(2).replace(",", ""))
@@ -40,6 +44,35 @@ def parse_log(text: str) -> LogFacts:
             except (ValueError, SyntaxError):
                 found["non_default_args"] = raw
     return cast(LogFacts, found)
+
+
+def speculative(evidence: Evidence) -> str | None:
+    """The speculative-decoding setup a boot resolved, in words: ``none``, ``ngram, 3 tokens``,
+    ``mtp, 3 tokens, model /m`` — from the engine's config line, else its non-default args; None when
+    neither says."""
+    log = evidence.get("log") or {}
+    text = log.get("speculative_config")
+    fields: dict[str, object] = {}
+    if text == "None":
+        return "none"
+    if isinstance(text, str):
+        fields = {k: v.strip("'") for k, v in SPEC_FIELD.findall(text.removeprefix("SpeculativeConfig("))}
+    else:
+        args = log.get("non_default_args")
+        found = args.get("speculative_config") if isinstance(args, dict) else None
+        if isinstance(found, dict):
+            fields = dict(found)
+        elif isinstance(args, dict):
+            return "none"  # the engine listed its non-default args and speculation is not among them
+        else:
+            return None
+    method = fields.get("method") or "?"
+    tokens = fields.get("num_spec_tokens", fields.get("num_speculative_tokens"))
+    parts = [str(method)] + ([f"{tokens} tokens"] if tokens not in (None, "None") else [])
+    model = fields.get("model")
+    if model not in (None, "None", ""):
+        parts.append(f"model {model}")
+    return ", ".join(parts)
 
 
 def _get(client: httpx.Client, path: str) -> tuple[Any, str | None]:

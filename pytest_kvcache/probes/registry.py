@@ -33,6 +33,9 @@ Label = Literal["shape", "at", "plain"]
 CLIENT_METRICS = ("ttft_s", "wall_tps", "decode_tps", "prefill_tps")
 #: Engine-side timings (``/metrics`` deltas around a request) a record may carry.
 ENGINE_METRICS = ("engine_ttft_s", "engine_prefill_s", "engine_decode_s", "engine_queue_s")
+#: Speculative decoding per request, from the ``/metrics`` deltas (``metrics.spec_metrics``): present only
+#: when the engine drafted; higher is better.
+SPEC_METRICS = ("acceptance_length", "acceptance_rate")
 #: Token counts: summarised, never compared as a delta or gated.
 COUNT_METRICS = ("prompt_tokens", "cached_tokens")
 
@@ -127,7 +130,7 @@ STOCK: tuple[ProbeSpec, ...] = (
     ProbeSpec(
         name="short",
         title="Short-context probes",
-        metrics=("wall_tps", "decode_tps", "ttft_s"),
+        metrics=("wall_tps", "decode_tps", "ttft_s", *SPEC_METRICS),
         primary_metric="decode_tps",
         marker_help="short-context probe (one short prompt, long decode) — narrative and code shapes.",
         order=0,
@@ -136,13 +139,13 @@ STOCK: tuple[ProbeSpec, ...] = (
     ProbeSpec(
         name="prefill",
         title="Fresh-prefill probes",
-        metrics=("prefill_tps", "ttft_s", "engine_prefill_s", "prompt_tokens"),
+        metrics=("prefill_tps", "ttft_s", "engine_prefill_s", *SPEC_METRICS, "prompt_tokens"),
         primary_metric="prefill_tps",
         marker_help="fresh-prefill probe at exact depths (--kv-depths), every request proven cold.",
         order=1,
         point="depth",
         paired_by=("depth", "index"),
-        curve=("prefill_tps", "ttft_s"),
+        curve=("prefill_tps", "ttft_s", "acceptance_length"),
         curve_x="depth",
         markers=("depth",),
         label="at",
@@ -150,14 +153,14 @@ STOCK: tuple[ProbeSpec, ...] = (
     ProbeSpec(
         name="agentic",
         title="Agentic decode-at-depth",
-        metrics=("decode_tps", "ttft_s", "prompt_tokens", "cached_tokens"),
+        metrics=("decode_tps", "ttft_s", *SPEC_METRICS, "prompt_tokens", "cached_tokens"),
         primary_metric="decode_tps",
         marker_help="multi-turn coding-assistant session growing its context (--kv-sessions, --kv-turns).",
         order=2,
         point="turn",
         paired_by=("session", "turn"),
         paired_shapes=("replay",),
-        curve=("decode_tps", "ttft_s"),
+        curve=("decode_tps", "ttft_s", "acceptance_length"),
         curve_x="prompt_tokens",
         exclude_first_point=True,
         markers=("depth",),
@@ -228,6 +231,7 @@ __all__ = [
     "COUNT_METRICS",
     "ENGINE_METRICS",
     "GROUP_MARKERS",
+    "SPEC_METRICS",
     "STOCK",
     "ProbeSpec",
     "add_listener",

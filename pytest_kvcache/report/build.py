@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from pytest_kvcache import stats
-from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype
+from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype, speculative
 from pytest_kvcache.model import (
     REPORT_VERSION,
     AgenticSection,
@@ -48,6 +48,7 @@ from pytest_kvcache.report.frame import (
     compare,
     frame,
     metrics_for,
+    point_of,
     point_sort,
     spec_of,
     values,
@@ -208,6 +209,12 @@ def _short_k(tokens: float) -> str:
     return f"~{tokens / 1000:.1f}K" if tokens >= 1000 else f"~{tokens:.0f}"
 
 
+def _provisional(rows: Sequence[DeltaRow]) -> str:
+    """' — provisional (…)' when a better/worse among ``rows`` rests on a within-boot CI."""
+    notes = sorted({d["provisional"] for d in rows if d.get("provisional")})
+    return f" — provisional ({notes[0]})" if notes else ""
+
+
 def verdict_sentences(
     deltas: Sequence[DeltaRow], crossovers: Sequence[CrossoverRow], arms: Sequence[str], specs: Specs
 ) -> list[str]:
@@ -224,20 +231,21 @@ def verdict_sentences(
                 lead = f"{arm} loses short requests on decode_tps"
             else:
                 lead = f"{arm} vs {arms[0]} on short requests is not conclusive for every shape"
-            out.append(f"{lead} ({parts}).")
+            out.append(f"{lead} ({parts}){_provisional(short)}.")
         curves = [(s.name, s.curve[0]) for s in sorted(specs.values(), key=lambda s: -s.order) if s.curve]
         for probe, metric in curves:
             cross = [c for c in crossovers if c["arm"] == arm and c["probe"] == probe and c["metric"] == metric]
+            rows = [d for d in deltas if d["arm"] == arm and d["probe"] == probe and d["metric"] == metric]
             for c in cross:
                 estimate, lo, hi = c.get("estimate"), c.get("ci_low"), c.get("ci_high")
                 if estimate is not None:
                     out.append(
                         f"{arm}'s {probe} {metric} relative to {arms[0]} changes sign by "
                         f"{_short_k(estimate)} {c['axis']}"
-                        + (f" (95% CI {_short_k(lo)}–{_short_k(hi or 0.0)})." if lo else ".")
+                        + (f" (95% CI {_short_k(lo)}–{_short_k(hi or 0.0)})" if lo else "")
+                        + f"{_provisional(rows)}."
                     )
                 else:
-                    rows = [d for d in deltas if d["arm"] == arm and d["probe"] == probe and d["metric"] == metric]
                     signs = {d["verdict"] for d in rows}
                     where = (
                         f"ahead of {arms[0]} at every point"
@@ -246,7 +254,7 @@ def verdict_sentences(
                         if signs == {"worse"}
                         else f"no consistent difference from {arms[0]}"
                     )
-                    out.append(f"{arm}'s {probe} {metric}: {c['statement']}; {where}.")
+                    out.append(f"{arm}'s {probe} {metric}: {c['statement']}; {where}{_provisional(rows)}.")
     return out
 
 
@@ -276,6 +284,7 @@ def arm_entries(run: RunData, arms: Sequence[str]) -> list[ArmEntry]:
                     "served_model": first.get("served_model"),
                     "ready_s": first.get("ready_s"),
                     "status": first.get("status"),
+                    "speculative": speculative(first),
                 },
                 "gpu": gpu_summary(first),
                 "boots": boots,
@@ -577,34 +586,70 @@ def agentic_section(data: pd.DataFrame, arms: Sequence[str]) -> AgenticSection:
     return {"turns": turns, "growth": growth}
 
 
-def spec_decode_section(records: Sequence[Record], arms: Sequence[str]) -> SpecDecodeSection:
-    """Speculative-decoding acceptance per arm and probe from the /metrics deltas, or "not enabled"."""
+def spec_decode_section(
+    records: Sequence[Record], arms: Sequence[str], specs: Specs, config: Mapping[str, str | None], seed: int
+) -> SpecDecodeSection:
+    """Speculative-decoding acceptance per arm, probe and point from the per-request ``/metrics`` deltas
+    (measured requests that drafted), with the mean acceptance length's CI; or "not enabled"."""
+    groups: dict[tuple[str, str, str], list[Record]] = {}
+    for r in records:
+        engine = r.get("engine") or {}
+        if r.get("phase") != "measured" or not r.get("ok") or not engine.get("spec_drafts"):
+            continue
+        key = (str(r.get("arm")), str(r.get("probe")), point_of(r, specs))
+        groups.setdefault(key, []).append(r)
     rows: list[SpecDecodeRow] = []
+    order = {arm: i for i, arm in enumerate(arms)}
+    for (arm, probe, point), found in sorted(
+        groups.items(),
+        key=lambda kv: (order.get(kv[0][0], 99), spec_of(kv[0][1], specs).order, kv[0][1], point_sort(kv[0][2])),
+    ):
+        engines = [r.get("engine") or {} for r in found]
+        drafts = sum(int(cast(int, e.get("spec_drafts") or 0)) for e in engines)
+        drafted = sum(int(cast(int, e.get("spec_draft_tokens") or 0)) for e in engines)
+        accepted = sum(int(cast(int, e.get("spec_accepted_tokens") or 0)) for e in engines)
+        width = max((len(cast(list[int], e.get("spec_accepted_per_position") or [])) for e in engines), default=0)
+        by_position = [0] * width
+        for e in engines:
+            for i, n in enumerate(cast(list[int], e.get("spec_accepted_per_position") or [])):
+                by_position[i] += int(n)
+        lengths = [v for r in found if (v := (r.get("metrics") or {}).get("acceptance_length")) is not None]
+        mean, lo, hi = stats.mean_ci(lengths, seed=seed)
+        rows.append(
+            {
+                "arm": arm,
+                "probe": probe,
+                "point": point,
+                "requests": len(found),
+                "drafts": drafts,
+                "drafted": drafted,
+                "accepted": accepted,
+                "acceptance_pct": 100 * accepted / drafted if drafted else 0.0,
+                "acceptance_length": 1 + accepted / drafts,
+                "acceptance_length_mean": mean,
+                "ci_low": lo,
+                "ci_high": hi,
+                "per_position": [n / drafts for n in by_position],
+            }
+        )
+    parts = []
     for arm in arms:
-        for probe in sorted({str(r.get("probe")) for r in records if r.get("arm") == arm}):
-            engines = [
-                r.get("engine") or {}
-                for r in records
-                if r.get("arm") == arm and r.get("probe") == probe and r.get("phase") == "measured"
-            ]
-            drafted = sum(int(cast(int, e.get("spec_draft_tokens") or 0)) for e in engines)
-            accepted = sum(int(cast(int, e.get("spec_accepted_tokens") or 0)) for e in engines)
-            if not any("spec_draft_tokens" in e for e in engines) or drafted == 0:
-                continue
-            rows.append(
-                {
-                    "arm": arm,
-                    "probe": probe,
-                    "drafted": drafted,
-                    "accepted": accepted,
-                    "acceptance_pct": 100 * accepted / drafted,
-                }
+        mine = [r for r in rows if r["arm"] == arm]
+        for probe in dict.fromkeys(r["probe"] for r in mine):
+            at = [r for r in mine if r["probe"] == probe]
+            drafts = sum(r["drafts"] for r in at)
+            drafted, accepted = sum(r["drafted"] for r in at), sum(r["accepted"] for r in at)
+            parts.append(
+                f"{arm} {probe}: mean acceptance length {1 + accepted / drafts:.2f} "
+                f"({accepted}/{drafted} draft tokens accepted, {100 * accepted / drafted if drafted else 0:.1f}%)"
             )
-    parts = [
-        f"{r['arm']} {r['probe']}: {r['accepted']}/{r['drafted']} draft tokens accepted ({r['acceptance_pct']:.1f}%)"
-        for r in rows
-    ]
-    return {"rows": rows, "line": "; ".join(parts) or "not enabled (no vllm:spec_decode_* counters moved)"}
+    setup = "; ".join(f"{arm} {config.get(arm) or 'not stated'}" for arm in arms)
+    line = (
+        ("; ".join(parts) + f" — speculation: {setup}")
+        if parts
+        else "not enabled (no vllm:spec_decode_* counters moved)"
+    )
+    return {"rows": rows, "config": {arm: config.get(arm) for arm in arms}, "line": line}
 
 
 def host_cpu_note(records: Sequence[Record], action: object) -> str | None:
@@ -654,13 +699,14 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
     notes += [host_cpu] if host_cpu else []
     allow = [*cast(list[str], settings.get("allow_diff") or []), *allow_diff]
     agreed = agreement_report(run, arms)
+    entries = arm_entries(run, arms)
     report: Report = {
         "report_version": REPORT_VERSION,
         "run_id": run.meta.get("run_id"),
         "status": run.meta.get("status"),
         "model": run.meta.get("model"),
         "versions": run.meta.get("versions"),
-        "arms": arm_entries(run, arms),
+        "arms": entries,
         "boots": boots,
         "boot_results": boot_results(data, boots, specs),
         "ci": ci_statement(boots, arms),
@@ -676,7 +722,9 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "seed": seed,
         "probes": [specs[p].to_dict() for p in sorted(specs, key=lambda n: (specs[n].order, n))],
         "agentic": agentic_section(data, arms),
-        "spec_decode": spec_decode_section(run.records, arms),
+        "spec_decode": spec_decode_section(
+            run.records, arms, specs, {a["name"]: a["resolved"].get("speculative") for a in entries}, seed
+        ),
         "flags": flag_summary(run.records),
     }
     return report

@@ -193,7 +193,8 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
         ratio, lo, hi = stats.ratio_ci(bv, av, paired=paired, seed=seed)
         base_value = (sum(bv) / len(bv)) if bv else None
         arm_value = (sum(av) / len(av)) if av else None
-    return {
+    verdict = stats.verdict(metric, lo, hi)
+    found: Comparison = {
         "baseline_value": base_value,
         "arm_value": arm_value,
         "ratio": ratio,
@@ -207,5 +208,13 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
         "boots_baseline": len(base_boots),
         "boots_arm": len(arm_boots),
         "direction": "higher" if stats.higher_is_better(metric) else "lower",
-        "verdict": stats.verdict(metric, lo, hi),
+        "verdict": verdict,
     }
+    if method == "within-boot" and verdict != "inconclusive":
+        found["provisional"] = provisional_note(max(1, min(len(base_boots), len(arm_boots))))
+    return found
+
+
+def provisional_note(boots: int) -> str:
+    """Why a better/worse verdict (or a gate) from a within-boot CI is provisional."""
+    return f"{boots} boot{'' if boots == 1 else 's'} per arm: within-boot CI only"

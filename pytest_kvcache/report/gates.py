@@ -162,7 +162,7 @@ def evaluate(
     it is judged: a difference counts only beyond the noise floor.
     """
     from pytest_kvcache import stats
-    from pytest_kvcache.report.frame import compare, point_sort, values
+    from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI, compare, point_sort, provisional_note, values
 
     results: list[GateResult] = []
     for gate in gates:
@@ -213,7 +213,21 @@ def evaluate(
                     lo, hi = lo - band, hi + band
                     reason = f"CI widened by the A/A noise band ±{band * 100:.1f}%"
                 outcome = judge(gate.op, lo, hi, gate.threshold)
-                results.append(_result(gate, f"{label} ({who})", outcome, cmp["ratio"], lo, hi, reason, ratio=True))
+                within = None
+                if band is None and cmp["ci_method"] == "within-boot" and outcome != "inconclusive":
+                    # boot-to-boot variation is not in this CI: the gate follows --kv-inconclusive
+                    within = outcome
+                    note = provisional_note(max(1, min(cmp["boots_baseline"], cmp["boots_arm"])))
+                    reason = (
+                        f"would {outcome} on a within-boot CI ({note}) — follows --kv-inconclusive; "
+                        f"--kv-replicates={MIN_BOOTS_FOR_BOOT_CI} or --kv-noise=RUN decides it"
+                    )
+                    outcome = "inconclusive"
+                result = _result(gate, f"{label} ({who})", outcome, cmp["ratio"], lo, hi, reason, ratio=True)
+                result["ci_method"] = cmp["ci_method"] if band is None else "noise band"
+                if within is not None:
+                    result["within_boot_outcome"] = within
+                results.append(result)
     return results
 
 

@@ -67,6 +67,7 @@ def apply_noise(report: Report, bands: Bands, name: str, specs: Specs) -> None:
         if d["verdict"] != "inconclusive" and lo is not None and hi is not None:
             judged = stats.verdict(d["metric"], lo - band, hi + band)
             d["verdict"] = judged
+            d.pop("provisional", None)  # the A/A band is boot against boot: it covers boot-to-boot variation
             if judged == "inconclusive":
                 d["verdict_note"] = f"within the A/A noise band ±{band * 100:.1f}%"
     report["noise"] = {

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from pytest_kvcache.client import Sample
+from pytest_kvcache.metrics import spec_metrics
 from pytest_kvcache.model import RECORD_SCHEMA_VERSION, Record, SampleData
+from pytest_kvcache.probes.registry import ENGINE_METRICS
 
 SCHEMA_VERSION = RECORD_SCHEMA_VERSION
 
@@ -146,8 +148,6 @@ def iter_run_folders(root: Path) -> Iterator[Path]:
 
 
 CONTEXT_KEYS = ("probe", "shape", "depth", "turn", "session", "phase", "index")
-#: Engine-side timings (``/metrics`` histogram-sum deltas around the request) promoted to metrics.
-ENGINE_METRICS = ("engine_ttft_s", "engine_prefill_s", "engine_decode_s", "engine_queue_s")
 
 
 def make_record(sample: Sample, *, run_id: str, arm: str, boot: str, replicate: int, **context: Any) -> Record:
@@ -164,9 +164,11 @@ def make_record(sample: Sample, *, run_id: str, arm: str, boot: str, replicate: 
     for metric in voided:
         metrics[metric] = None
     engine = context.get("engine") or {}
-    for key in ENGINE_METRICS:
-        if key in engine and sample.ok:
-            metrics[key] = engine[key]
+    if sample.ok:  # engine-side timings and speculative acceptance (``/metrics`` deltas) become metrics
+        for key in ENGINE_METRICS:
+            if key in engine:
+                metrics[key] = engine[key]
+        metrics.update(spec_metrics(engine))
     record: dict[str, Any] = {  # context keys are the probe's own (docs/records.md): checked as Record below
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,

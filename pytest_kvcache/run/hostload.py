@@ -1,9 +1,19 @@
 """Host CPU busy outside the measurement: ``HostSampler``, a background thread that reads ``/proc`` a few
 times a second and tells, per request window, how much of the host's CPU other work took.
 
-Each reading is one pass over ``/proc``: the ``cpu`` line of ``/proc/stat`` (host busy and total clock
-ticks, all cores) and ``/proc/<pid>/stat`` of every process (utime + stime, all threads). Between two
-readings ``a`` and ``b`` (one *interval*, one ``hostcpu.jsonl`` line)::
+Each reading has two steps. A *scan* reads ``/proc/<pid>/stat`` of every process to find the measured
+ones (pid, parent, process group); it may be slow on a loaded host (hundreds of files, and the sampler
+thread shares the GIL with the measuring client). Then a *tick reading* reads, back to back, the ``cpu``
+line of ``/proc/stat`` (host busy and total clock ticks, all cores), the ``stat`` of each measured process
+(utime + stime, all threads) and ``/proc/stat`` again; the host's ticks are the mean of the two host reads,
+so host and process ticks refer to the same instant however long the scan took. (When the whole pass was
+one reading, a scan stalled for seconds put the engine's ticks of those seconds into the previous interval
+and left the long interval looking busy with other work.) A tick reading whose two host reads lie further
+apart than a tenth of an interval (``max_span_ticks``: the sampler thread was descheduled in between,
+which on a loaded 2-core host happens for seconds) is taken again, up to ``READ_ATTEMPTS`` times; an
+interval whose boundary readings stay blurred beyond a tenth of its ticks counts as ``blurred`` and never
+decides a maximum. Between two tick readings ``a`` and ``b`` (one *interval*, one ``hostcpu.jsonl``
+line)::
 
     host_busy   = Δ(user + nice + system + irq + softirq + steal)
     host_total  = Δ(user + nice + system + idle + iowait + irq + softirq + steal)
@@ -50,6 +60,10 @@ FLAG = "host_cpu_busy"
 DEFAULT_HZ = 4.0
 #: How often a container whose processes were not found is looked for again.
 CONTAINER_RETRY_S = 5.0
+#: How many times a blurred tick reading is taken again.
+READ_ATTEMPTS = 5
+#: An interval is blurred when its boundary readings' spans exceed this share of its ticks.
+BLUR_SHARE = 0.1
 
 Action = Literal["flag", "exclude", "off"]
 Write = Callable[[dict[str, Any]], None]
@@ -82,6 +96,7 @@ class Reading:
     busy_ticks: int
     total_ticks: int
     procs: Mapping[int, Proc]
+    span_ticks: int = 0  # host ticks between the two ``/proc/stat`` reads of a tick reading (its blur)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +109,11 @@ class HostSample:
     host_total_ticks: int
     own_ticks: int
     own_processes: int
+    read_span_ticks: int = 0  # the larger span of its two boundary readings
+
+    @property
+    def blurred(self) -> bool:
+        return self.read_span_ticks > BLUR_SHARE * max(1, self.host_total_ticks)
 
     @property
     def other_busy_pct(self) -> float | None:
@@ -108,6 +128,7 @@ class HostSample:
             "host_total_ticks": self.host_total_ticks,
             "own_ticks": self.own_ticks,
             "own_processes": self.own_processes,
+            "read_span_ticks": self.read_span_ticks,
             "other_busy_pct": None if pct is None else round(pct, 2),
         }
 
@@ -153,6 +174,20 @@ def read_proc(root: Path = Path("/proc")) -> Reading:
         except (OSError, ValueError, IndexError):  # gone while we looked
             continue
     return Reading(busy, total, procs)
+
+
+def read_ticks(pids: Iterable[int], root: Path = Path("/proc")) -> Reading:
+    """A tick reading: ``/proc/stat``, the ``stat`` of each of ``pids`` (those still there), ``/proc/stat``
+    again; the host's ticks are the mean of the two host reads and ``span_ticks`` how far apart they were."""
+    busy1, total1 = parse_host_stat((root / "stat").read_text())
+    procs: dict[int, Proc] = {}
+    for pid in pids:
+        try:
+            procs[pid] = parse_proc_stat(pid, (root / str(pid) / "stat").read_text())
+        except (OSError, ValueError, IndexError):  # gone since the scan
+            continue
+    busy2, total2 = parse_host_stat((root / "stat").read_text())
+    return Reading((busy1 + busy2) // 2, (total1 + total2) // 2, procs, span_ticks=total2 - total1)
 
 
 def owned_pids(owned: Owned, procs: Mapping[int, Proc]) -> set[int]:
@@ -270,12 +305,13 @@ def summarize(samples: Sequence[HostSample], min_span_s: float = 0.0) -> dict[st
         busy = sum(s.host_busy_ticks for s in group)
         return other_busy_pct(busy, sum(s.host_total_ticks for s in group), sum(s.own_ticks for s in group))
 
-    peaks = [p for p in (pct(c) for c in chunks) if p is not None]
+    peaks = [p for c in chunks if not any(s.blurred for s in c) and (p := pct(c)) is not None]
     mean = pct(samples)
     return {
         "other_busy_pct_max": round(max(peaks), 2) if peaks else None,
         "other_busy_pct_mean": None if mean is None else round(mean, 2),
         "samples": len(samples),
+        "blurred": sum(1 for s in samples if s.blurred),
     }
 
 
@@ -297,9 +333,11 @@ class HostSampler:
     """A background thread taking a reading ``hz`` times a second; each interval goes to ``write`` (one
     ``hostcpu.jsonl`` line) and into memory (about 100 bytes) for ``window()``.
 
-    ``own`` names the measured processes and is called at every reading. ``read`` is the ``/proc``
-    reader (a fake in tests). ``start()`` takes the first reading on the caller's thread; where it cannot
-    (no ``/proc``), ``unavailable`` says why, one line says so, and nothing runs. ``close()`` stops and
+    ``own`` names the measured processes and is called at every reading. ``read`` is the scan (every
+    process) and ``ticks`` the tick reading of the measured pids; with ``ticks=None`` the scan's own values
+    are the tick reading (fakes in tests hand out whole readings). ``start()`` takes the first reading on
+    the caller's thread; where it cannot (no ``/proc``), ``unavailable`` says why, one line says so, and
+    nothing runs. ``close()`` stops and
     joins the thread (idempotent) and returns problems worth a note in the report.
     """
 
@@ -310,6 +348,7 @@ class HostSampler:
         *,
         hz: float = DEFAULT_HZ,
         read: Callable[[], Reading] = read_proc,
+        ticks: Callable[[Iterable[int]], Reading] | None = read_ticks,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if hz <= 0:
@@ -318,8 +357,11 @@ class HostSampler:
         self.write = write
         self.hz = hz
         self.read = read
+        self.ticks = ticks
         self.clock = clock
         self.unavailable: str | None = None
+        self.max_span_ticks = max(2, round(BLUR_SHARE * (os.cpu_count() or 1) * os.sysconf("SC_CLK_TCK") / hz))
+        self.retries = 0  # blurred tick readings (each one read again, up to READ_ATTEMPTS in all)
         self.errors = 0
         self.last_error: str | None = None
         self._prev: tuple[float, Reading] | None = None
@@ -337,7 +379,7 @@ class HostSampler:
             raise RuntimeError("host CPU sampler already started")
         try:
             with self._lock:
-                self._prev = (self.clock(), self.read())
+                self._prev = self._reading()
         except OSError as exc:
             self.unavailable = f"host CPU not sampled: cannot read /proc ({type(exc).__name__}: {exc})"
             self._emit({"kind": "unavailable", "reason": self.unavailable})
@@ -377,12 +419,12 @@ class HostSampler:
     def sample_once(self) -> HostSample | None:
         """Take a reading; keep and write the interval since the last one (None for the first reading)."""
         with self._lock:
-            t, reading = self.clock(), self.read()
+            t, reading = self._reading()
             prev, self._prev = self._prev, (t, reading)
             if prev is None:
                 return None
             t0, before = prev
-            pids = owned_pids(self.own(), reading.procs)
+            pids = set(reading.procs) if self.ticks is not None else owned_pids(self.own(), reading.procs)
             sample = HostSample(
                 t0_unix_s=t0,
                 t_unix_s=t,
@@ -390,10 +432,26 @@ class HostSampler:
                 host_total_ticks=reading.total_ticks - before.total_ticks,
                 own_ticks=own_ticks(before, reading, pids),
                 own_processes=len(pids),
+                read_span_ticks=max(before.span_ticks, reading.span_ticks),
             )
             self._samples.append(sample)
             self._emit(sample.to_dict())
         return sample
+
+    def _reading(self) -> tuple[float, Reading]:
+        """(time, tick reading): the scan finds the measured processes, then their ticks are read at once
+        (with ``ticks=None`` the scan is the reading and every process is in it)."""
+        scan = self.read()
+        if self.ticks is None:
+            return self.clock(), scan
+        pids = sorted(owned_pids(self.own(), scan.procs))
+        for _ in range(READ_ATTEMPTS):
+            t = self.clock()
+            reading = self.ticks(pids)
+            if reading.span_ticks <= self.max_span_ticks:
+                break
+            self.retries += 1
+        return t, reading
 
     def samples(self) -> list[HostSample]:
         with self._lock:

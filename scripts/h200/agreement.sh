@@ -11,15 +11,11 @@ case "${1:?start|collect}" in
   start)
     mkdir -p "$work"
     python3 "$repo/fixtures/make_random_weights.py" --out "$work/tiny-random" --std 0.05 --seed 0
-    printf '[tool.pytest.ini_options]\naddopts = ["-p", "no:cacheprovider", "-rA"]\n' > "$work/pyproject.toml"
-    cd "$work"
-    setsid nohup python3 -m pytest -p pytest_kvcache.plugin \
+    start_plugin "$work" \
       --kv-arms=auto,fp8,auto -m short \
       --kv-model="$work/tiny-random" \
       --kv-engine-args="--gpu-memory-utilization 0.3 --enforce-eager" \
-      --kv-warmups=2 --kv-runs=5 --kv-max-tokens=256 --kv-startup-timeout=600 \
-      > "$work/pytest.log" 2>&1 < /dev/null &
-    echo "started pid $!"
+      --kv-warmups=2 --kv-runs=5 --kv-max-tokens=256 --kv-startup-timeout=600
     ;;
   collect)
     bash "$repo/scripts/h200/collect.sh" "$work" agreement.tar.gz

@@ -187,12 +187,14 @@ def test_replicates_boot_abba_with_per_boot_results(replicates_run: Run) -> None
 CONFOUNDED_ARM = """
 [tool.pytest_kvcache.arms.f16x]
 kv_cache_dtype = "float16"
-args = ["--max-num-seqs", "4"]
+args = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}']
 knobs = ["kv_cache_dtype"]
 """
 
 
-def test_an_undeclared_engine_arg_is_reported_confounded(tmp_path: Path) -> None:
+def test_an_undeclared_speculative_config_is_a_confound_and_its_acceptance_is_reported(tmp_path: Path) -> None:
+    """vLLM's CPU build serves ngram speculative decoding: the arm that turns it on without declaring it
+    makes the A/B CONFOUNDED, and its acceptance (from the per-request counter deltas) is in the report."""
     (tmp_path / "pyproject.toml").write_text(CONFOUNDED_ARM)
     run = run_pytest(
         tmp_path,
@@ -202,17 +204,35 @@ def test_an_undeclared_engine_arg_is_reported_confounded(tmp_path: Path) -> None
         "-k",
         "code",
         "--kv-warmups=0",
-        "--kv-runs=1",
-        "--kv-max-tokens=16",
+        "--kv-runs=2",
+        "--kv-max-tokens=64",
         "--kv-no-agreement",
         "--kv-no-self-check",
     )
     assert run.returncode == 1, run.output
     assert "2 passed" in run.output
-    assert '  argv.--max-num-seqs: "4" in f16x vs absent in auto' in run.output
-    assert "  non_default_args.max_num_seqs: 4 in f16x vs absent in auto" in run.output
+    assert "  argv.--speculative-config: " in run.output and " in f16x vs absent in auto" in run.output
     assert "the A/B is CONFOUNDED (see above): exit code 1" in run.output
     report = json.loads((run.folder / "report.json").read_text())
     found = {c["path"] for c in report["confounds"]["confounds"]}
-    assert found == {"argv.--max-num-seqs", "non_default_args.max_num_seqs"}
+    assert "argv.--speculative-config" in found and any(p.startswith("non_default_args.speculative") for p in found)
+    assert {a["name"]: a["resolved"]["speculative"] for a in report["arms"]} == {
+        "auto": "none",
+        "f16x": "ngram, 3 tokens",
+    }
+    spec = report["spec_decode"]
+    assert spec["config"] == {"auto": "none", "f16x": "ngram, 3 tokens"}
+    (row,) = spec["rows"]
+    assert (row["arm"], row["probe"], row["point"], row["requests"]) == ("f16x", "short", "code", 2)
+    assert row["drafts"] > 0 and 1.0 <= row["acceptance_length"] <= 4.0 and len(row["per_position"]) == 3
+    assert row["drafts"] <= row["drafted"] <= 3 * row["drafts"] and row["accepted"] <= row["drafted"]
+    lengths = [s for s in report["summary"] if s["metric"] == "acceptance_length" and s.get("mean") is not None]
+    assert [s["arm"] for s in lengths] == ["f16x"]
+    assert lengths[0]["mean"] == pytest.approx(row["acceptance_length_mean"])
+    for rec in run.records():
+        if rec["arm"] == "f16x" and rec["phase"] == "measured":  # several tokens per chunk, decode rate right
+            sample = rec["sample"]
+            assert sample["token_chunks"] < sample["completion_tokens"] and rec["metrics"]["decode_tps"] > 0
+    assert "## Speculative decoding" in (run.folder / "report.md").read_text()
+    assert (run.folder / "spec_decode.png").is_file() is False  # short shapes have no depth curve
     assert not vllm_processes(run.tag)

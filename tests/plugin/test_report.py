@@ -65,9 +65,11 @@ def test_report_files_and_passing_gate(
 
 
 def test_failing_gate_exits_1_with_its_numbers(pytester: pytest.Pytester, args: list[str]) -> None:
-    result = pytester.runpytest_subprocess(*args, "--kv-fail=wall_tps[short@code]: float16 >= auto * 50")
+    """Three boots per arm: the CI is over boots and a gate outside it fails."""
+    gate = "--kv-fail=wall_tps[short@code]: float16 >= auto * 50"
+    result = pytester.runpytest_subprocess(*args, "--kv-replicates=3", gate)
     assert result.ret == 1
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=12)
     result.stdout.fnmatch_lines(
         [
             "gate FAIL: wall_tps[[]short@code]: float16 >= auto * 50 (float16/auto) — value *× CI [[]*×, *×], "
@@ -76,6 +78,29 @@ def test_failing_gate_exits_1_with_its_numbers(pytester: pytest.Pytester, args: 
         ]
     )
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    (judged,) = json.loads((latest(pytester) / "report.json").read_text())["gates"]
+    assert judged["ci_method"] == "boots" and "within_boot_outcome" not in judged
+
+
+def test_a_gate_on_one_boot_per_arm_follows_inconclusive(pytester: pytest.Pytester, args: list[str]) -> None:
+    """One boot per arm: the CI is within-boot, so the verdict is provisional and the gate only warns —
+    unless --kv-inconclusive=fail."""
+    gate = "--kv-fail=wall_tps[short@code]: float16 >= auto * 50"
+    result = pytester.runpytest_subprocess(*args, gate)
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "gate INCONCLUSIVE: wall_tps[[]short@code]: float16 >= auto * 50 (float16/auto) — value *× CI *, "
+            "needs >= 50.000× — would fail on a within-boot CI (1 boot per arm: within-boot CI only) — "
+            "follows --kv-inconclusive; --kv-replicates=3 or --kv-noise=RUN decides it",
+        ]
+    )
+    run = latest(pytester)
+    report = json.loads((run / "report.json").read_text())
+    assert report["gates"][0]["within_boot_outcome"] == "fail"
+    strict = pytester.runpytest_subprocess(f"--kv-rerender={run}", gate, "--kv-inconclusive=fail")
+    assert strict.ret == 1
+    strict.stdout.fnmatch_lines(["gate INCONCLUSIVE: *would fail*", "1 gate(s) failed: exit code 1"])
 
 
 def test_inconclusive_gate_warns_or_fails(pytester: pytest.Pytester, args: list[str]) -> None:
@@ -119,7 +144,7 @@ def test_save_then_compare_round_trips(pytester: pytest.Pytester, args: list[str
         [
             "against stored run *",
             "*auto short@code wall_tps: *",
-            "gate PASS: wall_tps[[]short@code]: >= saved * 0.01 (auto/saved)*",
+            "gate INCONCLUSIVE: wall_tps[[]short@code]: >= saved * 0.01 (auto/saved)* would pass on a within-boot*",
         ]
     )
     report = json.loads((latest(pytester) / "report.json").read_text())
@@ -146,7 +171,7 @@ def test_a_stored_run_rerenders_identically(pytester: pytest.Pytester, args: lis
     assert result.ret == 0, result.stdout.str()
     assert {n: (stored / n).read_bytes() for n in before} == before
     result.stdout.fnmatch_lines(
-        ["report of *: report.json, report.md, summary.csv, report.html, short.png", "gate PASS: *"]
+        ["report of *: report.json, report.md, summary.csv, report.html, short.png", "gate INCONCLUSIVE: *would pass*"]
     )
     failing = pytester.runpytest_subprocess(f"--kv-rerender={stored}", "--kv-fail=wall_tps[short]: >= 1000000")
     assert failing.ret == 1

@@ -16,6 +16,7 @@ from pytest_kvcache.probes.runner import Adaptive, run_repeated
 from pytest_kvcache.report import build, confounds, gates, judge
 from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs.markdown import fmt_delta
 from pytest_kvcache.run.folder import write_json
 
 SPECS = registry.resolve()
@@ -207,15 +208,37 @@ def test_ci_statement_says_what_the_cis_cover() -> None:
 def test_noise_band_widens_gates_and_verdicts() -> None:
     data = analysis.frame(records("a", "a", 1, [100, 100.1, 99.9]) + records("b", "b", 1, [102, 102.1, 101.9]))
     gate = gates.parse("decode_tps[short]: <= +1%", arms=["a", "b"])
-    assert gates.evaluate([gate], data, ["a", "b"], seed=0)[0]["outcome"] == "fail"
+    one_boot = gates.evaluate([gate], data, ["a", "b"], seed=0)[0]
+    assert (one_boot["outcome"], one_boot["within_boot_outcome"]) == ("inconclusive", "fail")
     widened = gates.evaluate([gate], data, ["a", "b"], seed=0, noise={("short", "code", "decode_tps"): 0.03})[0]
     assert widened["outcome"] == "inconclusive" and "noise band ±3.0%" in widened["reason"]
+    assert "within_boot_outcome" not in widened  # the A/A band is boot against boot: it decides
+    narrow = gates.evaluate([gate], data, ["a", "b"], seed=0, noise={("short", "code", "decode_tps"): 0.001})[0]
+    assert narrow["outcome"] == "fail" and narrow["ci_method"] == "noise band"
     report: Any = {"deltas": analysis.delta_rows(data, ["a", "b"]), "arms": [], "crossovers": []}
     report["agreement"] = {"rows": [], "notes": []}
     assert report["deltas"][0]["verdict"] == "better"
+    assert report["deltas"][0]["provisional"] == "1 boot per arm: within-boot CI only"
     judge.apply_noise(report, {("short", "code", "decode_tps"): 0.03}, "aa", SPECS)
     assert report["deltas"][0]["verdict"] == "inconclusive"
     assert report["deltas"][0]["verdict_note"] == "within the A/A noise band ±3.0%"
+    assert "provisional" not in report["deltas"][0]
+
+
+def test_verdict_words_say_when_they_rest_on_a_within_boot_ci() -> None:
+    one = analysis.frame(records("a", "a", 1, [100, 100.1, 99.9]) + records("b", "b", 1, [110, 110.2, 109.8]))
+    (row,) = analysis.delta_rows(one, ["a", "b"])
+    assert fmt_delta(row) == "+10.0% [+9.8, +10.2] better (1 boot per arm: within-boot CI only)"
+    sentences = build.verdict_sentences([row], [], ["a", "b"], SPECS)
+    assert sentences == [
+        "b wins short requests on decode_tps (code +10.0%) — provisional (1 boot per arm: within-boot CI only)."
+    ]
+    three = analysis.frame(
+        [r for i in (1, 2, 3) for r in records("a", f"a.r{i}", i, [100 + i, 100.1 + i])]
+        + [r for i in (1, 2, 3) for r in records("b", f"b.r{i}", i, [110 + i, 110.2 + i])]
+    )
+    (row,) = analysis.delta_rows(three, ["a", "b"])
+    assert row["ci_method"] == "boots" and "provisional" not in row and fmt_delta(row).endswith("] better")
 
 
 # ------------------------------------------------------------------------------ confounds

@@ -40,6 +40,22 @@ def test_a_clean_stream_is_timed_by_the_usage_clock() -> None:
     assert sample.send_perf_s > 0 and sample.http_status == 200
 
 
+def test_multi_token_chunks_of_speculative_decoding_keep_decode_tps_and_ttft_right() -> None:
+    """With speculative decoding a chunk carries every token a step accepted, the first chunk included:
+    TTFT is the first chunk, and the decode rate counts only the tokens that came after it."""
+    schedule = Schedule(ttft_s=0.05, itl_s=0.02, completion_tokens=40, tokens_per_chunk=4)
+    with StreamServer(schedule) as server, Client(server.url, stall_timeout_s=5.0, request_timeout_s=30.0) as client:
+        sample = client.stream_chat(payload(40))
+    assert sample.ok and sample.token_chunks == 10 and sample.first_chunk_tokens == 4
+    assert sample.first_token_s is not None and sample.last_token_s is not None
+    assert 0.05 <= sample.first_token_s < 0.05 + 0.02
+    metrics, flags, _ = sample.measures()
+    window = sample.last_token_s - sample.first_token_s
+    assert 9 * 0.02 - 0.005 <= window < 9 * 0.02 + 0.05
+    assert metrics["decode_tps"] == pytest.approx(36 / window)  # not 39 / window
+    assert metrics["decode_tps"] == pytest.approx(4 / 0.02, rel=0.2) and flags == []
+
+
 def test_without_per_chunk_usage_the_content_clock_is_used_and_flagged() -> None:
     sample = stream(Schedule(completion_tokens=5, per_chunk_usage=False))
     assert sample.ok and sample.token_clock == "content"

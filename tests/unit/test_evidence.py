@@ -5,7 +5,7 @@ from pathlib import Path
 from pytest_kvcache import metrics
 from pytest_kvcache.config.hostcpu import cpu_flags, fp8_kv_unsupported_reason
 from pytest_kvcache.engines.base import EngineError, redact_argv, redact_env, salient_error, tail
-from pytest_kvcache.engines.evidence import kv_capacity_tokens, parse_log, resolved_cache_dtype
+from pytest_kvcache.engines.evidence import kv_capacity_tokens, parse_log, resolved_cache_dtype, speculative
 
 # Lines as vLLM 0.25.1 (the seed's GPU logs) and 0.32.0 (the CPU build here) print them.
 GPU_LOG = """\
@@ -131,3 +131,27 @@ def test_cpu_flags() -> None:
     assert reason is not None and "AMD EPYC" in reason and "AVX-512 or AMX" in reason
     assert fp8_kv_unsupported_reason(avx512) is None
     assert fp8_kv_unsupported_reason("") is None  # unknown CPU: let the engine decide
+
+
+SPEC_LINE = (
+    "(EngineCore pid=9) INFO 12-01 12:00:00 [core.py:101] Initializing a V1 LLM engine (v0.32.0) with config: "
+    "model='/t', speculative_config=SpeculativeConfig(method='ngram', model=None, num_spec_tokens=3), "
+    "kv_cache_dtype=auto, device_config=cpu"
+)
+
+
+def test_the_speculative_setup_is_read_from_the_config_line_then_the_non_default_args() -> None:
+    assert parse_log(SPEC_LINE)["speculative_config"].startswith("SpeculativeConfig(method='ngram'")
+    assert speculative({"log": parse_log(SPEC_LINE)}) == "ngram, 3 tokens"  # type: ignore[typeddict-item]
+    assert speculative({"log": parse_log(CPU_LOG.replace("model='/t',", "speculative_config=None,"))}) == "none"
+    mtp = {"non_default_args": {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2, "model": "/d"}}}
+    assert speculative({"log": mtp}) == "mtp, 2 tokens, model /d"  # type: ignore[typeddict-item]
+    assert speculative({"log": {"non_default_args": {"model": "/m"}}}) == "none"  # listed args, no speculation
+    assert speculative({"log": {}}) is None  # the log says nothing
+
+
+def test_acceptance_from_the_counter_deltas_of_one_request() -> None:
+    engine = {"spec_drafts": 10, "spec_draft_tokens": 30, "spec_accepted_tokens": 12}
+    assert metrics.spec_metrics(engine) == {"acceptance_length": 2.2, "acceptance_rate": 0.4}
+    assert metrics.spec_metrics({"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}) == {}
+    assert metrics.spec_metrics({}) == {}

@@ -27,6 +27,7 @@ from pytest_kvcache.run.hostload import (
     parse_host_stat,
     parse_proc_stat,
     read_proc,
+    read_ticks,
     summarize,
 )
 
@@ -59,7 +60,7 @@ class FakeProc:
 
 def sampler(fake: FakeProc, owned: Owned, lines: list[dict[str, Any]] | None = None) -> HostSampler:
     sink = lines.append if lines is not None else None
-    return HostSampler(lambda: owned, sink, hz=1.0, read=fake.read, clock=fake.clock)
+    return HostSampler(lambda: owned, sink, hz=1.0, read=fake.read, ticks=None, clock=fake.clock)
 
 
 # ------------------------------------------------------------------------------------------ parsing
@@ -99,6 +100,73 @@ def test_read_proc_reads_the_host_and_every_process(tmp_path: Path) -> None:
     assert (got.busy_ticks, got.total_ticks) == parse_host_stat(STAT)
     assert sorted(got.procs) == [10, 11]
     assert got.procs[11] == Proc(pid=11, ppid=10, pgrp=10, start_ticks=9, cpu_ticks=7)
+
+
+def test_a_tick_reading_brackets_the_processes_with_two_host_reads(tmp_path: Path) -> None:
+    fake_proc_tree(tmp_path / "proc", {10: (1, 10, 5, "0::/"), 11: (10, 10, 7, "0::/")})
+    got = read_ticks([11, 999, 12345], tmp_path / "proc")  # 999 and 12345 are gone: skipped
+    assert sorted(got.procs) == [11] and got.procs[11].cpu_ticks == 7
+    assert (got.busy_ticks, got.total_ticks, got.span_ticks) == (*parse_host_stat(STAT), 0)
+
+
+def test_a_slow_scan_does_not_move_the_engines_ticks_into_another_interval() -> None:
+    """The 2026-12-01 bug: the scan stalled for seconds while the engine ran, so the engine's ticks of the
+    stall landed in the previous interval (own 960 of 48 busy) and the long one looked 83 % other. Now the
+    scan only names the processes; their ticks and the host's are read together, after it."""
+    owned = Owned(groups=frozenset({20}))
+    scans = iter([reading(0, 0, proc(20, 0), proc(21, 0, pgrp=20))] * 3)
+    # tick readings at t = 0, 1 (0.25 s later in real life), 2 (after a 4.75 s stall): the engine is busy
+    ticks = iter(
+        [
+            Reading(0, 0, {20: proc(20, 0), 21: proc(21, 0, pgrp=20)}, span_ticks=2),
+            Reading(48, 48, {20: proc(20, 8), 21: proc(21, 40, pgrp=20)}, span_ticks=1),
+            Reading(999, 999, {20: proc(20, 160), 21: proc(21, 830, pgrp=20)}, span_ticks=3),
+        ]
+    )
+    asked: list[list[int]] = []
+
+    def tick_reading(pids: Any) -> Reading:
+        asked.append(list(pids))
+        return next(ticks)
+
+    fake = FakeProc()
+    lines: list[dict[str, Any]] = []
+    s = HostSampler(lambda: owned, lines.append, hz=1.0, read=lambda: next(scans), ticks=tick_reading, clock=fake.clock)
+    assert s.sample_once() is None
+    first, second = s.sample_once(), s.sample_once()
+    assert first is not None and second is not None
+    assert (first.own_ticks, first.other_busy_pct) == (48, 0.0)
+    assert (second.own_ticks, second.host_busy_ticks, second.other_busy_pct) == (
+        942,
+        951,
+        pytest.approx(0.95, abs=0.01),
+    )
+    assert asked == [[20, 21]] * 3 and [line["read_span_ticks"] for line in lines] == [2, 3]
+
+
+def test_a_blurred_tick_reading_is_taken_again_and_a_blurred_interval_decides_no_maximum() -> None:
+    """A tick reading whose two host reads lie far apart (the thread was descheduled between them) is
+    read again; if it stays blurred, the interval is counted but never sets ``other_busy_pct_max``."""
+    scans = iter([reading(0, 0, proc(20, 0))] * 3)
+    ticks = iter(
+        [
+            Reading(0, 0, {20: proc(20, 0)}),
+            Reading(40, 100, {20: proc(20, 0)}, span_ticks=500),  # blurred: taken again
+            Reading(50, 100, {20: proc(20, 50)}),
+            *[Reading(90, 200, {20: proc(20, 50)}, span_ticks=500)] * 5,  # blurred every time
+        ]
+    )
+    s = HostSampler(
+        lambda: Owned(groups=frozenset({20})), hz=1.0, read=lambda: next(scans), ticks=lambda _: next(ticks)
+    )
+    s.max_span_ticks = 5
+    s.sample_once()
+    clean, blurred = s.sample_once(), s.sample_once()
+    assert clean is not None and blurred is not None
+    assert s.retries == 1 + 5 and not clean.blurred and blurred.blurred
+    assert (clean.other_busy_pct, blurred.other_busy_pct) == (0.0, 40.0)
+    got = summarize([clean, blurred])
+    assert got["other_busy_pct_max"] == 0.0 and got["blurred"] == 1
 
 
 def test_a_container_is_found_by_its_id_in_the_cgroup_file(tmp_path: Path) -> None:
@@ -173,10 +241,10 @@ def interval(t0: float, t1: float, busy: int, total: int = 100, own: int = 0) ->
 def test_summary_max_merges_short_intervals_and_mean_weights_by_ticks() -> None:
     samples = [interval(0.0, 1.0, 20), interval(1.0, 2.0, 60), interval(2.0, 2.05, 5, total=5)]  # the last: 100 %
     got = summarize(samples, min_span_s=0.5)
-    assert got == {"other_busy_pct_max": 61.9, "other_busy_pct_mean": 41.46, "samples": 3}
+    assert got == {"other_busy_pct_max": 61.9, "other_busy_pct_mean": 41.46, "samples": 3, "blurred": 0}
     assert summarize(samples)["other_busy_pct_max"] == 100.0  # unmerged, one tick decides
     assert summarize([interval(0.0, 0.1, 10)], min_span_s=0.5)["other_busy_pct_max"] == 10.0
-    assert summarize([]) == {"other_busy_pct_max": None, "other_busy_pct_mean": None, "samples": 0}
+    assert summarize([]) == {"other_busy_pct_max": None, "other_busy_pct_mean": None, "samples": 0, "blurred": 0}
 
 
 def test_a_window_takes_the_intervals_that_overlap_it() -> None:
@@ -186,7 +254,7 @@ def test_a_window_takes_the_intervals_that_overlap_it() -> None:
     s.close()  # no closing reading after close
     assert s.window(1.5, 2.5)["samples"] == 2
     assert s.window(1.0, 2.0)["samples"] == 1
-    assert s.window(1.2, 1.4) == {"other_busy_pct_max": 60.0, "other_busy_pct_mean": 60.0, "samples": 1}
+    assert s.window(1.2, 1.4) == {"other_busy_pct_max": 60.0, "other_busy_pct_mean": 60.0, "samples": 1, "blurred": 0}
     assert s.window(10.0, 11.0)["samples"] == 0
 
 
@@ -196,7 +264,7 @@ def test_a_window_newer_than_the_last_reading_takes_one_first() -> None:
     s.sample_once()
     s.sample_once()  # [0, 1]
     got = s.window(1.2, 1.3)  # a request shorter than an interval, after the last reading
-    assert got == {"other_busy_pct_max": 30.0, "other_busy_pct_mean": 30.0, "samples": 1}
+    assert got == {"other_busy_pct_max": 30.0, "other_busy_pct_mean": 30.0, "samples": 1, "blurred": 0}
     assert fake.now == 2.0
 
 
@@ -225,7 +293,7 @@ def test_a_failing_reading_is_counted_never_raised() -> None:
             raise PermissionError("no")
         return reading(0, 0)
 
-    s = HostSampler(Owned, hz=1.0, read=flaky)
+    s = HostSampler(Owned, hz=1.0, read=flaky, ticks=None)
     s.sample_once()
     s.window(0.0, 1e12)  # the closing reading fails
     assert s.close() == ["host CPU sampler: 1 failed reading(s), the last: PermissionError: no"]
@@ -240,7 +308,7 @@ def test_without_proc_the_sampler_says_why_and_does_nothing(tmp_path: Path) -> N
     assert not s.running
     assert s.unavailable is not None and s.unavailable.startswith("host CPU not sampled: cannot read /proc")
     assert lines == [{"kind": "unavailable", "reason": s.unavailable}]
-    assert s.window(0.0, 1e12) == {"other_busy_pct_max": None, "other_busy_pct_mean": None, "samples": 0}
+    assert s.window(0.0, 1e12) == {"other_busy_pct_max": None, "other_busy_pct_mean": None, "samples": 0, "blurred": 0}
     assert s.close() == [s.unavailable]
     assert judge(s.window(0.0, 1.0), 50.0, "exclude") == ([], None)
 

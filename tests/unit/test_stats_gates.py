@@ -143,11 +143,11 @@ def test_a_gate_fails_only_when_the_ci_excludes_the_threshold(op, lo, hi, thresh
     assert gates.judge(op, lo, hi, threshold) == outcome
 
 
-def _records(arm: str, values: list[float], probe: str = "short", shape: str = "code") -> list[dict]:
+def _records(arm: str, values: list[float], probe: str = "short", shape: str = "code", boots: int = 1) -> list[dict]:
     return [
         {
             "arm": arm,
-            "boot": arm,
+            "boot": arm if boots == 1 else f"{arm}.r{i % boots + 1}",
             "probe": probe,
             "shape": shape,
             "phase": "measured",
@@ -162,7 +162,8 @@ def _records(arm: str, values: list[float], probe: str = "short", shape: str = "
 
 
 def test_evaluate_between_baseline_and_absolute() -> None:
-    data = frame(_records("fp8", [100.0, 101.0, 99.0, 100.5]) + _records("int8", [130.0, 131.0, 129.0, 130.5]))
+    fp8, int8 = [100.0, 101.0, 99.0, 100.5, 100.2, 99.8], [130.0, 131.0, 129.0, 130.5, 130.2, 129.8]
+    data = frame(_records("fp8", fp8, boots=3) + _records("int8", int8, boots=3))
     arms = ["fp8", "int8"]
     parsed = [
         gates.parse(t, arms=arms)
@@ -177,8 +178,28 @@ def test_evaluate_between_baseline_and_absolute() -> None:
     results = gates.evaluate(parsed, data, arms, seed=0)
     assert [r["outcome"] for r in results] == ["pass", "fail", "pass", "fail", "inconclusive"]
     assert results[0]["name"] == "decode_tps[short@code]: int8 >= fp8 * 1.20 (int8/fp8)"
-    assert results[0]["value"] == pytest.approx(130.125 / 100.125)
+    assert results[0]["value"] == pytest.approx(sum(int8) / sum(fp8))
+    assert results[0]["ci_method"] == "boots" and "within_boot_outcome" not in results[0]
     assert results[-1]["reason"] == "no measured prefill samples"
+
+
+def test_a_ratio_gate_on_one_boot_per_arm_follows_inconclusive() -> None:
+    """With fewer than 3 boots per arm the CI is within-boot: a pass or fail is only what it would be."""
+    data = frame(_records("fp8", [100.0, 101.0, 99.0, 100.5]) + _records("int8", [130.0, 131.0, 129.0, 130.5]))
+    arms = ["fp8", "int8"]
+    texts = (
+        "decode_tps[short]: int8 >= fp8 * 1.20",
+        "decode_tps[short]: int8 >= fp8 * 1.40",
+        "decode_tps[short]: >= 1",
+    )
+    results = gates.evaluate([gates.parse(t, arms=arms) for t in texts], data, arms, seed=0)
+    assert [r["outcome"] for r in results] == ["inconclusive", "inconclusive", "pass", "pass"]
+    assert [r.get("within_boot_outcome") for r in results[:2]] == ["pass", "fail"]
+    assert results[1]["reason"] == (
+        "would fail on a within-boot CI (1 boot per arm: within-boot CI only) — follows --kv-inconclusive; "
+        "--kv-replicates=3 or --kv-noise=RUN decides it"
+    )
+    assert results[0]["ci_method"] == "within-boot" and "ci_method" not in results[2]  # absolute: no ratio
 
 
 def test_gate_on_a_probe_without_valid_samples_is_inconclusive() -> None:

@@ -28,10 +28,63 @@ def fmt_delta(row: DeltaRow | SavedRow) -> str:
     if row.get("verdict_note"):
         text += f" ({row['verdict_note']})"
     elif verdict and verdict != "inconclusive":
-        text += f" {verdict}"
+        text += f" {verdict}" + (f" ({row['provisional']})" if row.get("provisional") else "")
     elif verdict:
         text += " (inconclusive)"
     return text
+
+
+def spec_decode_lines(report: Report) -> list[str]:
+    """report.md's speculative-decoding section: the setup per arm, then acceptance per arm, probe and point."""
+    spec = report.get("spec_decode")
+    if not spec or not spec["rows"]:
+        return []
+    setup = spec.get("config") or {}
+    lines = ["", "## Speculative decoding", ""]
+    lines += [f"- {arm}: {value or 'not stated in the engine log'}" for arm, value in setup.items()]
+    rows = []
+    for r in spec["rows"]:
+        ci = ""
+        if r["ci_low"] is not None and r["ci_high"] is not None:
+            ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+        mean = r["acceptance_length_mean"]
+        rows.append(
+            [
+                r["arm"],
+                r["probe"],
+                r["point"],
+                str(r["requests"]),
+                f"{r['drafts']:,}",
+                f"{r['accepted']:,} / {r['drafted']:,} ({r['acceptance_pct']:.1f}%)",
+                f"{r['acceptance_length']:.2f}",
+                (f"{mean:.2f}{ci}" if mean is not None else "–"),
+                " / ".join(f"{x:.2f}" for x in r["per_position"]) or "–",
+            ]
+        )
+    lines += [
+        "",
+        *_md_table(
+            [
+                "Arm",
+                "Probe",
+                "Point",
+                "Requests",
+                "Drafts",
+                "Accepted / drafted tokens",
+                "Acceptance length",
+                "Mean per request [95% CI]",
+                "Per position",
+            ],
+            rows,
+        ),
+    ]
+    lines += [
+        "",
+        "Acceptance length = 1 + accepted / drafts (tokens per verification step); per position i: drafts whose "
+        "i-th token was accepted / drafts. Deltas of `acceptance_length` and `acceptance_rate` between arms are "
+        "in the probe tables above.",
+    ]
+    return lines
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -298,9 +351,7 @@ def markdown(report: Report) -> str:
         header, rows = agentic_table(report)
         lines += _md_table(header, rows)
         lines += [""] + [f"- {line}" for line in growth_lines(report)]
-    spec = report.get("spec_decode")
-    if spec and spec["rows"]:
-        lines += ["", "## Speculative decoding", "", f"- {spec['line']}"]
+    lines += spec_decode_lines(report)
     compare = report.get("compare")
     if compare:
         lines += ["", f"## Against stored run {compare['baseline_run']}", ""]
@@ -348,6 +399,7 @@ def markdown(report: Report) -> str:
     flags = report.get("flags")
     if flags and flags["samples"]:
         notes.append(f"{flags['samples']} measured sample(s) flagged: {', '.join(flags['kinds'])}")
+    spec = report.get("spec_decode")
     if spec and not spec["rows"]:
         notes.append(f"speculative decoding: {spec['line']}")
     if notes:

@@ -60,7 +60,7 @@ def render(report: Report) -> dict[str, bytes]:
             save(fig, f"{probe}.png")
             continue
         wanted = [spec.primary_metric] if spec is not None else ["decode_tps"]
-        wanted += [m for m in ("ttft_s",) if m not in wanted]
+        wanted += [m for m in ("ttft_s", "acceptance_length") if m not in wanted]
         metrics = [m for m in wanted if m in set(sub["metric"])]
         if not metrics:
             continue
@@ -92,4 +92,24 @@ def render(report: Report) -> dict[str, bytes]:
             ax.set_title(f"{probe}: {metric}")
             ax.legend()
         save(fig, f"{probe}.png")
+    accepted = summary[summary["metric"] == "acceptance_length"]
+    curves = [p for p in dict.fromkeys(accepted["probe"]) if (sp := specs.get(p)) is not None and sp.curve]
+    if curves:  # acceptance length against depth: one line per arm and probe
+        fig, ax = plt.subplots(figsize=(6.5, 4.0))
+        for probe in curves:
+            sub = summary[summary["probe"] == probe]
+            for arm in arms:
+                tokens = sub[(sub["metric"] == "prompt_tokens") & (sub["arm"] == arm)].set_index("point")["mean"]
+                rows = accepted[(accepted["probe"] == probe) & (accepted["arm"] == arm)]
+                pts = [
+                    (float(tokens[r["point"]]), float(r["mean"])) for _, r in rows.iterrows() if r["point"] in tokens
+                ]
+                if pts:
+                    pts.sort()
+                    ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"{arm} {probe}")
+        ax.set_xlabel("prompt tokens")
+        ax.set_ylabel("mean acceptance length (tokens per step)")
+        ax.set_title("speculative decoding: acceptance length against depth")
+        ax.legend()
+        save(fig, "spec_decode.png")
     return out
