@@ -190,15 +190,18 @@ def crossover(
         return {"estimate": None, "ci_low": None, "ci_high": None, "share": 0.0, "points": len(points)}
 
     def first_crossing(ratios: list[float]) -> float | None:
+        """The first change of sign of log(ratio); a ratio of exactly 1 between the two sides is the
+        crossing itself, but touching 1 (or staying at 1: identical arms) without changing side is none."""
         logs = np.log(np.asarray(ratios))
-        for i in range(len(logs) - 1):
-            if logs[i] == 0:
-                return float(points[i][0])
-            if np.sign(logs[i]) != np.sign(logs[i + 1]) and logs[i + 1] != 0:
-                x0, x1 = points[i][0], points[i + 1][0]
-                return float(x0 + (x1 - x0) * logs[i] / (logs[i] - logs[i + 1]))
-            if logs[i + 1] == 0:
+        signs = np.sign(logs)
+        sided = [i for i in range(len(logs)) if signs[i] != 0]
+        for i, j in zip(sided, sided[1:], strict=False):
+            if signs[i] == signs[j]:
+                continue
+            if j > i + 1:  # exactly 1 at the points between: the first of them is where it crosses
                 return float(points[i + 1][0])
+            x0, x1 = points[i][0], points[j][0]
+            return float(x0 + (x1 - x0) * logs[i] / (logs[i] - logs[j]))
         return None
 
     estimate = first_crossing([float(a.mean() / b.mean()) for _, b, a in points])

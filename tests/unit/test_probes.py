@@ -138,6 +138,8 @@ def test_live_answer_uses_the_models_calls_or_counts_a_miss() -> None:
         ({1: 2.0, 2: 1.0, 3: 1.1, 4: 1.4}, "stable"),
         ({1: 2.0, 2: 1.0, 3: 2.0, 4: 3.0}, "sub-linear"),  # context grows 10×, TTFT 3×
         ({1: 2.0, 2: 1.0, 3: 5.0, 4: 9.0}, "near-linear"),
+        ({1: 2.0, 2: 1.0, 3: 5.0, 4: 12.5}, "near-linear"),  # 1.25 × the context growth: the edge
+        ({1: 2.0, 2: 1.0, 3: 20.0, 4: 80.0}, "super-linear"),  # TTFT 80× while context grows 10×
         ({1: 2.0, 2: 1.0, 3: 5.0, 4: 6.0}, "growing"),
     ],
 )

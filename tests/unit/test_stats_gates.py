@@ -85,6 +85,17 @@ def test_crossover_with_noise_has_a_ci_around_the_crossing() -> None:
     assert 2000 < found["ci_low"] <= found["estimate"] <= found["ci_high"] < 4000
 
 
+def test_identical_arms_or_a_touch_of_one_is_no_crossover() -> None:
+    """The H200 spec-decode run: both arms accepted every draft (ratio exactly 1 at every depth), and the
+    old rule reported a crossing at the first point."""
+    same = stats.crossover([4000.0, 32000.0], [[3.5, 3.5]] * 2, [[3.5, 3.5]] * 2)
+    assert same["estimate"] is None and same["share"] == 0.0
+    touch = stats.crossover([1.0, 2.0, 3.0], [[1.0]] * 3, [[1.0], [1.2], [1.1]])
+    assert touch["estimate"] is None
+    through = stats.crossover([1.0, 2.0, 3.0], [[1.0]] * 3, [[1.2], [1.0], [0.8]])
+    assert through["estimate"] == 2.0
+
+
 def test_no_crossover() -> None:
     found = stats.crossover([1.0, 2.0, 3.0], [[1.0, 1.0]] * 3, [[2.0, 2.0]] * 3)
     assert found["estimate"] is None and found["share"] == 0.0
