@@ -69,9 +69,9 @@ HostCpuAction = Literal["flag", "exclude", "off"]
 #: The seed's depth probes (GPU): fresh prefill at 10K and 90K tokens, 2 agentic sessions of all 15 turns.
 SEED_DEPTHS = (10_000, 90_000)
 #: The embedded CPU default's: smaller, so that ``-m depth`` fits a few minutes an arm on 2 cores.
-CPU_DEPTHS = (4_000, 32_000)
+CPU_DEPTHS = (4_000, 16_000)
 CPU_SESSIONS = 1
-CPU_TURNS = 10
+CPU_TURNS = 9
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
 
