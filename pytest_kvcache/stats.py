@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
@@ -195,7 +196,7 @@ def crossover(
         logs = np.log(np.asarray(ratios))
         signs = np.sign(logs)
         sided = [i for i in range(len(logs)) if signs[i] != 0]
-        for i, j in zip(sided, sided[1:], strict=False):
+        for i, j in itertools.pairwise(sided):
             if signs[i] == signs[j]:
                 continue
             if j > i + 1:  # exactly 1 at the points between: the first of them is where it crosses
