@@ -101,6 +101,42 @@ class AgreementRecord(TypedDict, total=False):
     error: str
 
 
+class FidelityWindowData(TypedDict):
+    """The positions one scored prompt keeps at one depth (``probes.fidelity.Window``)."""
+
+    depth: int
+    start: int
+    ids: list[int]
+    logprob: list[float]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+
+class FidelityRecord(TypedDict, total=False):
+    """One line of ``fidelity.jsonl``: one text scored teacher-forced on one boot (prompt logprobs)."""
+
+    run_id: str
+    arm: str
+    boot: str
+    replicate: int
+    test: str
+    text: str
+    text_sha256: str
+    ids_sha256: str
+    prompt_tokens: int
+    top_k: int
+    window: int
+    windows: list[FidelityWindowData]
+    short_depths: list[int]
+    engine: dict[str, Json] | None
+    cold_proof: str
+    flags: list[str]
+    excluded_reason: str | None
+    wall_s: float
+    ok: bool
+    error: str
+
+
 class SamplingRecord(TypedDict, total=False):
     """One line of ``sampling.jsonl``: why an adaptive loop (requests, or rounds of boots) stopped."""
 
@@ -257,6 +293,7 @@ class ProbeSpecData(TypedDict, total=False):
     markers: list[str]
     label: str
     trials: bool
+    own_section: bool
 
 
 class RunMeta(TypedDict, total=False):
@@ -514,6 +551,35 @@ class SpecDecodeSection(TypedDict):
     line: str
 
 
+class FidelityRow(TypedDict, total=False):
+    """One arm against another at one depth: "between arms" (an arm vs the baseline, same replicate) or
+    "across boots" (an arm's later boots vs its first: the measure's noise floor)."""
+
+    kind: str
+    arm: str
+    baseline: str
+    point: str
+    depth: int
+    texts: int
+    boots: int
+    positions: int
+    blocks: int
+    ci_method: str
+    baseline_nll: float | None
+    logprob_drift: float | None
+    logprob_drift_ci: list[float | None]
+    nll_delta: float | None
+    nll_delta_ci: list[float | None]
+    kl_topk: float | None
+    kl_topk_ci: list[float | None]
+
+
+class FidelitySection(TypedDict):
+    config: dict[str, Json]
+    rows: list[FidelityRow]
+    notes: list[str]
+
+
 class FlagSummary(TypedDict):
     samples: int
     kinds: list[str]
@@ -594,6 +660,7 @@ class Report(TypedDict, total=False):
     crossovers: list[CrossoverRow]
     agentic: AgenticSection
     spec_decode: SpecDecodeSection
+    fidelity: FidelitySection
     flags: FlagSummary
     verdicts: list[str]
     notes: list[str]

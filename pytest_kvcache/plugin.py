@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from pytest_kvcache.client import Sample
     from pytest_kvcache.engines.base import Engine
     from pytest_kvcache.engines.registry import EngineRegistry
-    from pytest_kvcache.model import Record
+    from pytest_kvcache.model import FidelityRecord, Record
     from pytest_kvcache.run.measure import ArmClient, Server
     from pytest_kvcache.session import KvSession
 
@@ -201,6 +201,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "kv_agentic_session" in metafunc.fixturenames:
         numbers = range(1, settings.sessions + 1)
         metafunc.parametrize("kv_agentic_session", numbers, ids=[f"s{n}" for n in numbers])
+    if "kv_fidelity_text" in metafunc.fixturenames:
+        metafunc.parametrize("kv_fidelity_text", settings.fidelity_texts, ids=list(settings.fidelity_texts))
 
 
 @pytest.hookimpl(trylast=True)
@@ -287,7 +289,8 @@ def kv_benchmark(request: pytest.FixtureRequest) -> Any:
 
 class Recorder:
     """``kv_record(sample, probe=..., phase=..., index=..., **context)`` appends one record to
-    ``requests.jsonl``; ``kv_record.sampling(info, **context)`` says why an adaptive loop stopped."""
+    ``requests.jsonl``; ``kv_record.sampling(info, **context)`` says why an adaptive loop stopped;
+    ``kv_record.fidelity(entry)`` logs one scored text of the fidelity probe (``fidelity.jsonl``)."""
 
     def __init__(self, session: KvSession, server: Server, test: str) -> None:
         self.session, self.server, self.test = session, server, test
@@ -299,6 +302,10 @@ class Recorder:
         boot = self.server.boot
         entry = {"kind": "requests", "boot": boot.boot_id, "arm": boot.arm.name, "test": self.test, **context}
         self.session.run.log("sampling.jsonl", {**entry, **info})
+
+    def fidelity(self, entry: FidelityRecord) -> FidelityRecord:
+        """Append one scored text to ``fidelity.jsonl`` (the fidelity probe)."""
+        return self.session.run.record_fidelity(self.server.boot, {**entry, "test": self.test})
 
 
 @pytest.fixture

@@ -152,6 +152,21 @@ def mean_ci(
     return float(v.mean()), lo, hi
 
 
+def mean_ci_boots(
+    boots: Sequence[Sequence[float]], *, n_boot: int = BOOTSTRAP_SAMPLES, confidence: float = CONFIDENCE, seed: int = 0
+) -> tuple[float | None, float | None, float | None]:
+    """Mean of boot-level means and its hierarchical bootstrap CI (boots, then samples within a boot):
+    each boot counts once, and the CI covers boot-to-boot variation. Fewer than 2 boots: no CI."""
+    groups = [x for x in boots if len(x)]
+    if not groups:
+        return None, None, None
+    mean, resampled = _boot_level_means(groups, _rng(seed), n_boot)
+    if len(groups) < 2:
+        return mean, None, None
+    lo, hi = _percentiles(resampled, confidence)
+    return mean, lo, hi
+
+
 Verdict = Literal["better", "worse", "inconclusive"]
 
 

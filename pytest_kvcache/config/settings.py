@@ -72,6 +72,11 @@ SEED_DEPTHS = (10_000, 90_000)
 CPU_DEPTHS = (4_000, 16_000)
 CPU_SESSIONS = 1
 CPU_TURNS = 9
+#: The fidelity probe's depths: GPU default, and the CPU default's (prompt logprobs cost the CPU build
+#: ~1.7 ms a position on 2 cores: 7 s at 4K, 44 s at 16K).
+FIDELITY_DEPTHS = (1_000, 8_000, 32_000)
+CPU_FIDELITY_DEPTHS = (1_000, 4_000)
+FIDELITY_TEXTS = ("prose", "code")
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
 
@@ -215,6 +220,10 @@ class Settings:
     self_check: SelfCheck = "quick"
     concurrency: tuple[int, ...] = (1, 4, 16)
     concurrency_max_tokens: int = 128
+    fidelity_depths: tuple[int, ...] = FIDELITY_DEPTHS
+    fidelity_texts: tuple[str, ...] = FIDELITY_TEXTS
+    fidelity_top_k: int = 5
+    fidelity_window: int = 512
     first_token_floor_s: float = 120.0
     min_prefill_tps: float = 500.0
     progress: Progress = "auto"
@@ -297,6 +306,10 @@ class Settings:
             "self_check": self.self_check,
             "concurrency": list(self.concurrency),
             "concurrency_max_tokens": self.concurrency_max_tokens,
+            "fidelity_depths": list(self.fidelity_depths),
+            "fidelity_texts": list(self.fidelity_texts),
+            "fidelity_top_k": self.fidelity_top_k,
+            "fidelity_window": self.fidelity_window,
             "first_token_floor_s": self.first_token_floor_s,
             "min_prefill_tps": self.min_prefill_tps,
             "progress": self.progress,
@@ -412,6 +425,20 @@ def parse_depths(raw: str) -> tuple[int, ...]:
     if len(set(depths)) != len(depths):
         raise ValueError(f"depths must be distinct; got {raw!r}")
     return tuple(depths)
+
+
+#: The fewest positions a fidelity window may hold (one block of the probe's CIs).
+BLOCK_MIN = 32
+
+
+def _texts(raw: Any) -> tuple[str, ...]:
+    names = [p.strip() for p in (raw if isinstance(raw, list | tuple) else str(raw).split(",")) if p.strip()]
+    unknown = [n for n in names if n not in FIDELITY_TEXTS]
+    if not names or unknown:
+        raise SettingsError(f"expected fidelity texts from {', '.join(FIDELITY_TEXTS)}; got {raw!r}")
+    if len(set(names)) != len(names):
+        raise SettingsError(f"fidelity texts must be distinct; got {raw!r}")
+    return tuple(names)
 
 
 def _depths(raw: Any) -> tuple[int, ...]:
@@ -774,6 +801,17 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("no_self_check", "skip the measuring-client self-check at the start of the run.", flag=True),
     OptionSpec("concurrency", "simultaneous streams per level of the concurrency probe (default 1,4,16).", "N1,N2"),
     OptionSpec("concurrency_max_tokens", "max_tokens of each concurrency-probe stream (default 128).", "N"),
+    OptionSpec(
+        "fidelity_depths",
+        "depths at which the fidelity probe compares prompt logprobs with the baseline arm, 'k' = 1000 "
+        "(default 1k,8k,32k; 1k,4k on the embedded CPU default).",
+        "D1,D2",
+    ),
+    OptionSpec("fidelity_texts", "the fidelity probe's committed texts (default prose,code).", "T1,T2"),
+    OptionSpec(
+        "fidelity_topk", "top-k logprobs per position for the fidelity probe's KL estimate; 0: none (default 5).", "K"
+    ),
+    OptionSpec("fidelity_window", "positions scored before each fidelity depth (default 512).", "N"),
 )
 
 OPTION_BY_NAME: Mapping[str, OptionSpec] = {spec.name: spec for spec in OPTIONS}
@@ -1091,4 +1129,8 @@ def resolve(
         self_check="off" if no_check else "full" if full_check else "quick",
         concurrency=get("concurrency", _levels, (1, 4, 16)),
         concurrency_max_tokens=get("concurrency_max_tokens", lambda raw: _count(1)(str(raw)), 128),
+        fidelity_depths=get("fidelity_depths", _depths, CPU_FIDELITY_DEPTHS if cpu_default else FIDELITY_DEPTHS),
+        fidelity_texts=get("fidelity_texts", _texts, FIDELITY_TEXTS),
+        fidelity_top_k=get("fidelity_topk", lambda raw: _count(0)(str(raw)), 5),
+        fidelity_window=get("fidelity_window", lambda raw: _count(BLOCK_MIN)(str(raw)), 512),
     )

@@ -36,6 +36,9 @@ ENGINE_METRICS = ("engine_ttft_s", "engine_prefill_s", "engine_decode_s", "engin
 #: Speculative decoding per request, from the ``/metrics`` deltas (``metrics.spec_metrics``): present only
 #: when the engine drafted; higher is better.
 SPEC_METRICS = ("acceptance_length", "acceptance_rate")
+#: Fidelity per block of scored positions, each already a difference from the baseline arm
+#: (``probes.fidelity``): lower is better, gated as absolutes (``logprob_drift[fidelity@32k]: int8 <= 0.05``).
+FIDELITY_METRICS = ("logprob_drift", "kl_topk", "nll_delta")
 #: Token counts: summarised, never compared as a delta or gated.
 COUNT_METRICS = ("prompt_tokens", "cached_tokens")
 
@@ -46,7 +49,9 @@ class ProbeSpec:
 
     ``metrics`` in table order; ``primary_metric`` drives adaptive sampling and the per-boot table;
     ``point`` says which record field is the probe's axis (``shape``, ``depth`` → ``10k``, ``turn`` →
-    ``turnN``); ``paired_by`` names the record fields that make a request the same prompt in every arm
+    ``turnN``); ``own_section``: the probe's metrics are differences from the baseline arm already
+    (fidelity), so it gets no ratio deltas, crossovers or generic table and plot, only its own report
+    section; ``paired_by`` names the record fields that make a request the same prompt in every arm
     (within a replicate), only for records whose shape is in ``paired_shapes`` when given; ``curve`` the
     metrics drawn and tested for a crossover against ``curve_x``; ``markers`` the extra markers the probe's
     tests carry (``depth``).
@@ -68,6 +73,7 @@ class ProbeSpec:
     markers: tuple[str, ...] = ()
     label: Label = "plain"
     trials: bool = False
+    own_section: bool = False
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -101,6 +107,7 @@ class ProbeSpec:
             "markers": list(self.markers),
             "label": self.label,
             "trials": self.trials,
+            "own_section": self.own_section,
         }
 
     @classmethod
@@ -123,6 +130,7 @@ class ProbeSpec:
             markers=tuple(data.get("markers") or ()),
             label=cast(Label, data.get("label") or "plain"),
             trials=bool(data.get("trials")),
+            own_section=bool(data.get("own_section")),
         )
 
 
@@ -174,6 +182,18 @@ STOCK: tuple[ProbeSpec, ...] = (
         marker_help="N simultaneous streams per arm (--kv-concurrency), aggregate and per-stream speed.",
         order=3,
         trials=True,
+    ),
+    ProbeSpec(
+        name="fidelity",
+        title="Fidelity at depth (teacher-forced prompt logprobs against the baseline arm)",
+        metrics=FIDELITY_METRICS,
+        primary_metric="logprob_drift",
+        marker_help="fidelity probe: fixed long texts scored teacher-forced at --kv-fidelity-depths, "
+        "|Δ logprob| and top-k KL against the baseline arm.",
+        order=4,
+        point="depth",
+        label="at",
+        own_section=True,
     ),
 )
 
@@ -230,6 +250,7 @@ __all__ = [
     "CLIENT_METRICS",
     "COUNT_METRICS",
     "ENGINE_METRICS",
+    "FIDELITY_METRICS",
     "GROUP_MARKERS",
     "SPEC_METRICS",
     "STOCK",

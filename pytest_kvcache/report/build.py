@@ -1,5 +1,5 @@
 """The report's content as a pure function of a loaded run folder: summary, deltas with CIs, crossovers,
-verdicts, boots, confounds, agreement, agentic growth, speculative decoding.
+verdicts, boots, confounds, agreement, agentic growth, speculative decoding, fidelity.
 
 ``build(run)`` reads nothing itself: :func:`pytest_kvcache.report.load.load` read the folder once. The
 bootstrap is seeded with the run's ``--kv-seed``, so the same folder always yields the same report.
@@ -42,6 +42,7 @@ from pytest_kvcache.model import (
 )
 from pytest_kvcache.probes import agreement
 from pytest_kvcache.report import confounds
+from pytest_kvcache.report import fidelity as fidelity_report
 from pytest_kvcache.report.frame import (
     MIN_BOOTS_FOR_BOOT_CI,
     Specs,
@@ -109,7 +110,7 @@ def delta_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: int)
             at = by_probe[by_probe["point"] == point]
             base = at[at["arm"] == baseline]
             for metric in metrics_for(spec, at):
-                if metric not in spec.compared_metrics:
+                if metric not in spec.compared_metrics or spec.own_section:
                     continue
                 for arm in arms[1:]:
                     other = at[at["arm"] == arm]
@@ -441,6 +442,15 @@ def agreement_report(run: RunData, arms: Sequence[str]) -> AgreementSection:
     return {"rows": rows, "notes": notes}
 
 
+def report_verdicts(report: Report, specs: Specs) -> list[str]:
+    """The verdict sentences of a report: speed (short decode, each curve), output agreement, fidelity."""
+    arms = [a["name"] for a in report["arms"]]
+    found = verdict_sentences(report["deltas"], report["crossovers"], arms, specs)
+    found += agreement_sentences(report["agreement"]["rows"], arms)
+    scored = report.get("fidelity")
+    return found + fidelity_report.sentences(scored["rows"] if scored else [], report["deltas"], arms)
+
+
 def agreement_sentences(rows: Sequence[AgreementRow], arms: Sequence[str]) -> list[str]:
     """Next to the speed verdicts: whether each arm's greedy outputs match the baseline's."""
     out = []
@@ -683,7 +693,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
     boots = boot_entries(run)
     plan = run.meta.get("plan") or []
     notes = []
-    if not run.records:
+    if not run.records and not run.fidelity:
         notes.append("no requests were recorded")
     for arm in arms:
         if arm not in run.evidence and not any(p.get("arm") == arm for p in plan):
@@ -717,7 +727,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "summary": summary_rows(data, arms, specs),
         "deltas": deltas,
         "crossovers": crossovers,
-        "verdicts": verdict_sentences(deltas, crossovers, arms, specs) + agreement_sentences(agreed["rows"], arms),
+        "verdicts": [],
         "notes": notes,
         "seed": seed,
         "probes": [specs[p].to_dict() for p in sorted(specs, key=lambda n: (specs[n].order, n))],
@@ -725,6 +735,8 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "spec_decode": spec_decode_section(
             run.records, arms, specs, {a["name"]: a["resolved"].get("speculative") for a in entries}, seed
         ),
+        "fidelity": fidelity_report.section(run.fidelity_blocks, run.fidelity, arms, settings, seed),
         "flags": flag_summary(run.records),
     }
+    report["verdicts"] = report_verdicts(report, specs)
     return report

@@ -162,7 +162,14 @@ def evaluate(
     it is judged: a difference counts only beyond the noise floor.
     """
     from pytest_kvcache import stats
-    from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI, compare, point_sort, provisional_note, values
+    from pytest_kvcache.report.frame import (
+        MIN_BOOTS_FOR_BOOT_CI,
+        by_boot,
+        compare,
+        point_sort,
+        provisional_note,
+        values,
+    )
 
     results: list[GateResult] = []
     for gate in gates:
@@ -193,11 +200,20 @@ def evaluate(
                 ]
             else:
                 for arm in [gate.arm] if gate.arm else list(arms):
-                    found = values(at[at["arm"] == arm], gate.metric) if not at.empty else []
-                    mean, lo, hi = stats.mean_ci(found, seed=seed)
+                    mine = at[at["arm"] == arm] if not at.empty else at
+                    found = values(mine, gate.metric) if not mine.empty else []
+                    groups = by_boot(mine, gate.metric) if not mine.empty else []
+                    over_boots = len(groups) >= MIN_BOOTS_FOR_BOOT_CI
+                    if over_boots:  # the boot is the unit: boot-to-boot variation is in the CI
+                        mean, lo, hi = stats.mean_ci_boots(groups, seed=seed)
+                    else:
+                        mean, lo, hi = stats.mean_ci(found, seed=seed)
                     outcome = judge(gate.op, lo, hi, gate.threshold)
                     reason = "no valid samples" if not found else "too few samples for a CI" if lo is None else ""
-                    results.append(_result(gate, f"{label} ({arm})", outcome, mean, lo, hi, reason))
+                    result = _result(gate, f"{label} ({arm})", outcome, mean, lo, hi, reason)
+                    if found:
+                        result["ci_method"] = "boots" if over_boots else "within-boot"
+                    results.append(result)
                 continue
             for who, base, other in pairs:
                 if base.empty or other.empty:

@@ -16,7 +16,7 @@ from pytest_kvcache import stats
 from pytest_kvcache.model import GateResult, Report, SavedRow, SavedSection
 from pytest_kvcache.probes.registry import COUNT_METRICS
 from pytest_kvcache.report import gates as gate_grammar
-from pytest_kvcache.report.build import agreement_sentences, build, verdict_sentences
+from pytest_kvcache.report.build import build, report_verdicts
 from pytest_kvcache.report.frame import Specs, compare
 from pytest_kvcache.report.load import RunData
 
@@ -75,10 +75,7 @@ def apply_noise(report: Report, bands: Bands, name: str, specs: Specs) -> None:
         "bands": [{"probe": p, "point": q, "metric": m, "band_pct": b * 100} for (p, q, m), b in bands.items()],
         "missing": missing,
     }
-    arms = [a["name"] for a in report["arms"]]
-    report["verdicts"] = verdict_sentences(report["deltas"], report["crossovers"], arms, specs) + agreement_sentences(
-        report["agreement"]["rows"], arms
-    )
+    report["verdicts"] = report_verdicts(report, specs)
 
 
 def compare_with_saved(report: Report, data: pd.DataFrame, saved: RunData, seed: int) -> SavedSection:

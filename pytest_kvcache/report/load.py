@@ -13,7 +13,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from pytest_kvcache.model import AgreementRecord, Evidence, ProbeSpecData, Record, RunMeta, SamplingRecord
+from pytest_kvcache.model import (
+    AgreementRecord,
+    Evidence,
+    FidelityRecord,
+    ProbeSpecData,
+    Record,
+    RunMeta,
+    SamplingRecord,
+)
 from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.registry import ProbeSpec
 
@@ -35,6 +43,7 @@ class RunData:
     evidence: dict[str, Evidence] = field(default_factory=dict)
     agreement: list[AgreementRecord] = field(default_factory=list)
     sampling: list[SamplingRecord] = field(default_factory=list)
+    fidelity: list[FidelityRecord] = field(default_factory=list)
     torn_lines: int = 0
     problems: tuple[str, ...] = ()
 
@@ -57,11 +66,26 @@ class RunData:
         return registry.resolve(cast(list[ProbeSpecData], self.meta.get("probes") or []))
 
     @cached_property
+    def fidelity_blocks(self) -> pd.DataFrame:
+        """Every fidelity comparison per block of positions (``report.fidelity.blocks``), built once."""
+        from pytest_kvcache.report.fidelity import blocks
+
+        return blocks(self.fidelity, self.arms)
+
+    @cached_property
     def frame(self) -> pd.DataFrame:
-        """The measured requests as one frame (``report.frame.frame``), built once for build and judge."""
+        """The measured requests as one frame (``report.frame.frame``), built once for build and judge; the
+        fidelity probe's blocks (each arm against the baseline) are rows of it too, so gates read them."""
+        import pandas as pd
+
+        from pytest_kvcache.report.fidelity import frame_rows
         from pytest_kvcache.report.frame import frame
 
-        return frame(self.records, self.specs)
+        found = frame(self.records, self.specs)
+        extra = frame_rows(self.fidelity_blocks)
+        if extra.empty:
+            return found
+        return extra if found.empty else pd.concat([found, extra], ignore_index=True)
 
 
 def _json_file(path: Path, what: str) -> Any:
@@ -127,7 +151,7 @@ def check_folder(path: Path, what: str = "run folder") -> None:
 
 def load(path: Path, what: str = "run folder") -> RunData:
     """Read and validate one run folder: ``run.json``, ``requests.jsonl``, each planned boot's
-    ``evidence.json``, ``agreement.jsonl`` and ``sampling.jsonl``."""
+    ``evidence.json``, ``agreement.jsonl``, ``sampling.jsonl`` and ``fidelity.jsonl``."""
     check_folder(path, what)
     meta = cast(RunMeta, _json_file(path / "run.json", "the run's settings and plan"))
     settings = meta.get("settings")
@@ -154,9 +178,12 @@ def load(path: Path, what: str = "run folder") -> RunData:
             evidence[boot] = cast(Evidence, value)
     agreement, bad_agreement = jsonl(path / "agreement.jsonl")
     sampling, _ = jsonl(path / "sampling.jsonl")
+    fidelity, bad_fidelity = jsonl(path / "fidelity.jsonl")
     problems = []
     if bad_agreement:
         problems.append(f"{bad_agreement} line(s) of agreement.jsonl could not be read and were skipped")
+    if bad_fidelity:
+        problems.append(f"{bad_fidelity} line(s) of fidelity.jsonl could not be read and were skipped")
     problems += [str(p) for p in meta.get("problems") or []]
     skipped = [str(s) for s in meta.get("skipped") or []]
     if skipped:
@@ -168,6 +195,7 @@ def load(path: Path, what: str = "run folder") -> RunData:
         evidence=evidence,
         agreement=cast(list[AgreementRecord], agreement),
         sampling=cast(list[SamplingRecord], sampling),
+        fidelity=cast(list[FidelityRecord], fidelity),
         torn_lines=torn,
         problems=tuple(problems),
     )

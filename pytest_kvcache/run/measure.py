@@ -57,6 +57,10 @@ def death_notice(server: Server) -> tuple[str, str]:
     return f"{server.boot.boot_id}: engine died (exit code {code})", tail(server.engine.log_path)
 
 
+class EngineDied(RuntimeError):
+    """The engine died during an unstreamed request; the message holds its log tail."""
+
+
 class ArmClient:
     """A :class:`Client` bound to one arm's engine: a failure while the engine is dead says so."""
 
@@ -98,22 +102,42 @@ class ArmClient:
         """
         before = self.scrape()
         sample = self.stream_chat(payload, keep_text=keep_text, prompt_tokens=prompt_tokens)
+        return sample, self._delta_since(before, sample.ok)
+
+    def _delta_since(self, before: metrics.Scrape | None, ok: bool) -> dict[str, Json] | None:
+        """The engine's counter deltas since ``before``, once the finished request shows in them."""
         if before is None or not self.server.engine.alive():
-            return sample, None
+            return None
         goal = (before.total(metrics.REQUEST_SUCCESS) or 0.0) + 1
         deadline = time.monotonic() + SUCCESS_WAIT_S
         after = self.scrape()
-        while after is not None and sample.ok and time.monotonic() < deadline:
+        while after is not None and ok and time.monotonic() < deadline:
             if (after.total(metrics.REQUEST_SUCCESS) or 0.0) >= goal:
                 break
             time.sleep(0.02)
             after = self.scrape()
         if after is None:
-            return sample, None
+            return None
         delta = cast(dict[str, Json], dict(metrics.engine_delta(before, after)))
-        if sample.ok and (after.total(metrics.REQUEST_SUCCESS) or 0.0) < goal:
+        if ok and (after.total(metrics.REQUEST_SUCCESS) or 0.0) < goal:
             delta["lagging"] = True
-        return sample, delta
+        return delta
+
+    def post_measured(self, path: str, body: Payload, timeout_s: float) -> tuple[Any, float, dict[str, Json] | None]:
+        """An unstreamed request with ``/metrics`` read around it (the fidelity probe's scoring call):
+        (the response's JSON, its wall time, the counter deltas). HTTP and transport errors propagate,
+        saying so when the engine died."""
+        before = self.scrape()
+        start = time.perf_counter()
+        try:
+            body_out = self.client.post_json(path, body, min(timeout_s, self.client.read_timeout_s))
+        except (httpx.HTTPError, ValueError):
+            if not alive_after(self.server.engine):
+                headline, log_tail = death_notice(self.server)
+                raise EngineDied(f"{headline}\n{log_tail}") from None
+            raise
+        wall_s = time.perf_counter() - start
+        return body_out, wall_s, self._delta_since(before, True)
 
     def get_json(self, path: str, timeout_s: float = 10.0) -> Any:
         return self.client.get_json(path, min(timeout_s, self.client.read_timeout_s))

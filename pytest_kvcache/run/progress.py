@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from pytest_kvcache.config.settings import Boot, Settings
-from pytest_kvcache.model import Evidence, Record
+from pytest_kvcache.model import Evidence, FidelityRecord, Record
+from pytest_kvcache.probes.prefill import depth_label
 
 Mode = Literal["lines", "live", "off"]
 
@@ -190,6 +191,23 @@ class Progress:
         if record.get("probe") == "agentic":
             point = f"s{record.get('session')} turn {record.get('turn')}"
         text = f"kvcache: {record.get('probe')}@{point} {record.get('boot')} {position} {figure(record)}".rstrip()
+        if self.mode == "live":
+            self.writer.rewrite(text)
+        else:
+            self._line(text)
+
+    def scored(self, entry: FidelityRecord) -> None:
+        if self.quiet:
+            return
+        head = f"kvcache: fidelity@{entry.get('text')} {entry.get('boot')}"
+        if not entry.get("ok"):
+            text = f"{head} FAILED {entry.get('error')}"
+        else:
+            depths = ", ".join(depth_label(w["depth"]) for w in entry.get("windows") or [])
+            text = (
+                f"{head} {entry.get('prompt_tokens', 0):,} tokens scored in {float(entry.get('wall_s') or 0):.1f} s"
+                f" (windows at {depths or 'no depth'})" + (" excluded" if entry.get("excluded_reason") else "")
+            )
         if self.mode == "live":
             self.writer.rewrite(text)
         else:

@@ -35,7 +35,16 @@ from pytest_kvcache.engines import embedded_model_path
 from pytest_kvcache.engines.base import Engine, EngineError, salient_error, tail
 from pytest_kvcache.engines.evidence import collect, resolved_cache_dtype
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
-from pytest_kvcache.model import RECORD_SCHEMA_VERSION, AgreementRecord, Evidence, GpuSnapshot, Json, PlanEntry, Record
+from pytest_kvcache.model import (
+    RECORD_SCHEMA_VERSION,
+    AgreementRecord,
+    Evidence,
+    FidelityRecord,
+    GpuSnapshot,
+    Json,
+    PlanEntry,
+    Record,
+)
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.run.folder import RunFolder, make_record
 from pytest_kvcache.run.hostload import HostSampler, MeasuredProcesses, judge
@@ -57,6 +66,8 @@ class RunListener(Protocol):
     def boot_failed(self, boot: Boot, headline: str) -> None: ...
 
     def recorded(self, record: Record, of: int | None) -> None: ...
+
+    def scored(self, entry: FidelityRecord) -> None: ...
 
     def closed(self) -> None: ...
 
@@ -466,6 +477,23 @@ class Run:
                     entry["skipped"] = reason
             self.write_meta(status="running")
         return reason
+
+    # ------------------------------------------------------------------ fidelity
+
+    def record_fidelity(self, boot: Boot, entry: FidelityRecord) -> FidelityRecord:
+        """Write one scored text (``fidelity.jsonl``, durably) and tell the listeners."""
+        folder = self.open()
+        stamped: FidelityRecord = {
+            "run_id": folder.run_id,
+            "arm": boot.arm.name,
+            "boot": boot.boot_id,
+            "replicate": boot.replicate,
+            **entry,
+        }
+        self.log("fidelity.jsonl", stamped)
+        for listener in self.listeners:
+            listener.scored(stamped)
+        return stamped
 
     # ------------------------------------------------------------------ output agreement
 

@@ -13,7 +13,8 @@ client being measured (``docs/performance.md`` has the measurements).
 
 A chat request with ``"logprobs": true`` gets vLLM-shaped ``logprobs.content`` entries, one per
 generated token (deterministic values; ``top_logprobs`` alternatives; ``"token_id:N"`` tokens when it
-sets ``return_tokens_as_token_ids``).
+sets ``return_tokens_as_token_ids``). A completion with ``"prompt_logprobs": K`` over token ids gets
+vLLM-shaped ``prompt_logprobs`` (deterministic; moved by ``logprob_shift`` for a lossy arm).
 
 It exists for two jobs, and is a stand-in for vLLM only there:
 
@@ -41,6 +42,7 @@ import heapq
 import http
 import itertools
 import json
+import math
 import socket
 import struct
 import threading
@@ -526,6 +528,9 @@ class _Handler(BaseHTTPRequestHandler):
             top_logprobs=top_logprobs if isinstance(top_logprobs, int) and not isinstance(top_logprobs, bool) else 0,
             token_ids=body.get("return_tokens_as_token_ids") is True,
             prompt_hash=zlib.crc32(",".join(map(str, _toy_tokenize(body))).encode()),
+            prompt_ids=tuple(_toy_tokenize(body)) if not chat and "prompt_logprobs" in body else (),
+            prompt_logprobs=_int_or_none(body.get("prompt_logprobs")) if not chat else None,
+            logprob_shift=owner.logprob_shift,
         )
         owner._started()
         outcome: Outcome = "aborted"
@@ -682,6 +687,9 @@ class _Run:
     top_logprobs: int = 0
     token_ids: bool = False
     prompt_hash: int = 0
+    prompt_ids: tuple[int, ...] = ()
+    prompt_logprobs: int | None = None
+    logprob_shift: float = 0.0
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     _head: str | None = field(default=None, init=False, repr=False)
@@ -714,6 +722,26 @@ class _Run:
             ]
             entries.append({"token": self._token(k), "logprob": logprob, "bytes": None, "top_logprobs": top})
         return {"content": entries}
+
+    def prompt_logprobs_content(self) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs``: None for position 0, then ``{"<id>": {logprob, rank, decoded_token}}``
+        with the prompt's own token and the top-k. Deterministic in (token, position); ``logprob_shift``
+        moves every logprob by up to ±shift × ln(1 + position / 1000): a lossy arm whose error grows with
+        depth (a stand-in for what a KV dtype does, which real vLLM cannot be made to do on cue)."""
+        out: list[dict[str, Any] | None] = [None]
+        k = self.prompt_logprobs or 0
+        for p in range(1, len(self.prompt_ids)):
+            token = self.prompt_ids[p]
+            wobble = self.logprob_shift * math.log1p(p / 1000) * (((p * 2654435761) % 7) - 3) / 3
+            entry: dict[str, Any] = {}
+            for j in range(k):
+                alt = (token * 31 + (j + 1) * _ALT_STRIDE + p) % 4096
+                entry[str(alt)] = {"logprob": -1.5 - 0.5 * j + wobble, "rank": j + 1, "decoded_token": f"t{alt}"}
+            if str(token) not in entry:
+                own = -2.0 - ((token * 7919 + p) % 1000) / 250 + wobble
+                entry[str(token)] = {"logprob": own, "rank": k + 1 + (token + p) % 50, "decoded_token": f"t{token}"}
+            out.append(entry)
+        return out
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         prompt = self.schedule.prompt_tokens
@@ -814,6 +842,8 @@ class _Run:
                 "finish_reason": self.finish_reason,
                 "stop_reason": None,
             }
+            if self.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = self.prompt_logprobs_content()
         response = self._envelope([choice])
         response["object"] = "chat.completion" if self.chat else "text_completion"
         if self.final_usage:
@@ -944,7 +974,10 @@ class StreamServer:
         unstreamed_delay_s: float = 0.0,
         enforce_max_model_len: bool = False,
         advertise_max_model_len: bool = True,
+        logprob_shift: float = 0.0,
     ) -> None:
+        #: How far ``prompt_logprobs`` move from the deterministic base values (see ``_Run``).
+        self.logprob_shift = logprob_shift
         #: Answer a chat request whose prompt (toy-tokenized) plus ``max_tokens`` exceeds ``max_model_len``
         #: with vLLM's HTTP 400, as a real server does (needs ``count_prompt_tokens``).
         self.enforce_max_model_len = enforce_max_model_len
@@ -1273,6 +1306,10 @@ def _words(value: Any) -> Iterator[str]:
                 yield from _words(part.get("text"))
             else:
                 yield from _words(part)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _toy_tokenize(body: Mapping[str, Any]) -> list[int]:

@@ -7,7 +7,8 @@ ignored), prints vLLM-shaped startup log lines and serves
 :class:`~pytest_kvcache.selfcheck.stream.StreamServer`. Options prefixed ``--standin-`` (pass them in
 ``--kv-engine-args`` or an arm's ``args``) make it misbehave the ways a real engine can but cannot be
 made to on demand: exit at startup, start slowly, die mid-request, report another cache dtype, ignore
-SIGTERM, have no ``/tokenize``; ``--standin-ttft`` / ``--standin-itl`` set its timing.
+SIGTERM, have no ``/tokenize``, move its prompt logprobs (a lossy KV dtype); ``--standin-ttft`` /
+``--standin-itl`` set its timing.
 
 It is a test double for what real vLLM cannot be made to do on cue; the happy path and real failure
 modes are tested against real vLLM (CPU build). See ``docs/testing.md``.
@@ -52,6 +53,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--standin-report-dtype", default=None, help="report this cache_dtype in /metrics")
     parser.add_argument("--standin-ignore-sigterm", action="store_true")
     parser.add_argument("--standin-no-tokenize", action="store_true", help="answer /tokenize with 404")
+    parser.add_argument(
+        "--standin-logprob-shift",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="move prompt_logprobs by up to ±X·ln(1 + position/1000) nats (a lossy arm for the fidelity probe)",
+    )
     parser.add_argument("--standin-spawn-child", action="store_true", help="start a child process that ignores SIGTERM")
     parser.add_argument("--standin-sleeper", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -114,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         unstreamed_delay_s=args.standin_unstreamed_delay,
         enforce_max_model_len=args.standin_short_context,
         advertise_max_model_len=not args.standin_short_context,
+        logprob_shift=args.standin_logprob_shift,
     )
     server.start()
     log(f"Started server process on http://{args.host}:{args.port}")

@@ -55,8 +55,9 @@ class Run:
         return json.loads((self.folder / "arms" / boot / "evidence.json").read_text())
 
 
-def run_pytest(workdir: Path, *args: str, timeout: float = 900) -> Run:
-    """Run pytest with the plugin in ``workdir`` (a user's project), on real vLLM, tagged to find leaks."""
+def run_pytest(workdir: Path, *args: str, timeout: float = 900, engine_args: str = "") -> Run:
+    """Run pytest with the plugin in ``workdir`` (a user's project), on real vLLM, tagged to find leaks;
+    ``engine_args`` go after the tag in ``--kv-engine-args``."""
     workdir.mkdir(parents=True, exist_ok=True)
     tag = f"kvtest-{uuid.uuid4().hex[:10]}"
     cmd = [
@@ -66,7 +67,7 @@ def run_pytest(workdir: Path, *args: str, timeout: float = 900) -> Run:
         "-p",
         "no:cacheprovider",
         "-rA",
-        f"--kv-engine-args=--served-model-name {tag}",
+        f"--kv-engine-args=--served-model-name {tag} {engine_args}".rstrip(),
         "--kv-startup-timeout=300",
         *args,
     ]
@@ -98,20 +99,45 @@ def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     )
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture(scope="session")
-def replicates_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """Two boots per arm in ABBA order, short probes only (4 boots)."""
+def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded tiny model with seeded random weights (``fixtures/make_random_weights.py``): peaked,
+    prompt-dependent logprobs, where vLLM's dummy weights give a flat −ln(vocab) everywhere."""
+    out = tmp_path_factory.mktemp("model") / "tiny-random"
+    script = ROOT / "fixtures" / "make_random_weights.py"
+    subprocess.run([sys.executable, str(script), "--out", str(out)], check=True, capture_output=True, timeout=300)
+    return out
+
+
+@pytest.fixture(scope="session")
+def replicates_run(tmp_path_factory: pytest.TempPathFactory, random_model: Path, monkeypatch_session: Any) -> Run:
+    """Two boots per arm in ABBA order (4 boots), on the random-weights model: short probes, and the
+    fidelity probe at 1k and 2k (the same arm booted twice is its A/A)."""
+    monkeypatch_session.setenv("VLLM_CPU_KVCACHE_SPACE", "2")  # a model path gets no embedded-default env
     return run_pytest(
         tmp_path_factory.mktemp("abba"),
         f"--kv-arms=auto,{SECOND_ARM}",
         "--kv-replicates=2",
+        f"--kv-model={random_model}",
         "-m",
-        "short",
+        "short or fidelity",
         "-v",
         "--kv-warmups=1",
         "--kv-runs=3",
         "--kv-max-tokens=32",
+        "--kv-fidelity-depths=1k,2k",
+        "--kv-fidelity-window=256",
+        engine_args="--enforce-eager",  # as the embedded default boots: no torch.compile
     )
+
+
+@pytest.fixture(scope="session")
+def monkeypatch_session() -> Any:
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
 
 
 # ------------------------------------------------------------------ docker (shared by the docker tests)

@@ -3,7 +3,7 @@
 ``tests/data/rerender/`` holds what the previous pipeline (commit cc98c7c, ``finish.finish``) wrote for the
 two run folders committed under ``docs/results/`` (each arm's raw evidence left out: it is copied through
 from ``evidence.json``). The new pipeline must reproduce every key of it; what it adds (``seed``,
-``probes``, ``agentic``, ``spec_decode``, ``flags``, ``gates``) is checked for presence. Since then a
+``probes``, ``agentic``, ``spec_decode``, ``flags``, ``gates``, ``fidelity``) is checked for presence. Since then a
 better/worse verdict on a within-boot CI is marked provisional (issue 22): that mark is checked where it
 must be and taken off before the comparison, as is each arm's resolved speculative setup (issue 16).
 """
@@ -23,7 +23,7 @@ from pytest_kvcache.report.pipeline import produce
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "rerender"
 RUNS = ["h200-fp8-vs-int8", "h200-agreement"]
-ADDED = {"seed", "probes", "agentic", "spec_decode", "flags", "gates"}
+ADDED = {"seed", "probes", "agentic", "spec_decode", "flags", "gates", "fidelity"}
 
 
 @pytest.mark.parametrize("name", RUNS)

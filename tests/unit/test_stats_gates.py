@@ -210,7 +210,9 @@ def test_a_ratio_gate_on_one_boot_per_arm_follows_inconclusive() -> None:
         "would fail on a within-boot CI (1 boot per arm: within-boot CI only) — follows --kv-inconclusive; "
         "--kv-replicates=3 or --kv-noise=RUN decides it"
     )
-    assert results[0]["ci_method"] == "within-boot" and "ci_method" not in results[2]  # absolute: no ratio
+    # an absolute gate is judged as it is (no ratio to make provisional), and says which CI it used
+    assert results[0]["ci_method"] == "within-boot" and results[2]["ci_method"] == "within-boot"
+    assert "within_boot_outcome" not in results[2]
 
 
 def test_gate_on_a_probe_without_valid_samples_is_inconclusive() -> None:

@@ -87,6 +87,81 @@ def spec_decode_lines(report: Report) -> list[str]:
     return lines
 
 
+def _nats(value: float | None, ci: list[float | None] | None = None, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    text = f"{value:.{digits}f}"
+    lo, hi = (ci or [None, None])[:2]
+    if lo is not None and hi is not None:
+        text += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return text
+
+
+def fidelity_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The fidelity-vs-depth rows: each arm against the baseline (and each arm across its boots)."""
+    section = report.get("fidelity")
+    header = [
+        "Comparison",
+        "Arm",
+        "Against",
+        "Depth",
+        "Texts × boots",
+        "Positions",
+        "Mean abs(Δ logprob) [95% CI]",
+        "Δ NLL [95% CI]",
+        "KL top-k ≥ [95% CI]",
+        "Baseline NLL",
+    ]
+    rows = []
+    for r in section["rows"] if section else []:
+        rows.append(
+            [
+                r["kind"],
+                r["arm"],
+                r["baseline"],
+                r["point"],
+                f"{r['texts']} × {r['boots']}",
+                f"{r['positions']:,}",
+                _nats(r.get("logprob_drift"), r.get("logprob_drift_ci")),
+                _nats(r.get("nll_delta"), r.get("nll_delta_ci")),
+                _nats(r.get("kl_topk"), r.get("kl_topk_ci"), 5),
+                _nats(r.get("baseline_nll"), None, 3),
+            ]
+        )
+    return header, rows
+
+
+def fidelity_lines(report: Report) -> list[str]:
+    """report.md's fidelity section: the setup, the table, how to read it, what was left out."""
+    section = report.get("fidelity")
+    if not section or (not section["rows"] and not section["notes"]):
+        return []
+    cfg = section["config"]
+    texts = cfg.get("texts") or {}
+    listed = ""
+    if isinstance(texts, dict):
+        listed = ", ".join(f"{name} (sha256 {str(sha)[:12]}…)" for name, sha in texts.items())
+    lines = ["", "## Fidelity at depth (teacher-forced, against the baseline arm)", ""]
+    lines += [
+        f"Texts: {listed or '–'}; the last {cfg.get('window')} positions before each depth scored, "
+        f"top-{cfg.get('top_k')} logprobs, CIs over blocks of {cfg.get('block')} positions "
+        "(over boots with 3+ boots per arm).",
+        "",
+    ]
+    header, rows = fidelity_table(report)
+    if rows:
+        lines += _md_table(header, rows)
+        lines += [
+            "",
+            "Nats per token. |Δ logprob|: of the text's actual next token; Δ NLL: the arm's negative log-likelihood "
+            "minus the baseline's (> 0: the arm finds the text less likely); KL(baseline ‖ arm) over the tokens both "
+            'returned plus the rest, a lower bound of the true KL. "across boots": an arm\'s later boots against its '
+            "first — the measure's noise floor.",
+        ]
+    lines += [f"- {n}" for n in section["notes"]]
+    return lines
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cells) + " |" for cells in rows]
@@ -122,7 +197,8 @@ def ab_tables(report: Report) -> dict[str, list[list[str]]]:
     seen: set[tuple[str, str, str]] = set()
     for s in report["summary"]:
         key = (s["probe"], s["point"], s["metric"])
-        if key in seen:
+        spec = specs.get(s["probe"])
+        if key in seen or (spec is not None and spec.own_section):
             continue
         seen.add(key)
         probe, point, metric = key
@@ -335,13 +411,14 @@ def markdown(report: Report) -> str:
     for probe, table in ab_tables(report).items():
         lines += ["", f"## {title(report, probe)}", ""]
         lines += _md_table(["Metric", *arms, *header_tail], table)
+    lines += fidelity_lines(report)
     agreement = agreement_table(report)
     notes = report["agreement"]["notes"] if "agreement" in report else []
     if agreement or notes:
         lines += ["", "## Output agreement (greedy token ids, unmeasured requests)", ""]
         if agreement:
             lines += _md_table(
-                ["Comparison", "Arms", "Shape", "Identical", "First divergence (mean index)", "Mean |Δ logprob|"],
+                ["Comparison", "Arms", "Shape", "Identical", "First divergence (mean index)", "Mean abs(Δ logprob)"],
                 agreement,
             )
         lines += [f"- not available: {n}" for n in notes]

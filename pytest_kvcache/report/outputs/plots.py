@@ -1,14 +1,20 @@
-"""PNG plots of a report (matplotlib, no display): bars with CIs for each probe measured by shape, and one
-curve per arm against depth or prompt tokens for each probe whose spec has a curve."""
+"""PNG plots of a report (matplotlib, no display): bars with CIs for each probe measured by shape, one
+curve per arm against depth or prompt tokens for each probe whose spec has a curve, acceptance length
+against depth, and fidelity beside prefill speed against depth."""
 
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 
-from pytest_kvcache.model import Report
+from pytest_kvcache.model import FidelityRow, Report
+from pytest_kvcache.report.frame import point_sort
 from pytest_kvcache.report.outputs.markdown import probe_specs
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def render(report: Report) -> dict[str, bytes]:
@@ -17,7 +23,6 @@ def render(report: Report) -> dict[str, bytes]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.figure import Figure
 
     arms = [a["name"] for a in report["arms"]]
     summary = pd.DataFrame(report["summary"])
@@ -36,6 +41,8 @@ def render(report: Report) -> dict[str, bytes]:
 
     for probe in dict.fromkeys(summary["probe"]):
         spec = specs.get(probe)
+        if spec is not None and spec.own_section:
+            continue
         sub = summary[summary["probe"] == probe]
         if spec is not None and spec.curve:
             metrics = [m for m in spec.curve if m in set(sub["metric"])]
@@ -112,4 +119,65 @@ def render(report: Report) -> dict[str, bytes]:
         ax.set_title("speculative decoding: acceptance length against depth")
         ax.legend()
         save(fig, "spec_decode.png")
+    drawn = fidelity_figure(report, plt)
+    if drawn is not None:
+        save(drawn, "fidelity.png")
     return out
+
+
+def _fidelity_curve(rows: list[FidelityRow], metric: str) -> tuple[list[float], list[float], list[list[float]]]:
+    """Depths, values and asymmetric CI errors of one arm's fidelity rows, by depth."""
+    xs: list[float] = []
+    ys: list[float] = []
+    err: list[list[float]] = [[], []]
+    for r in sorted(rows, key=lambda r: r["depth"]):
+        value = cast("float | None", r.get(metric))
+        if value is None:
+            continue
+        lo, hi = (cast("list[float | None]", r.get(f"{metric}_ci")) or [None, None])[:2]
+        xs.append(float(r["depth"]))
+        ys.append(value)
+        err[0].append(max(0.0, value - lo) if lo is not None else 0.0)
+        err[1].append(max(0.0, hi - value) if hi is not None else 0.0)
+    return xs, ys, err
+
+
+def fidelity_figure(report: Report, plt: Any) -> Figure | None:
+    """Speed and fidelity against depth side by side: prefill speed delta (when measured), mean |Δ logprob|
+    and the top-k KL per arm against the baseline, with 95% CIs; the baseline's A/A across boots dashed."""
+    rows = (report.get("fidelity") or {"rows": []})["rows"]
+    if not rows:
+        return None
+    arms = [a["name"] for a in report["arms"]]
+    prefill = [d for d in report["deltas"] if d["probe"] == "prefill" and d["metric"] == "prefill_tps"]
+    panels: list[str] = (["prefill"] if prefill else []) + ["logprob_drift"]
+    if any(r.get("kl_topk") is not None for r in rows):
+        panels.append("kl_topk")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        if panel == "prefill":
+            for arm in arms[1:]:
+                points = sorted(
+                    (d for d in prefill if d["arm"] == arm and d.get("delta_pct") is not None),
+                    key=lambda d: point_sort(d["point"]),
+                )
+                ax.plot(
+                    [point_sort(d["point"])[1] for d in points],
+                    [float(d["delta_pct"] or 0.0) for d in points],
+                    marker="o",
+                    label=arm,
+                )
+            ax.axhline(0.0, color="grey", linewidth=0.8)
+            ax.set_title("prefill_tps vs baseline (%)")
+        else:
+            series = [("between arms", arm, arm, "-") for arm in arms[1:]]
+            series.append(("across boots", arms[0], f"{arms[0]} A/A across boots", "--"))
+            for kind, arm, label, style in series:
+                mine = [r for r in rows if r["kind"] == kind and r["arm"] == arm]
+                xs, ys, err = _fidelity_curve(mine, panel)
+                if xs:
+                    ax.errorbar(xs, ys, yerr=err, marker="o", linestyle=style, capsize=3, label=label)
+            ax.set_title("mean |Δ logprob| (nats/token)" if panel == "logprob_drift" else "KL top-k ≥ (nats/token)")
+        ax.set_xlabel("depth (prompt tokens)")
+        ax.legend()
+    return cast("Figure", fig)

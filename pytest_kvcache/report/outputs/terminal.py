@@ -14,9 +14,11 @@ from pytest_kvcache.report.outputs.markdown import (
     ab_tables,
     agentic_table,
     agreement_table,
+    fidelity_table,
     fmt,
     fmt_delta,
     growth_lines,
+    probe_specs,
     sampling_lines,
     self_check_line,
     title,
@@ -96,7 +98,10 @@ def summary_lines(report: Report) -> list[str]:
     """Per probe: n, mean, median, std, CV, min, max and excluded per point × metric × arm."""
     rows = report.get("summary") or []
     lines: list[str] = []
+    specs = probe_specs(report)
     for probe in dict.fromkeys(r["probe"] for r in rows):
+        if (spec := specs.get(probe)) is not None and spec.own_section:
+            continue  # its own lines below (the fidelity table)
         mine = [r for r in rows if r["probe"] == probe]
         table = pd.DataFrame(
             [
@@ -139,6 +144,10 @@ def ab_lines(report: Report) -> list[str]:
         lines.append(ci["text"])
     for row in agreement_table(report):
         lines.append(f"agreement {row[0]} {row[1]} {row[2]}: identical {row[3]}, first divergence {row[4]}")
+    for row in fidelity_table(report)[1]:
+        lines.append(
+            f"fidelity {row[0]} {row[1]} vs {row[2]} @ {row[3]}: |Δ logprob| {row[6]}, Δ NLL {row[7]}, KL ≥ {row[8]}"
+        )
     lines += [f"sampling: {line}" for line in sampling_lines(report)]
     check = self_check_line(report)
     if check:

@@ -1,0 +1,79 @@
+"""Fidelity at depth: one committed text scored teacher-forced per boot (prompt logprobs), the same token
+ids in every arm; the report compares each arm's logprobs with the baseline arm's (``probes.fidelity``)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.model import FidelityRecord
+from pytest_kvcache.plugin import Recorder
+from pytest_kvcache.probes import fidelity, prefill
+from pytest_kvcache.run.measure import ArmClient, EngineDied, Server
+
+
+def _error(exc: BaseException) -> str:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}: {exc.response.text[:300]}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.mark.fidelity
+def test_fidelity(
+    kv_server: Server,
+    kv_client: ArmClient,
+    kv_record: Recorder,
+    kv_settings: Settings,
+    kv_fidelity_text: str,
+) -> None:
+    label = f"fidelity {kv_fidelity_text} on {kv_server.name}"
+    text = fidelity.load_text(kv_fidelity_text)
+    depths = sorted(kv_settings.fidelity_depths)
+    try:
+        tokenized = kv_client.post_json(
+            "/tokenize", {"model": kv_server.model, "prompt": text.text, "add_special_tokens": False}
+        )
+        all_ids = [int(t) for t in tokenized["tokens"]]
+    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+        failure: str | None = f"{label}: the fidelity probe needs the engine's /tokenize for token ids: {_error(exc)}"
+    else:
+        failure = None
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
+    max_len = kv_server.evidence.get("max_model_len")
+    limit = min(depths[-1], len(all_ids), (int(max_len) - 1) if max_len else depths[-1])
+    ids = all_ids[:limit]
+    usable = [d for d in depths if d <= limit]
+    if not usable:
+        pytest.skip(
+            f"{label}: no depth of {', '.join(map(prefill.depth_label, depths))} fits: the text has "
+            f"{len(all_ids):,} tokens, max_model_len is {max_len}"
+        )
+    entry: FidelityRecord = {
+        "text": text.name,
+        "text_sha256": text.sha256,
+        "ids_sha256": fidelity.ids_sha256(ids),
+        "prompt_tokens": len(ids),
+        "top_k": kv_settings.fidelity_top_k,
+        "window": kv_settings.fidelity_window,
+    }
+    payload = fidelity.payload(kv_server.model, ids, kv_settings.fidelity_top_k)
+    try:
+        body, wall_s, engine = kv_client.post_measured("/v1/completions", payload, kv_settings.request_timeout_s)
+        scored = fidelity.parse_prompt_logprobs(body, ids, kv_settings.fidelity_top_k)
+    except (httpx.HTTPError, ValueError, EngineDied) as exc:
+        entry["ok"], entry["error"] = False, _error(exc)
+        kv_record.fidelity(entry)
+        message = f"{label}: scoring {len(ids):,} tokens with prompt_logprobs failed: {entry['error']}"
+        pytest.fail(message, pytrace=False)
+    kept, short = fidelity.windows(ids, scored, usable, kv_settings.fidelity_window)
+    block_size = int((kv_server.evidence.get("cache_config") or {}).get("block_size") or 16)
+    flags, excluded, proof = prefill.cold_check(None, engine, block_size)
+    entry["ok"], entry["wall_s"], entry["engine"], entry["cold_proof"] = True, wall_s, engine, proof
+    entry["flags"], entry["excluded_reason"] = flags, excluded
+    entry["windows"] = [w.to_dict() for w in kept]
+    entry["short_depths"] = [d for d in depths if d not in usable] + short
+    kv_record.fidelity(entry)
+    if excluded:
+        pytest.fail(f"{label}: {excluded}", pytrace=False)
