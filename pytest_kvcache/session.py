@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvcache.config.settings import Boot, Settings
+from pytest_kvcache.config.settings import CPU_FIDELITY_DEPTHS, FIDELITY_DEPTHS, Boot, Settings
 from pytest_kvcache.engines.base import Engine
 from pytest_kvcache.engines.registry import EngineRegistry
 from pytest_kvcache.model import Json
@@ -90,6 +90,7 @@ class KvSession:
     _previous_sigterm: Any = None
     _machine_info: Json = None
     _depth_planned: bool = False
+    _fidelity_planned: bool = False
 
     def __post_init__(self) -> None:
         self.run = Run(self.settings, make_engine=self._make_engine, machine_info=self._benchmark_machine_info)
@@ -164,6 +165,7 @@ class KvSession:
                 counts[boot.boot_id] = counts.get(boot.boot_id, 0) + 1
         self.run.set_plan(counts)
         self._depth_planned = any(boot_of(i) is not None and i.get_closest_marker("depth") for i in items)
+        self._fidelity_planned = any(boot_of(i) is not None and i.get_closest_marker("fidelity") for i in items)
         if self.progress is not None:
             self.progress.planned(counts)
 
@@ -195,6 +197,12 @@ class KvSession:
                 f"  depth probes sized for the CPU: depths {','.join(depth_label(d) for d in st.depths)}, "
                 f"{st.sessions} agentic session(s) of {st.turns or 'all'} turns "
                 "(the seed's: --kv-depths=10k,90k --kv-sessions=2 --kv-turns=15)"
+            )
+        cpu_fidelity = st.fidelity_depths == CPU_FIDELITY_DEPTHS
+        if st.embedded and st.launcher != "external" and self._fidelity_planned and cpu_fidelity:
+            lines.append(
+                f"  fidelity sized for the CPU: depths {','.join(depth_label(d) for d in st.fidelity_depths)} "
+                f"(elsewhere: --kv-fidelity-depths={','.join(depth_label(d) for d in FIDELITY_DEPTHS)})"
             )
         for i, entry in enumerate(self.run.plan, 1):
             args = entry.get("args") or []

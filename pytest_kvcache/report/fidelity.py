@@ -216,6 +216,16 @@ def _notes(records: Sequence[FidelityRecord], arms: Sequence[str]) -> list[str]:
     return sorted(set(notes))
 
 
+def nats(value: float | None, digits: int = 4, *, small: bool = False) -> str:
+    """A nats figure with fixed decimals; ``small`` (the KL): two significant digits in e-notation when the
+    decimals would show nothing."""
+    if value is None:
+        return "–"
+    if small and value != 0 and abs(value) < 10 ** (1 - digits):
+        return f"{value:.2e}"
+    return f"{value:.{digits}f}"
+
+
 def _pct(value: float | None) -> str:
     return f"{value:+.1f}%" if value is not None else "–"
 
@@ -238,19 +248,19 @@ def sentences(rows: Sequence[FidelityRow], deltas: Sequence[DeltaRow], arms: Seq
             at = min(prefill, key=lambda d: abs(point_sort(d["point"])[1] - float(deepest.get("depth") or 0)))
             parts.append(f"{_pct(at.get('delta_pct'))} prefill at {at['point']}")
         drift, (lo, hi) = deepest.get("logprob_drift"), deepest.get("logprob_drift_ci") or [None, None]
-        text = f"|Δ logprob| {drift:.3f} nats/token at {deepest['point']}" if drift is not None else "no drift"
+        text = f"|Δ logprob| {nats(drift, 3)} nats/token at {deepest['point']}" if drift is not None else "no drift"
         if lo is not None and hi is not None:
-            text += f" (95% CI {lo:.3f}–{hi:.3f})"
+            text += f" (95% CI {nats(lo, 3)}–{nats(hi, 3)})"
         kl = deepest.get("kl_topk")
         if kl is not None:
-            text += f", KL ≥ {kl:.4f}"
+            text += f", KL ≥ {nats(kl, small=True)}"
         floor = [
             r
             for r in rows
             if r.get("kind") == "across boots" and r.get("arm") == arms[0] and r.get("point") == deepest["point"]
         ]
         if floor and floor[0].get("logprob_drift") is not None:
-            text += f"; A/A across {arms[0]}'s boots: {floor[0]['logprob_drift']:.3f}"
+            text += f"; A/A across {arms[0]}'s boots: {nats(floor[0]['logprob_drift'], 3)}"
         speed = ", ".join(parts)
         out.append(f"{arm} vs {arms[0]}: " + (f"{speed}; " if speed else "") + text + ".")
     return out

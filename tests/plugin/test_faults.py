@@ -150,7 +150,8 @@ CASES = [
         "gate-on-an-unknown-probe",
         ("--kv-arms=auto", "--kv-fail=decode_tps[nope]: >= 1"),
         4,
-        "ERROR: pytest-kvcache: --kv-fail: gate * unknown probe 'nope'; known: short, prefill, agentic, concurrency",
+        "ERROR: pytest-kvcache: --kv-fail: gate * unknown probe 'nope'; "
+        "known: short, prefill, agentic, concurrency, fidelity",
         standin=True,
     ),
     Case(

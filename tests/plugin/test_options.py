@@ -55,9 +55,10 @@ def test_collect_only_shows_the_boot_plan_without_booting(pytester: pytest.Pytes
     result.stdout.fnmatch_lines(
         [
             "kvcache boot plan*",
-            "  1. auto (baseline): kv_cache_dtype=auto — 8 test(s)",
-            "  2. float16: kv_cache_dtype=float16 — 8 test(s)",
-            "  3. auto.2: kv_cache_dtype=auto — 8 test(s)",
+            "  fidelity sized for the CPU: depths 1k,4k (elsewhere: --kv-fidelity-depths=1k,8k,32k)",
+            "  1. auto (baseline): kv_cache_dtype=auto — 10 test(s)",
+            "  2. float16: kv_cache_dtype=float16 — 10 test(s)",
+            "  3. auto.2: kv_cache_dtype=auto — 10 test(s)",
             "*test_short[[]auto-narrative]",
             "*test_short[[]auto-code]",
             "*test_short[[]float16-narrative]",
@@ -94,7 +95,7 @@ def test_user_tests_are_grouped_by_arm(pytester: pytest.Pytester) -> None:
 def test_marker_selection(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_user=USER_TEST)
     result = pytester.runpytest("--collect-only", "-q", "--kv-arms=auto,float16", "-m", "short")
-    result.stdout.fnmatch_lines(["*4/18 tests collected (14 deselected)*"])
+    result.stdout.fnmatch_lines(["*4/22 tests collected (18 deselected)*"])
 
 
 @pytest.mark.parametrize(
@@ -151,7 +152,7 @@ def test_pyproject_arms_and_ini_options(pytester: pytest.Pytester) -> None:
         args = ["--no-enable-prefix-caching"]
     """)
     result = pytester.runpytest("--collect-only", "-q")
-    result.stdout.fnmatch_lines(["  2. noprefix: kv_cache_dtype=default args=--no-enable-prefix-caching — 8 test(s)"])
+    result.stdout.fnmatch_lines(["  2. noprefix: kv_cache_dtype=default args=--no-enable-prefix-caching — 10 test(s)"])
 
 
 def test_env_beats_ini_and_cli_beats_env(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:

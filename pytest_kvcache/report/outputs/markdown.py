@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pytest_kvcache.model import DeltaRow, Json, Report, SavedRow
 from pytest_kvcache.probes.registry import ProbeSpec
+from pytest_kvcache.report.fidelity import nats
 
 
 def fmt(value: float | int | None, metric: str) -> str:
@@ -87,13 +88,11 @@ def spec_decode_lines(report: Report) -> list[str]:
     return lines
 
 
-def _nats(value: float | None, ci: list[float | None] | None = None, digits: int = 4) -> str:
-    if value is None:
-        return "–"
-    text = f"{value:.{digits}f}"
+def _nats(value: float | None, ci: list[float | None] | None = None, digits: int = 4, small: bool = False) -> str:
+    text = nats(value, digits, small=small)
     lo, hi = (ci or [None, None])[:2]
-    if lo is not None and hi is not None:
-        text += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+    if value is not None and lo is not None and hi is not None:
+        text += f" [{nats(lo, digits, small=small)}, {nats(hi, digits, small=small)}]"
     return text
 
 
@@ -124,7 +123,7 @@ def fidelity_table(report: Report) -> tuple[list[str], list[list[str]]]:
                 f"{r['positions']:,}",
                 _nats(r.get("logprob_drift"), r.get("logprob_drift_ci")),
                 _nats(r.get("nll_delta"), r.get("nll_delta_ci")),
-                _nats(r.get("kl_topk"), r.get("kl_topk_ci"), 5),
+                _nats(r.get("kl_topk"), r.get("kl_topk_ci"), small=True),
                 _nats(r.get("baseline_nll"), None, 3),
             ]
         )
