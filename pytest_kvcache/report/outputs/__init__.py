@@ -14,19 +14,21 @@ from pytest_kvcache.model import Report
 
 
 def _writers() -> dict[str, Callable[[Report], str]]:
-    from pytest_kvcache.report.outputs import csvfile, jsonfile, markdown
+    from pytest_kvcache.report.outputs import csvfile, jsonfile
 
-    return {"report.json": jsonfile.render, "report.md": markdown.markdown, "summary.csv": csvfile.render}
+    return {"report.json": jsonfile.render, "summary.csv": csvfile.render}
 
 
 def write_all(run: Path, report: Report) -> list[Path]:
     """Write every format into ``run``; returns the paths written, in order."""
-    from pytest_kvcache.report.outputs import htmlpage, plots
+    from pytest_kvcache.report.outputs import htmlpage, markdown, plots
 
     written: list[Path] = []
-    texts = {name: render(report) for name, render in _writers().items()}
     images = plots.render(report)
-    texts["report.html"] = htmlpage.render(report, texts["report.md"], images)
+    writers = _writers()
+    texts = {"report.json": writers["report.json"](report), "report.md": markdown.markdown(report, plots=list(images))}
+    texts["summary.csv"] = writers["summary.csv"](report)
+    texts["report.html"] = htmlpage.render(report, images)
     for name, content in texts.items():
         path = run / name
         path.write_text(content, encoding="utf-8")

@@ -1,53 +1,183 @@
-"""``report.html``: the markdown report as one page, tables as tables, the PNG plots inlined."""
+"""``report.html``: a page of its own, read first — the verdict block on top (a sentence per arm and
+probe, the gates, clean or CONFOUNDED, what the CIs cover), the delta-against-depth plots, the tables with
+better and worse marked by a sign as well as a colour and wide tables scrolling inside their box, the
+evidence folded below. One self-contained file (plots inlined), readable offline and printable.
+
+Rendered with a Jinja2 template (``templates/report.html.j2``, autoescaped) from the same
+:class:`~pytest_kvcache.model.Report` and the same cell formats as ``report.md``.
+"""
 
 from __future__ import annotations
 
 import base64
-import html
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING
 
-from pytest_kvcache.model import Report
+from pytest_kvcache.model import DeltaRow, Report, SavedRow
+from pytest_kvcache.report.outputs import markdown as md
+
+if TYPE_CHECKING:
+    import jinja2
+
+#: A delta's verdict as a sign beside its colour (readable without colour, and printed).
+MARKS = {"better": "▲", "worse": "▼", "inconclusive": "≈"}
+GATE_MARKS = {"pass": "✓", "fail": "✗", "inconclusive": "?"}
+#: Captions of the plots the report knows; a user's probe gets its name.
+CAPTIONS = {
+    "prefill_delta.png": "Prefill: each arm against the baseline by depth — ratio − 1 with its 95% CI band; "
+    "the zero line is parity, a crossover is marked with its interval.",
+    "agentic_delta.png": "Agentic: each arm against the baseline by prompt tokens per turn — ratio − 1 with "
+    "its 95% CI band.",
+    "fidelity.png": "Fidelity: prefill speed against the baseline, mean |Δ logprob| and the top-k KL, by depth.",
+    "prefill.png": "Prefill: absolute values per arm by depth (error bars: 95% CI of the mean).",
+    "agentic.png": "Agentic: absolute values per arm by prompt tokens (error bars: 95% CI of the mean).",
+    "short.png": "Short probes: means per arm with the CI of the delta.",
+    "spec_decode.png": "Speculative decoding: acceptance length by depth.",
+}
 
 
-def render(report: Report, md: str, images: Mapping[str, bytes]) -> str:
-    """The markdown report as one self-contained HTML page, with the plots inlined."""
-    body = []
-    in_table = False
-    for line in md.splitlines():
-        if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if set(line) <= {"|", "-"}:
-                continue
-            if not in_table:
-                body.append("<table>")
-                in_table = True
-                body.append("<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cells) + "</tr>")
-                continue
-            body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-            continue
-        if in_table:
-            body.append("</table>")
-            in_table = False
-        if line.startswith("# "):
-            body.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.startswith("## "):
-            body.append(f"<h2>{html.escape(line[3:])}</h2>")
-        elif line.startswith("- "):
-            body.append(f"<p>• {html.escape(line[2:])}</p>")
-        elif line.strip():
-            body.append(f"<p>{html.escape(line)}</p>")
-    if in_table:
-        body.append("</table>")
-    for name, png in images.items():
-        data = base64.b64encode(png).decode()
-        body.append(
-            f'<h2>{html.escape(name[:-4])}</h2><img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
-        )
-    style = (
-        "body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
+@dataclass
+class Cell:
+    text: str
+    cls: str = ""
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[Cell]]
+    intro: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _plain(rows: list[list[str]]) -> list[list[Cell]]:
+    return [[Cell(c) for c in row] for row in rows]
+
+
+def _delta_cell(delta: DeltaRow | SavedRow | None) -> Cell:
+    if delta is None:
+        return Cell("–")
+    verdict = str(delta.get("verdict") or "inconclusive")
+    if delta.get("verdict_note"):
+        verdict = "inconclusive"
+    return Cell(f"{MARKS.get(verdict, '')} {md.fmt_delta(delta)}".strip(), verdict)
+
+
+def _tables(report: Report) -> list[Table]:
+    arms = [a["name"] for a in report["arms"]]
+    tables: list[Table] = []
+    by_probe: dict[str, list[list[Cell]]] = {}
+    for probe, cells, deltas in md.ab_rows(report):
+        by_probe.setdefault(probe, []).append([Cell(c) for c in cells] + [_delta_cell(d) for d in deltas])
+    header = ["Metric", *arms, *[f"{a} delta" for a in arms[1:]]]
+    crossings = report.get("crossovers") or []
+    for probe, probe_rows in by_probe.items():
+        notes = [f"{c['metric']}: {c['statement']}" for c in crossings if c["probe"] == probe]
+        tables.append(Table(md.title(report, probe), header, probe_rows, notes=notes))
+    fidelity_header, fidelity_rows = md.fidelity_table(report)
+    section = report.get("fidelity")
+    if fidelity_rows and section:
+        intro = md.fidelity_lines(report)[3]  # the setup sentence
+        tables.append(Table("Fidelity at depth", fidelity_header, _plain(fidelity_rows), intro, list(section["notes"])))
+    agentic = report.get("agentic")
+    if agentic and agentic["turns"]:
+        head, turns = md.agentic_table(report)
+        growth = md.growth_lines(report)
+        tables.append(Table("Agentic turns (means across sessions)", head, _plain(turns), notes=growth))
+    spec = md.spec_decode_rows(report)
+    if spec:
+        decode = report.get("spec_decode")
+        setup = (decode.get("config") if decode else None) or {}
+        intro = "; ".join(f"{arm}: {value or 'not stated'}" for arm, value in setup.items())
+        tables.append(Table("Speculative decoding", md.SPEC_HEADER, _plain(spec), intro, [md.SPEC_NOTE]))
+    agreement = md.agreement_table(report)
+    if agreement:
+        head = ["Comparison", "Arms", "Shape", "Identical", "First divergence (mean index)", "Mean abs(Δ logprob)"]
+        notes = [f"not available: {n}" for n in report["agreement"]["notes"]]
+        tables.append(Table("Output agreement (greedy token ids)", head, _plain(agreement), notes=notes))
+    compare = report.get("compare")
+    if compare:
+        saved = [
+            [Cell(r["arm"]), Cell(r["probe"]), Cell(r["point"]), Cell(r["metric"]), _delta_cell(r)]
+            for r in compare["rows"]
+        ]
+        head = ["Arm", "Probe", "Point", "Metric", "Delta vs stored"]
+        tables.append(Table(f"Against stored run {compare['baseline_run']}", head, saved, notes=compare["warnings"]))
+    return tables
+
+
+def _folded(report: Report) -> list[dict[str, object]]:
+    found: list[dict[str, object]] = []
+    head, rows = md.arms_table(report)
+    found.append({"title": "Arms: declared and resolved", "header": head, "rows": rows})
+    head, rows = md.gpu_table(report)
+    if rows:
+        found.append({"title": "GPU state", "header": head, "rows": rows})
+    if report.get("boots"):
+        head, rows = md.boot_table(report)
+        ci = report.get("ci")
+        lines = [f"Order: {' → '.join(ci['order'])}"] if ci and ci["order"] else []
+        lines += [f"{b['boot']} not booted: {b['skipped']}" for b in report["boots"] if b.get("skipped")]
+        found.append({"title": "Boots and order", "header": head, "rows": rows, "lines": lines})
+    if report.get("confounds"):
+        lines = [line.removeprefix("- ").replace("**", "") for line in md.confound_lines(report) if line.strip()]
+        found.append({"title": "Confounds", "lines": lines})
+    sampling = md.sampling_lines(report)
+    if sampling:
+        found.append({"title": "Sampling", "lines": sampling})
+    notes = md.note_lines(report)
+    if notes:
+        found.append({"title": f"Notes ({len(notes)})", "lines": notes})
+    return found
+
+
+@cache
+def _template() -> jinja2.Template:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("pytest_kvcache.report.outputs", "templates"),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
     )
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>pytest-kvcache {report.get('run_id')}</title>"
-        f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n"
+    return env.get_template("report.html.j2")
+
+
+def render(report: Report, images: Mapping[str, bytes]) -> str:
+    """The report as one self-contained HTML page, with the plots inlined."""
+    gates = [dict(g, mark=GATE_MARKS.get(g["outcome"], "")) for g in report.get("gates") or []]
+    counts = {k: sum(1 for g in gates if g["outcome"] == k) for k in ("pass", "fail", "inconclusive")}
+    found = report.get("confounds") or {}
+    status = found.get("status")
+    chip = {
+        "CONFOUNDED": f"CONFOUNDED: {len(found.get('confounds') or [])} undeclared difference(s)",
+        "clean": f"clean: {found.get('compared', 0)} evidence paths compared",
+    }.get(str(status), "confounds not checked")
+    figures = [
+        {"name": name, "data": base64.b64encode(png).decode(), "alt": name[:-4], "caption": CAPTIONS.get(name, name)}
+        for name, png in images.items()
+    ]
+    ci = report.get("ci")
+    return _template().render(
+        run_id=report.get("run_id"),
+        model=report.get("model"),
+        status=report.get("status"),
+        arms=[a["name"] for a in report["arms"]],
+        confounded=status == "CONFOUNDED",
+        clean=status == "clean",
+        confound_chip=chip,
+        gates=gates,
+        gate_counts=counts,
+        gate_chip=", ".join(f"{n} {k}" for k, n in counts.items() if n) or "no gates",
+        verdicts=report.get("verdicts") or [],
+        ci_text=ci["text"] if ci else "",
+        delta_figures=[f for f in figures if str(f["name"]).endswith("_delta.png")],
+        figures=[f for f in figures if not str(f["name"]).endswith("_delta.png")],
+        tables=_tables(report),
+        folded=_folded(report),
+        footnote=md.DELTA_NOTE,
     )

@@ -3,6 +3,8 @@ formats every other writer (terminal, HTML) shares."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pytest_kvcache.model import DeltaRow, Json, Report, SavedRow
 from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report.fidelity import nats
@@ -35,16 +37,29 @@ def fmt_delta(row: DeltaRow | SavedRow) -> str:
     return text
 
 
-def spec_decode_lines(report: Report) -> list[str]:
-    """report.md's speculative-decoding section: the setup per arm, then acceptance per arm, probe and point."""
+SPEC_HEADER = [
+    "Arm",
+    "Probe",
+    "Point",
+    "Requests",
+    "Drafts",
+    "Accepted / drafted tokens",
+    "Acceptance length",
+    "Mean per request [95% CI]",
+    "Per position",
+]
+SPEC_NOTE = (
+    "Acceptance length = 1 + accepted / drafts (tokens per verification step); per position i: drafts whose "
+    "i-th token was accepted / drafts. Deltas of `acceptance_length` and `acceptance_rate` between arms are "
+    "in the probe tables above."
+)
+
+
+def spec_decode_rows(report: Report) -> list[list[str]]:
+    """Acceptance per arm, probe and point (``report["spec_decode"]["rows"]``)."""
     spec = report.get("spec_decode")
-    if not spec or not spec["rows"]:
-        return []
-    setup = spec.get("config") or {}
-    lines = ["", "## Speculative decoding", ""]
-    lines += [f"- {arm}: {value or 'not stated in the engine log'}" for arm, value in setup.items()]
     rows = []
-    for r in spec["rows"]:
+    for r in spec["rows"] if spec else []:
         ci = ""
         if r["ci_low"] is not None and r["ci_high"] is not None:
             ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
@@ -62,29 +77,24 @@ def spec_decode_lines(report: Report) -> list[str]:
                 " / ".join(f"{x:.2f}" for x in r["per_position"]) or "–",
             ]
         )
-    lines += [
-        "",
-        *_md_table(
-            [
-                "Arm",
-                "Probe",
-                "Point",
-                "Requests",
-                "Drafts",
-                "Accepted / drafted tokens",
-                "Acceptance length",
-                "Mean per request [95% CI]",
-                "Per position",
-            ],
-            rows,
-        ),
-    ]
-    lines += [
-        "",
-        "Acceptance length = 1 + accepted / drafts (tokens per verification step); per position i: drafts whose "
-        "i-th token was accepted / drafts. Deltas of `acceptance_length` and `acceptance_rate` between arms are "
-        "in the probe tables above.",
-    ]
+    return rows
+
+
+def spec_decode_lines(report: Report) -> list[str]:
+    """report.md's speculative-decoding section: the setup per arm, then acceptance per arm, probe and point."""
+    spec = report.get("spec_decode")
+    if not spec or not spec["rows"]:
+        return []
+    setup = spec.get("config") or {}
+    lines = ["", "## Speculative decoding", ""]
+    lines += [f"- {arm}: {value or 'not stated in the engine log'}" for arm, value in setup.items()]
+    lines += ["", *_md_table(SPEC_HEADER, spec_decode_rows(report)), "", SPEC_NOTE]
+    return lines
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
     return lines
 
 
@@ -161,12 +171,6 @@ def fidelity_lines(report: Report) -> list[str]:
     return lines
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    return lines
-
-
 def probe_specs(report: Report) -> dict[str, ProbeSpec]:
     """The probe specs the report was built with (``report["probes"]``), for titles and labels."""
     return {d["name"]: ProbeSpec.from_dict(d) for d in report.get("probes") or []}
@@ -186,13 +190,14 @@ def _label(spec: ProbeSpec | None, probe: str, point: str, metric: str) -> str:
     return f"{probe} {point} {metric}"
 
 
-def ab_tables(report: Report) -> dict[str, list[list[str]]]:
-    """Per probe: rows ``Metric | A | B | B delta …`` (the seed's table shape), one column pair per arm."""
+def ab_rows(report: Report) -> list[tuple[str, list[str], list[DeltaRow | None]]]:
+    """Per probe × point × metric, in summary order: (probe, [label, mean per arm…], [delta per other arm])
+    — the cells of the seed's ``Metric | A | B | B delta`` tables, with the delta rows for who marks them."""
     arms = [a["name"] for a in report["arms"]]
     specs = probe_specs(report)
     means = {(s["probe"], s["point"], s["metric"], s["arm"]): s for s in report["summary"]}
     deltas = {(d["probe"], d["point"], d["metric"], d["arm"]): d for d in report["deltas"]}
-    tables: dict[str, list[list[str]]] = {}
+    rows: list[tuple[str, list[str], list[DeltaRow | None]]] = []
     seen: set[tuple[str, str, str]] = set()
     for s in report["summary"]:
         key = (s["probe"], s["point"], s["metric"])
@@ -201,16 +206,21 @@ def ab_tables(report: Report) -> dict[str, list[list[str]]]:
             continue
         seen.add(key)
         probe, point, metric = key
-        row = [_label(specs.get(probe), probe, point, metric)]
+        cells = [_label(specs.get(probe), probe, point, metric)]
         for arm in arms:
             stat = means.get((probe, point, metric, arm))
-            row.append(
+            cells.append(
                 fmt(stat.get("mean"), metric) + (f" (n={stat.get('n')})" if stat.get("n") != 1 else "") if stat else "–"
             )
-        for arm in arms[1:]:
-            delta = deltas.get((probe, point, metric, arm))
-            row.append(fmt_delta(delta) if delta else "–")
-        tables.setdefault(probe, []).append(row)
+        rows.append((probe, cells, [deltas.get((probe, point, metric, arm)) for arm in arms[1:]]))
+    return rows
+
+
+def ab_tables(report: Report) -> dict[str, list[list[str]]]:
+    """Per probe: rows ``Metric | A | B | B delta …`` (the seed's table shape), one column pair per arm."""
+    tables: dict[str, list[list[str]]] = {}
+    for probe, cells, deltas in ab_rows(report):
+        tables.setdefault(probe, []).append([*cells, *(fmt_delta(d) if d else "–" for d in deltas)])
     return tables
 
 
@@ -338,13 +348,17 @@ def growth_lines(report: Report) -> list[str]:
     return lines
 
 
-def markdown(report: Report) -> str:
-    gates = report.get("gates") or []
-    arms = [a["name"] for a in report["arms"]]
-    lines = [f"# pytest-kvcache A/B report — run {report.get('run_id')}", ""]
-    if report.get("model"):
-        lines += [f"Model: `{report['model']}`", ""]
-    lines += ["## Arms", ""]
+def arms_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Each arm as declared and as the engine resolved it."""
+    header = [
+        "Arm",
+        "Declared KV dtype",
+        "Resolved cache_dtype",
+        "Attention backend",
+        "KV capacity (tokens)",
+        "Engine",
+        "Ready after",
+    ]
     rows = []
     for a in report["arms"]:
         r = a["resolved"]
@@ -359,23 +373,17 @@ def markdown(report: Report) -> str:
                 fmt(r.get("ready_s"), "ready_s"),
             ]
         )
-    lines += _md_table(
-        [
-            "Arm",
-            "Declared KV dtype",
-            "Resolved cache_dtype",
-            "Attention backend",
-            "KV capacity (tokens)",
-            "Engine",
-            "Ready after",
-        ],
-        rows,
-    )
-    gpu_rows = []
+    return header, rows
+
+
+def gpu_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Per arm and card: power caps before and after, VRAM when ready and after the probes."""
+    header = ["Arm", "GPU", "Power cap before", "Power cap after", "VRAM when ready", "VRAM after probes"]
+    rows = []
     for a in report["arms"]:
         info = a.get("gpu") or {}
         for card in info.get("cards") or []:
-            gpu_rows.append(
+            rows.append(
                 [
                     a["name"],
                     f"{card['index']} {card.get('name') or ''}".strip(),
@@ -385,11 +393,52 @@ def markdown(report: Report) -> str:
                     fmt(card.get("vram_before_stop_mib"), "prompt_tokens") + " MiB",
                 ]
             )
+    return header, rows
+
+
+def note_lines(report: Report) -> list[str]:
+    """The report's notes, with the noise band, the self-check, flagged samples and speculation off."""
+    noise = report.get("noise")
+    check = self_check_line(report)
+    notes = list(report.get("notes") or [])
+    if noise:
+        notes.append(
+            f"verdicts and ratio gates are judged against the A/A noise band of stored run {noise['run']} "
+            f"(a CI must clear 1 ± band); {noise['missing']} delta(s) had no band there"
+        )
+    if check:
+        notes.append(check)
+    notes += (report.get("self_check") or {}).get("warnings") or []
+    flags = report.get("flags")
+    if flags and flags["samples"]:
+        notes.append(f"{flags['samples']} measured sample(s) flagged: {', '.join(flags['kinds'])}")
+    spec = report.get("spec_decode")
+    if spec and not spec["rows"]:
+        notes.append(f"speculative decoding: {spec['line']}")
+    return notes
+
+
+#: What every delta in the report is (report.md's and report.html's last words).
+DELTA_NOTE = (
+    "Deltas: ratio of means arm/baseline − 1, with the 95% bootstrap CI in brackets — over boots (boots, "
+    "then samples) with 3+ boots per arm, else within boots, paired by request or turn where the probe "
+    "pairs them; verdict direction-aware, inconclusive when the CI contains 0."
+)
+
+
+def markdown(report: Report, plots: Sequence[str] = ()) -> str:
+    """report.md; ``plots`` are the PNG files written beside it (linked at the end)."""
+    gates = report.get("gates") or []
+    arms = [a["name"] for a in report["arms"]]
+    lines = [f"# pytest-kvcache A/B report — run {report.get('run_id')}", ""]
+    if report.get("model"):
+        lines += [f"Model: `{report['model']}`", ""]
+    lines += ["## Arms", ""]
+    lines += _md_table(*arms_table(report))
+    gpu_header, gpu_rows = gpu_table(report)
     if gpu_rows:
         lines += ["", "## GPU state", ""]
-        lines += _md_table(
-            ["Arm", "GPU", "Power cap before", "Power cap after", "VRAM when ready", "VRAM after probes"], gpu_rows
-        )
+        lines += _md_table(gpu_header, gpu_rows)
     elif report["arms"] and (report["arms"][0].get("gpu") or {}).get("reason"):
         lines += ["", f"GPU state: none recorded ({report['arms'][0]['gpu']['reason']})."]
     if report.get("boots"):
@@ -461,29 +510,10 @@ def markdown(report: Report) -> str:
     sampling = sampling_lines(report)
     if sampling:
         lines += ["", "## Sampling", ""] + [f"- {line}" for line in sampling]
-    noise = report.get("noise")
-    check = self_check_line(report)
-    notes = list(report.get("notes") or [])
-    if noise:
-        notes.append(
-            f"verdicts and ratio gates are judged against the A/A noise band of stored run {noise['run']} "
-            f"(a CI must clear 1 ± band); {noise['missing']} delta(s) had no band there"
-        )
-    if check:
-        notes.append(check)
-    notes += (report.get("self_check") or {}).get("warnings") or []
-    flags = report.get("flags")
-    if flags and flags["samples"]:
-        notes.append(f"{flags['samples']} measured sample(s) flagged: {', '.join(flags['kinds'])}")
-    spec = report.get("spec_decode")
-    if spec and not spec["rows"]:
-        notes.append(f"speculative decoding: {spec['line']}")
+    notes = note_lines(report)
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
-    lines += [
-        "",
-        "Deltas: ratio of means arm/baseline − 1, with the 95% bootstrap CI in brackets — over boots (boots,",
-        "then samples) with 3+ boots per arm, else within boots, paired by request or turn where the probe",
-        "pairs them; verdict direction-aware, inconclusive when the CI contains 0.",
-    ]
+    lines += ["", DELTA_NOTE]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{name[:-4]}]({name})" for name in plots]
     return "\n".join(lines) + "\n"

@@ -5,11 +5,13 @@ against depth, and fidelity beside prefill speed against depth."""
 from __future__ import annotations
 
 import io
+import math
 from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 
 from pytest_kvcache.model import FidelityRow, Report
+from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report.frame import point_sort
 from pytest_kvcache.report.outputs.markdown import probe_specs
 
@@ -48,23 +50,28 @@ def render(report: Report) -> dict[str, bytes]:
             metrics = [m for m in spec.curve if m in set(sub["metric"])]
             if not metrics:
                 continue
-            x_name = "depth (prompt tokens)" if spec.curve_x == "depth" else "prompt tokens"
+            x_name = "depth (prompt tokens)" if spec.curve_x == "depth" else "prompt tokens per turn"
             fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 3.8), squeeze=False)
             for ax, metric in zip(axes[0], metrics, strict=True):
                 for arm in arms:
                     rows = sub[(sub["metric"] == metric) & (sub["arm"] == arm)]
                     tokens = sub[(sub["metric"] == "prompt_tokens") & (sub["arm"] == arm)].set_index("point")["mean"]
-                    xs, ys = [], []
+                    xs, ys, err = [], [], []
                     for _, row in rows.iterrows():
                         if row["mean"] is None or row["point"] not in tokens.index:
                             continue
                         xs.append(float(tokens[row["point"]]))
                         ys.append(float(row["mean"]))
-                    ax.plot(xs, ys, marker="o", label=arm)
+                        err.append(_mean_half_width(row))
+                    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=arm)
                 ax.set_xlabel(x_name)
+                ax.set_ylabel(axis_label(metric))
                 ax.set_title(f"{probe}: {metric}")
                 ax.legend()
             save(fig, f"{probe}.png")
+            delta = delta_figure(report, spec, plt)
+            if delta is not None:
+                save(delta, f"{probe}_delta.png")
             continue
         wanted = [spec.primary_metric] if spec is not None else ["decode_tps"]
         wanted += [m for m in ("ttft_s", "acceptance_length") if m not in wanted]
@@ -96,6 +103,7 @@ def render(report: Report) -> dict[str, bytes]:
                 xs = [j + i * width for j in range(len(points))]
                 ax.bar(xs, vals, width, yerr=errs, capsize=3, label=arm)
             ax.set_xticks([j + width * (len(arms) - 1) / 2 for j in range(len(points))], points)
+            ax.set_ylabel(axis_label(metric))
             ax.set_title(f"{probe}: {metric}")
             ax.legend()
         save(fig, f"{probe}.png")
@@ -123,6 +131,93 @@ def render(report: Report) -> dict[str, bytes]:
     if drawn is not None:
         save(drawn, "fidelity.png")
     return out
+
+
+def axis_label(metric: str) -> str:
+    """A metric's axis label with its unit."""
+    named = {
+        "ttft_s": "time to first token (s)",
+        "acceptance_length": "acceptance length (tokens per step)",
+        "acceptance_rate": "acceptance rate (share of drafts)",
+        "prompt_tokens": "prompt tokens",
+    }
+    if metric in named:
+        return named[metric]
+    if metric.endswith("_tps"):
+        return f"{metric} (tokens/s)"
+    if metric.endswith("_s"):
+        return f"{metric} (s)"
+    return metric
+
+
+def _mean_half_width(row: pd.Series) -> float:
+    """Half the 95% CI of a summary row's mean, normal approximation (1.96 · std / √n); 0 below 2 samples."""
+    n, std = row.get("n"), row.get("std")
+    if n is None or std is None or n < 2 or std != std:
+        return 0.0
+    return float(1.96 * std / math.sqrt(n))
+
+
+def delta_figure(report: Report, spec: ProbeSpec, plt: Any) -> Figure | None:
+    """Each arm against the baseline along the probe's curve: ratio − 1 (%) with its 95% CI as a band, the
+    zero line, and a crossover (with its interval) where the report found one."""
+    arms = [a["name"] for a in report["arms"]]
+    deltas = [d for d in report["deltas"] if d["probe"] == spec.name and d["metric"] in spec.curve]
+    metrics = [m for m in spec.curve if any(d["metric"] == m and d.get("delta_pct") is not None for d in deltas)]
+    if not metrics or len(arms) < 2:
+        return None
+    tokens: dict[str, float] = {}
+    for row in report["summary"]:
+        mean = row.get("mean")
+        if row["probe"] == spec.name and row["metric"] == "prompt_tokens" and row["arm"] == arms[0] and mean:
+            tokens[row["point"]] = float(mean)
+
+    def x_of(point: str) -> float:
+        return tokens.get(point) or point_sort(point)[1]
+
+    crossings = [c for c in report.get("crossovers") or [] if c["probe"] == spec.name]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.8 * len(metrics), 3.9), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        for arm in arms[1:]:
+            mine = sorted(
+                (d for d in deltas if d["arm"] == arm and d["metric"] == metric and d.get("delta_pct") is not None),
+                key=lambda d: x_of(d["point"]),
+            )
+            if not mine:
+                continue
+            xs = [x_of(d["point"]) for d in mine]
+            ys = [float(d["delta_pct"] or 0.0) for d in mine]
+            (line,) = ax.plot(xs, ys, marker="o", label=f"{arm} / {arms[0]}")
+            lo = [
+                ((d.get("ci_low") or 1.0) - 1) * 100 if d.get("ci_low") is not None else y
+                for d, y in zip(mine, ys, strict=True)
+            ]
+            hi = [
+                ((d.get("ci_high") or 1.0) - 1) * 100 if d.get("ci_high") is not None else y
+                for d, y in zip(mine, ys, strict=True)
+            ]
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.18, linewidth=0)
+            for c in crossings:
+                if c["arm"] == arm and c["metric"] == metric and c.get("estimate") is not None:
+                    estimate = float(c["estimate"] or 0.0)
+                    if c.get("ci_low") is not None and c.get("ci_high") is not None:
+                        ax.axvspan(
+                            float(c["ci_low"] or 0.0), float(c["ci_high"] or 0.0), color=line.get_color(), alpha=0.1
+                        )
+                    ax.axvline(estimate, color=line.get_color(), linestyle=":", linewidth=1.2)
+                    ax.annotate(
+                        f"crosses ~{estimate / 1000:.1f}K",
+                        (estimate, 0),
+                        textcoords="offset points",
+                        xytext=(4, 6),
+                        fontsize=8,
+                    )
+        ax.axhline(0.0, color="black", linewidth=0.9)
+        ax.set_xlabel("depth (prompt tokens)" if spec.curve_x == "depth" else "prompt tokens per turn")
+        ax.set_ylabel(f"{metric}: arm / baseline − 1 (%)")
+        ax.set_title(f"{spec.name}: {metric} against {arms[0]} (95% CI band)")
+        ax.legend()
+    return cast("Figure", fig)
 
 
 def _fidelity_curve(rows: list[FidelityRow], metric: str) -> tuple[list[float], list[float], list[list[float]]]:
