@@ -131,14 +131,25 @@ class Window:
 
     @classmethod
     def from_dict(cls, data: FidelityWindowData | Mapping[str, Any]) -> Window:
-        return cls(
-            depth=int(data["depth"]),
-            start=int(data["start"]),
-            ids=tuple(int(i) for i in data["ids"]),
-            logprob=tuple(float(x) for x in data["logprob"]),
-            top_ids=tuple(tuple(int(i) for i in t) for t in data.get("top_ids") or []),
-            top_logprobs=tuple(tuple(float(x) for x in t) for t in data.get("top_logprobs") or []),
-        )
+        """A stored window; ValueError when it is malformed (a key missing, lengths that disagree)."""
+        try:
+            window = cls(
+                depth=int(data["depth"]),
+                start=int(data["start"]),
+                ids=tuple(int(i) for i in data["ids"]),
+                logprob=tuple(float(x) for x in data["logprob"]),
+                top_ids=tuple(tuple(int(i) for i in t) for t in data.get("top_ids") or []),
+                top_logprobs=tuple(tuple(float(x) for x in t) for t in data.get("top_logprobs") or []),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed fidelity window: {type(exc).__name__}: {exc}") from None
+        n = len(window.ids)
+        tops = (len(window.top_ids), len(window.top_logprobs))
+        if len(window.logprob) != n or (any(tops) and tops != (n, n)):
+            raise ValueError(f"malformed fidelity window at depth {window.depth}: lengths differ")
+        if any(len(i) != len(lp) for i, lp in zip(window.top_ids, window.top_logprobs, strict=True)):
+            raise ValueError(f"malformed fidelity window at depth {window.depth}: top-k ids and logprobs differ")
+        return window
 
 
 def parse_prompt_logprobs(body: Any, ids: Sequence[int], top_k: int) -> list[tuple[float, list[tuple[int, float]]]]:
@@ -177,8 +188,10 @@ def parse_prompt_logprobs(body: Any, ids: Sequence[int], top_k: int) -> list[tup
                 actual = logprob
             if isinstance(rank, int) and 1 <= rank <= top_k:
                 ranked.append((rank, token, logprob))
-        if actual is None or not math.isfinite(actual):
+        if actual is None:
             raise ValueError(f"prompt_logprobs[{p}] lacks the prompt's own token {ids[p]}")
+        if not math.isfinite(actual):
+            raise ValueError(f"prompt_logprobs[{p}]: the prompt's own token {ids[p]} has logprob {actual}")
         ranked.sort()
         found.append((actual, [(token, lp) for _, token, lp in ranked[:top_k]]))
     return found
@@ -238,7 +251,7 @@ def compare_windows(base: Window, arm: Window) -> dict[str, np.ndarray]:
     b = np.asarray(base.logprob, dtype=float)
     a = np.asarray(arm.logprob, dtype=float)
     kl = np.full(b.size, np.nan)
-    if base.top_ids and arm.top_ids:
+    if any(base.top_ids) and any(arm.top_ids):
         for i, token in enumerate(base.ids):
             # the actual token's logprob is known on both sides: it joins the partition
             p = {**dict(zip(base.top_ids[i], base.top_logprobs[i], strict=True)), token: float(b[i])}

@@ -351,6 +351,8 @@ def boot_results(data: pd.DataFrame, boots: Sequence[BootEntry], specs: Specs) -
     for boot in boots:
         mine = data[data["boot"] == boot["boot"]]
         for probe in _probes(mine, specs):
+            if spec_of(probe, specs).own_section:
+                continue  # differences from the baseline: in their own section, not a boot's figure
             metric = spec_of(probe, specs).primary_metric
             by_probe = mine[mine["probe"] == probe]
             for point in sorted(by_probe["point"].unique(), key=point_sort):

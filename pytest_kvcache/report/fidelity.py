@@ -41,40 +41,44 @@ def _pairs(records: Sequence[FidelityRecord], arms: Sequence[str]) -> list[tuple
         if _usable(r):
             found[(str(r.get("arm")), int(r.get("replicate") or 1), str(r.get("text")))] = r
     texts = list(dict.fromkeys(text for _, _, text in found))
-    reps: dict[str, list[int]] = {}
-    for arm, rep, _ in found:
-        reps.setdefault(arm, [])
-        if rep not in reps[arm]:
-            reps[arm].append(rep)
     out: list[tuple[str, FidelityRecord, FidelityRecord]] = []
     if not arms:
         return out
     base = arms[0]
+
+    def reps(arm: str, text: str) -> list[int]:
+        """The replicates in which ``arm`` scored ``text`` usably."""
+        return sorted(rep for a, rep, t in found if a == arm and t == text)
+
     for text in texts:
         for arm in arms[1:]:
-            for rep in sorted(set(reps.get(base, [])) & set(reps.get(arm, []))):
-                b, a = found.get((base, rep, text)), found.get((arm, rep, text))
-                if b is not None and a is not None:
-                    out.append(("between arms", b, a))
+            for rep in sorted(set(reps(base, text)) & set(reps(arm, text))):
+                out.append(("between arms", found[(base, rep, text)], found[(arm, rep, text)]))
         for arm in arms:
-            mine = sorted(reps.get(arm, []))
-            first = found.get((arm, mine[0], text)) if mine else None
-            for rep in mine[1:]:
-                later = found.get((arm, rep, text))
-                if first is not None and later is not None:
-                    out.append(("across boots", first, later))
+            mine = reps(arm, text)  # the first usable boot of this text is the reference
+            out += [("across boots", found[(arm, mine[0], text)], found[(arm, rep, text)]) for rep in mine[1:]]
     return out
+
+
+def _windows(record: FidelityRecord) -> list[fidelity.Window]:
+    """A record's well-formed windows (a malformed one is named in the section's notes)."""
+    found = []
+    for data in record.get("windows") or []:
+        try:
+            found.append(fidelity.Window.from_dict(data))
+        except ValueError:
+            continue
+    return found
 
 
 def blocks(records: Sequence[FidelityRecord], arms: Sequence[str]) -> pd.DataFrame:
     """One row per comparison × text × depth × block of positions, with the block's mean metrics."""
     rows: list[dict[str, object]] = []
     for kind, b, a in _pairs(records, arms):
-        if b.get("ids_sha256") != a.get("ids_sha256"):
-            continue
-        base_windows = {int(w["depth"]): fidelity.Window.from_dict(w) for w in b.get("windows") or []}
-        for data in a.get("windows") or []:
-            arm_window = fidelity.Window.from_dict(data)
+        # windows are compared where they hold the same ids (compare_windows checks): arms that cut the
+        # prompt at another max_model_len still compare at the depths both reached
+        base_windows = {w.depth: w for w in _windows(b)}
+        for arm_window in _windows(a):
             base_window = base_windows.get(arm_window.depth)
             if base_window is None:
                 continue
@@ -204,14 +208,19 @@ def _notes(records: Sequence[FidelityRecord], arms: Sequence[str]) -> list[str]:
         if r.get("ok") and r.get("short_depths"):
             depths = ", ".join(fidelity.depth_label(int(d)) for d in r.get("short_depths") or [])
             notes.append(f"{where}: depth(s) {depths} beyond the {r.get('prompt_tokens', 0):,} tokens it could score")
+        for data in r.get("windows") or []:
+            try:
+                fidelity.Window.from_dict(data)
+            except ValueError as exc:
+                notes.append(f"{where}: a window left out: {exc}")
     base = arms[0] if arms else None
     ids = {(r.get("replicate") or 1, r.get("text")): r.get("ids_sha256") for r in records if r.get("arm") == base}
     for r in records:
         want = ids.get((r.get("replicate") or 1, r.get("text")))
         if r.get("ok") and r.get("arm") != base and want and r.get("ids_sha256") != want:
             notes.append(
-                f"{r.get('boot')} {r.get('text')}: other token ids than {base}'s (another tokenizer or length): "
-                "not compared"
+                f"{r.get('boot')} {r.get('text')}: other token ids than {base}'s (another tokenizer, or another "
+                "length): compared only at depths whose windows hold the same ids"
             )
     return sorted(set(notes))
 
@@ -248,7 +257,9 @@ def sentences(rows: Sequence[FidelityRow], deltas: Sequence[DeltaRow], arms: Seq
             at = min(prefill, key=lambda d: abs(point_sort(d["point"])[1] - float(deepest.get("depth") or 0)))
             parts.append(f"{_pct(at.get('delta_pct'))} prefill at {at['point']}")
         drift, (lo, hi) = deepest.get("logprob_drift"), deepest.get("logprob_drift_ci") or [None, None]
-        text = f"|Δ logprob| {nats(drift, 3)} nats/token at {deepest['point']}" if drift is not None else "no drift"
+        text = "no fidelity data"
+        if drift is not None:
+            text = f"|Δ logprob| {nats(drift, 3)} nats/token at {deepest['point']}"
         if lo is not None and hi is not None:
             text += f" (95% CI {nats(lo, 3)}–{nats(hi, 3)})"
         kl = deepest.get("kl_topk")

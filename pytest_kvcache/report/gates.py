@@ -125,8 +125,13 @@ def check(gate: Gate, specs: Mapping[str, ProbeSpec]) -> None:
     if spec is None:
         raise GateError(f"gate {gate.text!r}: unknown probe {gate.probe!r}; known: {', '.join(specs)}")
     known = tuple(dict.fromkeys([*spec.compared_metrics, *registry.CLIENT_METRICS, *registry.ENGINE_METRICS]))
-    if spec.trials:
+    if spec.trials or spec.own_section:
         known = spec.compared_metrics
+    if spec.own_section and gate.kind not in ("absolute", "between"):
+        raise GateError(
+            f"gate {gate.text!r}: {gate.probe}'s metrics are differences from the baseline arm already; gate them "
+            f"as absolutes ('{spec.primary_metric}[{gate.probe}@32k]: ARM <= 0.05') or between two arms"
+        )
     if gate.metric not in known:
         raise GateError(
             f"gate {gate.text!r}: unknown metric {gate.metric!r} for probe {gate.probe}; known: {', '.join(known)}"
@@ -154,12 +159,15 @@ def evaluate(
     seed: int,
     saved: pd.DataFrame | None = None,
     noise: Mapping[tuple[str, str, str], float] | None = None,
+    specs: Mapping[str, ProbeSpec] | None = None,
 ) -> list[GateResult]:
     """Evaluate gates on the report's frame (``report.frame.frame``); ``saved`` is a stored run's frame.
 
     ``seed`` is the run's ``--kv-seed``: a gate's CI is the report's CI of the same delta. ``noise`` (an
     A/A run's band per (probe, point, metric), in ratio units) widens every ratio's CI by the band before
-    it is judged: a difference counts only beyond the noise floor.
+    it is judged: a difference counts only beyond the noise floor. ``specs`` (the run's) tell which probes
+    measure against the baseline already (fidelity): their absolute gates without an arm judge every arm
+    but the baseline.
     """
     from pytest_kvcache import stats
     from pytest_kvcache.report.frame import (
@@ -199,7 +207,8 @@ def evaluate(
                     for arm in arms
                 ]
             else:
-                for arm in [gate.arm] if gate.arm else list(arms):
+                relative = specs is not None and (spec := specs.get(gate.probe)) is not None and spec.own_section
+                for arm in [gate.arm] if gate.arm else list(arms[1:] if relative else arms):
                     mine = at[at["arm"] == arm] if not at.empty else at
                     found = values(mine, gate.metric) if not mine.empty else []
                     groups = by_boot(mine, gate.metric) if not mine.empty else []

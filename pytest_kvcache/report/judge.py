@@ -78,14 +78,18 @@ def apply_noise(report: Report, bands: Bands, name: str, specs: Specs) -> None:
     report["verdicts"] = report_verdicts(report, specs)
 
 
-def compare_with_saved(report: Report, data: pd.DataFrame, saved: RunData, seed: int) -> SavedSection:
-    """Current arms against a stored run, by probe, point, metric and arm; warns where the setup differs."""
+def compare_with_saved(
+    report: Report, data: pd.DataFrame, saved: RunData, seed: int, specs: Specs | None = None
+) -> SavedSection:
+    """Current arms against a stored run, by probe, point, metric and arm; warns where the setup differs.
+    Probes whose metrics are differences from the baseline already (fidelity) are not divided."""
     saved_report = build(saved)
     old_data = saved.frame
     rows: list[SavedRow] = []
     keys = sorted({(s["probe"], s["point"], s["metric"], s["arm"]) for s in report["summary"]})
     for probe, point, metric, arm in keys:
-        if metric in COUNT_METRICS or old_data.empty:
+        spec = (specs or {}).get(probe)
+        if metric in COUNT_METRICS or old_data.empty or (spec is not None and spec.own_section):
             continue
         old = old_data[(old_data["probe"] == probe) & (old_data["point"] == point) & (old_data["arm"] == arm)]
         new = data[(data["probe"] == probe) & (data["point"] == point) & (data["arm"] == arm)]
@@ -145,10 +149,10 @@ def judge(
         done.messages += [f"  {line}" for line in found.get("lines") or []]
     old = None
     if saved is not None:
-        report["compare"] = compare_with_saved(report, data, saved, seed)
+        report["compare"] = compare_with_saved(report, data, saved, seed, specs)
         old = saved.frame
         done.messages += report["compare"]["warnings"]
-    done.gate_results = gate_grammar.evaluate(parsed, data, arms, seed=seed, saved=old, noise=bands)
+    done.gate_results = gate_grammar.evaluate(parsed, data, arms, seed=seed, saved=old, noise=bands, specs=specs)
     bad = {"fail"} | ({"inconclusive"} if inconclusive == "fail" else set())
     done.failed_gates = [g for g in done.gate_results if g["outcome"] in bad]
     report["gates"] = done.gate_results

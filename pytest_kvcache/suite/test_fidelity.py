@@ -28,36 +28,45 @@ def test_fidelity(
     kv_fidelity_text: str,
 ) -> None:
     label = f"fidelity {kv_fidelity_text} on {kv_server.name}"
-    text = fidelity.load_text(kv_fidelity_text)
+    try:
+        text = fidelity.load_text(kv_fidelity_text)
+    except fidelity.TextError as exc:
+        failure: str | None = f"{label}: {exc}"
+    else:
+        failure = None
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
     depths = sorted(kv_settings.fidelity_depths)
+    entry: FidelityRecord = {
+        "text": text.name,
+        "text_sha256": text.sha256,
+        "top_k": kv_settings.fidelity_top_k,
+        "window": kv_settings.fidelity_window,
+    }
     try:
         tokenized = kv_client.post_json(
             "/tokenize", {"model": kv_server.model, "prompt": text.text, "add_special_tokens": False}
         )
         all_ids = [int(t) for t in tokenized["tokens"]]
     except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-        failure: str | None = f"{label}: the fidelity probe needs the engine's /tokenize for token ids: {_error(exc)}"
-    else:
-        failure = None
+        failure = f"the fidelity probe needs the engine's /tokenize for token ids: {_error(exc)}"
     if failure is not None:
-        pytest.fail(failure, pytrace=False)
+        entry["ok"], entry["error"] = False, failure
+        kv_record.fidelity(entry)
+        pytest.fail(f"{label}: {failure}", pytrace=False)
     max_len = kv_server.evidence.get("max_model_len")
     limit = min(depths[-1], len(all_ids), (int(max_len) - 1) if max_len else depths[-1])
     ids = all_ids[:limit]
     usable = [d for d in depths if d <= limit]
     if not usable:
-        pytest.skip(
-            f"{label}: no depth of {', '.join(map(prefill.depth_label, depths))} fits: the text has "
+        reason = (
+            f"no depth of {', '.join(map(prefill.depth_label, depths))} fits: the text has "
             f"{len(all_ids):,} tokens, max_model_len is {max_len}"
         )
-    entry: FidelityRecord = {
-        "text": text.name,
-        "text_sha256": text.sha256,
-        "ids_sha256": fidelity.ids_sha256(ids),
-        "prompt_tokens": len(ids),
-        "top_k": kv_settings.fidelity_top_k,
-        "window": kv_settings.fidelity_window,
-    }
+        entry["ok"], entry["error"] = False, reason
+        kv_record.fidelity(entry)
+        pytest.skip(f"{label}: {reason}")
+    entry["ids_sha256"], entry["prompt_tokens"] = fidelity.ids_sha256(ids), len(ids)
     payload = fidelity.payload(kv_server.model, ids, kv_settings.fidelity_top_k)
     try:
         body, wall_s, engine = kv_client.post_measured("/v1/completions", payload, kv_settings.request_timeout_s)

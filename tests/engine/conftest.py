@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -23,6 +24,13 @@ if importlib.util.find_spec("vllm") is None:
 #: The arm set to the baseline: fp8 where vLLM's CPU build can serve it, float16 KV elsewhere.
 SECOND_ARM = "float16" if fp8_kv_unsupported_reason() else "fp8"
 SECOND_DTYPE = {"fp8": "fp8_e4m3", "float16": "float16"}[SECOND_ARM]
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a child that a test interrupts: SIGINT back to its default, so Python installs its
+    KeyboardInterrupt handler even when a non-interactive shell started this run in the background (which
+    ignores SIGINT for it and everything it starts)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def vllm_processes(tag: str) -> list[int]:

@@ -16,7 +16,7 @@ import pytest
 
 from pytest_kvcache.engines.docker import LABEL_SESSION
 from pytest_kvcache.run.folder import read_records
-from tests.engine.conftest import run_pytest
+from tests.engine.conftest import default_sigint, run_pytest
 
 pytestmark = pytest.mark.engine
 
@@ -99,6 +99,7 @@ def test_sigint_mid_run_removes_the_container(tmp_path: Path, cpu_image: str, do
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=default_sigint,  # a shell that started us in the background may ignore SIGINT
     )
     path = tmp_path / ".kvcache" / "runs" / "latest" / "requests.jsonl"
     try:

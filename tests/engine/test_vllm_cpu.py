@@ -16,7 +16,7 @@ import pytest
 
 from pytest_kvcache.engines.registry import reap_orphans
 from pytest_kvcache.run.folder import read_records
-from tests.engine.conftest import SECOND_ARM, SECOND_DTYPE, Run, run_pytest, vllm_processes
+from tests.engine.conftest import SECOND_ARM, SECOND_DTYPE, Run, default_sigint, run_pytest, vllm_processes
 
 pytestmark = pytest.mark.engine
 
@@ -90,6 +90,7 @@ def test_ctrl_c_mid_run_stops_vllm_and_keeps_records(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=default_sigint,  # a shell that started us in the background may ignore SIGINT
     )
     try:
         path = tmp_path / ".kvcache" / "runs" / "latest" / "requests.jsonl"

@@ -90,6 +90,7 @@ def spawn_pytest(pytester: pytest.Pytester, *args: str, new_session: bool = Fals
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=new_session,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even when our shell ignores SIGINT
     )
 
 

@@ -23,7 +23,7 @@ def args(standin_args: list[str]) -> list[str]:
 BROKEN_WRITER = """
 import pytest_kvcache.report.outputs.markdown as markdown
 
-def _broken(report):
+def _broken(report, plots=()):
     raise OSError("disk full while writing report.md")
 
 markdown.markdown = _broken
@@ -55,7 +55,7 @@ def test_kvcache_report_names_a_report_error_and_exits_3(
     assert result.ret == 0, result.stdout.str()
     from pytest_kvcache.report.outputs import markdown
 
-    def broken(report: object) -> str:
+    def broken(report: object, plots: object = ()) -> str:
         raise ValueError("cannot format")
 
     monkeypatch.setattr(markdown, "markdown", broken)

@@ -174,21 +174,72 @@ def test_three_boots_give_a_ci_over_boots_and_absolute_gates_use_it() -> None:
     assert evaluate([failing], frame, ["a", "b"], seed=0)[0]["outcome"] == "fail"
 
 
+def _other_ids(entry: FidelityRecord) -> FidelityRecord:
+    for w in entry["windows"]:
+        w["ids"] = [i + 1 for i in w["ids"]]  # another tokenizer's ids
+    entry["ids_sha256"] = "other"
+    return entry
+
+
 def test_records_not_compared_are_named_in_the_notes() -> None:
+    broken = record("a", 2, "prose", 0.0)
+    broken["windows"][0]["top_ids"] = broken["windows"][0]["top_ids"][:3]
     records = [
         record("a", 1, "prose", 0.0),
-        record("b", 1, "prose", 1.0, ids_sha256="other"),
+        _other_ids(record("b", 1, "prose", 1.0)),
         record("a", 1, "code", 0.0, excluded_reason="not cold: 64 prefix-cache hit tokens > one block (16)"),
         record("b", 1, "code", 1.0, short_depths=[90_000]),
         {"arm": "b", "boot": "b.r1", "replicate": 1, "text": "code", "ok": False, "error": "HTTP 400: bad"},
+        broken,
     ]
     found = report_fidelity.blocks(records, ["a", "b"])
-    assert found.empty
+    # only a.r2 prose against a.r1 prose, at the depth whose window is whole
+    assert set(zip(found["kind"], found["point"], strict=True)) == {("across boots", "200")}
     notes = report_fidelity.section(found, records, ["a", "b"], {}, 0)["notes"]
+    assert any("a.r2 prose: a window left out: malformed fidelity window at depth 100" in n for n in notes)
     assert any("b.r1 prose: other token ids than a's" in n for n in notes)
     assert any(n.startswith("a.r1 code: excluded: not cold") for n in notes)
     assert any("b.r1 code: depth(s) 90k beyond the 200 tokens" in n for n in notes)
     assert "b.r1 code: not scored: HTTP 400: bad" in notes
+
+
+def test_across_boots_starts_from_each_texts_first_usable_boot() -> None:
+    records = [
+        record("a", 1, "prose", 0.0, ok=False, error="HTTP 500"),
+        record("a", 2, "prose", 0.0),
+        record("a", 3, "prose", 0.0),
+        record("a", 1, "code", 0.0),
+        record("a", 2, "code", 0.0),
+    ]
+    found = report_fidelity.blocks(records, ["a"])
+    pairs = set(zip(found["text"], found["baseline_boot"], found["boot"], strict=True))
+    assert pairs == {("prose", "a.r2", "a.r3"), ("code", "a.r1", "a.r2")}
+
+
+def test_without_top_k_there_is_no_kl() -> None:
+    scored = fidelity.parse_prompt_logprobs(body_for(IDS, 0), IDS, 0)
+    base, arm = (fidelity.windows(IDS, s, [200], window=64)[0][0] for s in (scored, scored))
+    assert np.isnan(fidelity.compare_windows(base, arm)["kl_topk"]).all()
+
+
+def test_fidelity_gates_judge_every_arm_but_the_baseline_and_refuse_ratios_to_it() -> None:
+    from pytest_kvcache.probes import registry
+    from pytest_kvcache.report.gates import GateError
+
+    specs = {s.name: s for s in registry.specs()}
+    records = [record(arm, 1, "prose", shift) for arm, shift in (("a", 0.0), ("b", 1.0), ("c", 0.0))]
+    frame = report_fidelity.frame_rows(report_fidelity.blocks(records, ["a", "b", "c"]))
+    gate = parse("logprob_drift[fidelity@100]: <= 0.5", arms=["a", "b", "c"], specs=specs)
+    results = evaluate([gate], frame, ["a", "b", "c"], seed=0, specs=specs)
+    assert [(r["name"].rsplit(" ", 1)[1], r["outcome"]) for r in results] == [("(b)", "fail"), ("(c)", "pass")]
+    for text in ("logprob_drift[fidelity]: <= +10%", "logprob_drift[fidelity]: <= saved"):
+        with pytest.raises(GateError, match="differences from the baseline arm already"):
+            parse(text, arms=["a", "b"], specs=specs)
+    with pytest.raises(GateError, match="unknown metric 'decode_tps' for probe fidelity"):
+        parse("decode_tps[fidelity]: >= 1", arms=["a", "b"], specs=specs)
+    between = parse("logprob_drift[fidelity@200]: c <= b * 0.5", arms=["a", "b", "c"], specs=specs)
+    (result,) = evaluate([between], frame, ["a", "b", "c"], seed=0, specs=specs)
+    assert result["within_boot_outcome"] == "pass"  # a ratio on one boot per arm: follows --kv-inconclusive
 
 
 def test_the_verdict_sentence_puts_speed_and_fidelity_together() -> None:

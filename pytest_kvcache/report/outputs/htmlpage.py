@@ -10,6 +10,7 @@ Rendered with a Jinja2 template (``templates/report.html.j2``, autoescaped) from
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -20,6 +21,7 @@ from pytest_kvcache.report.outputs import markdown as md
 
 if TYPE_CHECKING:
     import jinja2
+    import markupsafe
 
 #: A delta's verdict as a sign beside its colour (readable without colour, and printed).
 MARKS = {"better": "▲", "worse": "▼", "inconclusive": "≈"}
@@ -134,6 +136,14 @@ def _folded(report: Report) -> list[dict[str, object]]:
     return found
 
 
+def inline_code(text: object) -> markupsafe.Markup:
+    """Escape ``text`` and show its `backticked` parts as code (the notes share report.md's wording)."""
+    import markupsafe
+
+    escaped = str(markupsafe.escape(str(text)))
+    return markupsafe.Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped))
+
+
 @cache
 def _template() -> jinja2.Template:
     import jinja2
@@ -144,6 +154,7 @@ def _template() -> jinja2.Template:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.filters["code"] = inline_code
     return env.get_template("report.html.j2")
 
 

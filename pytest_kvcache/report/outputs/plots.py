@@ -30,8 +30,6 @@ def render(report: Report) -> dict[str, bytes]:
     summary = pd.DataFrame(report["summary"])
     deltas = {(d["probe"], d["point"], d["metric"], d["arm"]): d for d in report["deltas"]}
     out: dict[str, bytes] = {}
-    if summary.empty:
-        return out
     specs = probe_specs(report)
 
     def save(fig: Figure, name: str) -> None:
@@ -40,6 +38,12 @@ def render(report: Report) -> dict[str, bytes]:
         fig.savefig(buf, format="png", dpi=110)
         plt.close(fig)
         out[name] = buf.getvalue()
+
+    if summary.empty:  # nothing between arms; a single arm's fidelity across its boots still has its plot
+        drawn = fidelity_figure(report, plt)
+        if drawn is not None:
+            save(drawn, "fidelity.png")
+        return out
 
     for probe in dict.fromkeys(summary["probe"]):
         spec = specs.get(probe)
@@ -158,6 +162,10 @@ def _mean_half_width(row: pd.Series) -> float:
     return float(1.96 * std / math.sqrt(n))
 
 
+def _pct(ratio: float | None, fallback: float) -> float:
+    return (ratio - 1) * 100 if ratio is not None else fallback
+
+
 def delta_figure(report: Report, spec: ProbeSpec, plt: Any) -> Figure | None:
     """Each arm against the baseline along the probe's curve: ratio − 1 (%) with its 95% CI as a band, the
     zero line, and a crossover (with its interval) where the report found one."""
@@ -188,14 +196,8 @@ def delta_figure(report: Report, spec: ProbeSpec, plt: Any) -> Figure | None:
             xs = [x_of(d["point"]) for d in mine]
             ys = [float(d["delta_pct"] or 0.0) for d in mine]
             (line,) = ax.plot(xs, ys, marker="o", label=f"{arm} / {arms[0]}")
-            lo = [
-                ((d.get("ci_low") or 1.0) - 1) * 100 if d.get("ci_low") is not None else y
-                for d, y in zip(mine, ys, strict=True)
-            ]
-            hi = [
-                ((d.get("ci_high") or 1.0) - 1) * 100 if d.get("ci_high") is not None else y
-                for d, y in zip(mine, ys, strict=True)
-            ]
+            lo = [_pct(d.get("ci_low"), y) for d, y in zip(mine, ys, strict=True)]
+            hi = [_pct(d.get("ci_high"), y) for d, y in zip(mine, ys, strict=True)]
             ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.18, linewidth=0)
             for c in crossings:
                 if c["arm"] == arm and c["metric"] == metric and c.get("estimate") is not None:
