@@ -28,6 +28,10 @@ def test_wheel_installs_in_a_fresh_venv_and_collects_the_suite(tmp_path: Path) -
         "pytest_kvcache/data/tiny-qwen3/config.json",
         "pytest_kvcache/data/tiny-qwen3/tokenizer.json",
         "pytest_kvcache/suite/test_short.py",
+        "pytest_kvcache/suite/test_fidelity.py",
+        "pytest_kvcache/data/fidelity/prose-v1.txt",
+        "pytest_kvcache/data/fidelity/prose-v1.txt.sha256",
+        "pytest_kvcache/report/outputs/templates/report.html.j2",
         "pytest_kvcache/py.typed",
     ):
         assert needed in names
@@ -45,8 +49,8 @@ def test_wheel_installs_in_a_fresh_venv_and_collects_the_suite(tmp_path: Path) -
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    # short 2 + prefill 2 depths + agentic 1 session (the CPU default) + concurrency 3 levels
-    assert "1. auto (baseline): kv_cache_dtype=auto — 8 test(s)" in result.stdout
+    # short 2 + prefill 2 depths + agentic 1 session (the CPU default) + concurrency 3 levels + fidelity 2 texts
+    assert "1. auto (baseline): kv_cache_dtype=auto — 10 test(s)" in result.stdout
     assert "test_short[auto-narrative]" in result.stdout and "test_short[float16-code]" in result.stdout
     model = subprocess.run(
         [str(python), "-c", "from pytest_kvcache.engines import embedded_model_path as p; print(p())"],
