@@ -31,9 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from pytest_kvcache.config.settings import parse_depths
 from pytest_kvcache.model import FidelityWindowData
-from pytest_kvcache.probes.prefill import depth_label
+from pytest_kvcache.probes.registry import depth_label
 
 __all__ = [
     "BLOCK",
@@ -44,7 +43,6 @@ __all__ = [
     "depth_label",
     "ids_sha256",
     "load_text",
-    "parse_depths",
     "parse_prompt_logprobs",
     "payload",
     "windows",

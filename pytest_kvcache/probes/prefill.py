@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_kvcache.config.settings import parse_depths
+from pytest_kvcache.probes.registry import depth_label
 
 __all__ = ["depth_label", "parse_depths", "salt_for", "size_prompt"]
 
@@ -27,10 +28,6 @@ PAD_WORD = " {salt}"
 
 #: Depth tolerance: a measured prompt must lie within this share of its target.
 DEPTH_TOLERANCE = 0.01
-
-
-def depth_label(depth: int) -> str:
-    return f"{depth // 1000}k" if depth % 1000 == 0 else str(depth)
 
 
 def salt_for(seed: int, *parts: object) -> str:

@@ -43,6 +43,11 @@ FIDELITY_METRICS = ("logprob_drift", "kl_topk", "nll_delta")
 COUNT_METRICS = ("prompt_tokens", "cached_tokens")
 
 
+def depth_label(depth: int) -> str:
+    """A depth as a point's name: ``10000`` → ``10k``, ``1500`` → ``1500``."""
+    return f"{depth // 1000}k" if depth % 1000 == 0 else str(depth)
+
+
 @dataclass(frozen=True)
 class ProbeSpec:
     """What the report needs to know of one probe.
@@ -256,6 +261,7 @@ __all__ = [
     "STOCK",
     "ProbeSpec",
     "add_listener",
+    "depth_label",
     "get",
     "register",
     "remove_listener",
