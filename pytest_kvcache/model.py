@@ -177,6 +177,10 @@ class LogFacts(TypedDict, total=False):
     attention_candidates: list[str]
     non_default_args: dict[str, Json]
     speculative_config: str  # as the engine's config line prints it: "None" or "SpeculativeConfig(…)"
+    compile_s: float  # "torch.compile took … s in total" (absent with --enforce-eager)
+    compile_cache: str  # "hit" (graphs loaded from the compile cache), "miss" (compiled), "partial"
+    init_engine_s: float  # "init engine (profile, create kv cache, warmup model) took … s"
+    graph_capture_s: float  # "Graph capturing finished in … secs"
 
 
 class GpuCard(TypedDict, total=False):
@@ -433,6 +437,9 @@ class BootEntry(TypedDict):
     skipped: str | None
     ready_s: float | None
     started_unix_s: float | None
+    compile_s: float | None
+    compile_cache: str | None
+    init_engine_s: float | None
 
 
 class BootResult(TypedDict):
@@ -650,6 +657,7 @@ class Report(TypedDict, total=False):
     arms: list[ArmEntry]
     boots: list[BootEntry]
     boot_results: list[BootResult]
+    compile_cache: list[str]
     ci: CiStatement
     confounds: Confounds
     agreement: AgreementSection

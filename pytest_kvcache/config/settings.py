@@ -200,6 +200,7 @@ class Settings:
     compare: str | None = None
     image: str | None = None
     hf_cache: Path | None = None
+    compile_cache: str = "auto"
     gpus: str | None = None
     pull: bool = False
     shm_size: str | None = None
@@ -286,6 +287,7 @@ class Settings:
             "compare": self.compare,
             "image": self.image,
             "hf_cache": str(self.hf_cache) if self.hf_cache else None,
+            "compile_cache": self.compile_cache,
             "gpus": self.gpus,
             "pull": self.pull,
             "shm_size": self.shm_size,
@@ -468,6 +470,15 @@ def _power_limit(raw: Any) -> str:
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     return str(raw)
+
+
+def _compile_cache(raw: Any) -> str:
+    text = str(raw).strip()
+    if not text:
+        raise SettingsError("expected auto, off or a directory")
+    if text in ("auto", "off"):
+        return text
+    return str(Path(text).expanduser().resolve())
 
 
 def _gpus(raw: Any) -> str:
@@ -737,6 +748,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "image", "the docker launcher's image (e.g. vllm/vllm-openai:v0.25.1); a named arm may set its own.", "IMAGE"
     ),
     OptionSpec("hf_cache", "host HF cache mounted at /root/.cache/huggingface (default ~/.cache/huggingface).", "DIR"),
+    OptionSpec(
+        "compile_cache",
+        "vLLM's torch.compile cache shared by every boot: auto (default: the engine's own, ~/.cache/vllm, "
+        "mounted into containers), a DIR (VLLM_CACHE_ROOT), or off (each boot compiles).",
+        "auto|DIR|off",
+    ),
     OptionSpec("gpus", "GPUs for containers: all, or indices/UUIDs like 0,1,2,3 (default: none).", "GPUS"),
     OptionSpec(
         "pull", "let the docker launcher pull a missing image (default: a missing image is an error).", flag=True
@@ -1109,6 +1126,7 @@ def resolve(
         compare=compare,
         image=get("image", lambda raw: str(raw).strip(), None),
         hf_cache=Path(get("hf_cache", lambda raw: str(raw), "~/.cache/huggingface")).expanduser(),
+        compile_cache=get("compile_cache", _compile_cache, "auto"),
         gpus=get("gpus", _gpus, None),
         pull=get("pull", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
         shm_size=get("shm_size", lambda raw: str(raw).strip(), None),

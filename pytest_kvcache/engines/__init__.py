@@ -30,6 +30,8 @@ EMBEDDED_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE":
 PASSTHROUGH_PREFIXES = ("NCCL_", "VLLM_", "PYTORCH_", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OMP_")
 #: Where a model folder is mounted inside a container.
 CONTAINER_MODEL = "/model"
+#: Where vLLM keeps its torch.compile cache inside a container (``VLLM_CACHE_ROOT``'s default for root).
+CONTAINER_VLLM_CACHE = "/root/.cache/vllm"
 #: What measurement needs from every engine: cached-token counts in ``usage``.
 MEASUREMENT_ARGS: tuple[str, ...] = ("--enable-prompt-tokens-details",)
 
@@ -65,8 +67,25 @@ def build_engine_args(settings: Settings, arm: Arm, model: str) -> tuple[list[st
     if arm.kv_cache_dtype is not None and not _has_flag(user_args, "--kv-cache-dtype"):
         args += ["--kv-cache-dtype", arm.kv_cache_dtype]
     args += user_args
+    if settings.compile_cache == "off":
+        env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+    elif settings.compile_cache != "auto" and settings.launcher != "docker":  # docker mounts it instead
+        env["VLLM_CACHE_ROOT"] = settings.compile_cache
     env.update(dict(arm.env))
     return args, env
+
+
+def compile_cache_mount(settings: Settings) -> tuple[Path, str] | None:
+    """The host folder mounted as the container's vLLM cache, so every boot's engine finds the graphs the
+    first one compiled: ``--kv-compile-cache=DIR``, or ``~/.cache/vllm`` for ``auto``; none for ``off``."""
+    if settings.compile_cache == "off":
+        return None
+    host = Path("~/.cache/vllm").expanduser() if settings.compile_cache == "auto" else Path(settings.compile_cache)
+    try:
+        host.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None  # an unwritable home: the container keeps its own (per-boot) cache
+    return host, CONTAINER_VLLM_CACHE
 
 
 def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineRegistry) -> Engine:
@@ -125,6 +144,7 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
             arm=boot.arm.name,
             model_mount=model_mount,
             hf_cache=settings.hf_cache if settings.hf_cache and settings.hf_cache.is_dir() else None,
+            compile_cache=compile_cache_mount(settings),
             gpus=settings.gpus,
             shm_size=settings.shm_size,
             pull=settings.pull,

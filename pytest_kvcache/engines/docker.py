@@ -138,6 +138,7 @@ def container_spec(
     labels: Mapping[str, str],
     model_mount: tuple[str | Path, str] | None = None,
     hf_cache: Path | None = None,
+    compile_cache: tuple[Path, str] | None = None,
     gpus: str | None = None,
     shm_size: str | None = None,
     mounts: Sequence[Mount] = (),
@@ -148,6 +149,8 @@ def container_spec(
         volumes.append(f"{Path(model_mount[0]).expanduser()}:{model_mount[1]}:ro")
     if hf_cache is not None:
         volumes.append(f"{Path(hf_cache).expanduser()}:{HF_CACHE_IN_CONTAINER}:rw")
+    if compile_cache is not None:
+        volumes.append(f"{compile_cache[0]}:{compile_cache[1]}:rw")
     spec: dict[str, Any] = {
         "image": image,
         "command": [*engine_args, "--host", "0.0.0.0", "--port", str(port)],
@@ -237,6 +240,7 @@ class DockerEngine:
         arm: str,
         model_mount: tuple[str | Path, str] | None = None,
         hf_cache: Path | None = None,
+        compile_cache: tuple[Path, str] | None = None,
         gpus: str | None = None,
         shm_size: str | None = None,
         pull: bool = False,
@@ -256,6 +260,7 @@ class DockerEngine:
         self.arm = arm
         self.model_mount = model_mount
         self.hf_cache = hf_cache
+        self.compile_cache = compile_cache
         self.gpus = gpus
         self.shm_size = shm_size
         self.pull = pull
@@ -316,6 +321,7 @@ class DockerEngine:
             labels=self.labels,
             model_mount=self.model_mount,
             hf_cache=self.hf_cache,
+            compile_cache=self.compile_cache,
             gpus=self.gpus,
             shm_size=self.shm_size,
             mounts=[*image_mounts(image_labels), *self.mounts],

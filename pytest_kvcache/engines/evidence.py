@@ -19,6 +19,12 @@ KV_SIZE = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
 NON_DEFAULT_ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
 SPEC_IN_CONFIG = re.compile(r"\bspeculative_config=(None|SpeculativeConfig\([^)]*\))")
 SPEC_FIELD = re.compile(r"(\w+)=('[^']*'|[^,)]+)")
+# torch.compile and its cache (vLLM 0.10–0.25 wordings: "took"/"takes", shapes or compile ranges).
+COMPILE_TOTAL = re.compile(r"torch\.compile take[sn]? ([\d.]+) s in total|torch\.compile took ([\d.]+) s in total")
+COMPILE_HIT = re.compile(r"Directly load (?:the compiled graph\(s\)|AOT compilation)")
+COMPILE_MISS = re.compile(r"Compiling a graph for .* takes? [\d.]+ s")
+INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
+GRAPH_CAPTURE = re.compile(r"Graph capturing finished in ([\d.]+) secs?")
 
 
 def parse_log(text: str) -> LogFacts:
@@ -43,6 +49,18 @@ def parse_log(text: str) -> LogFacts:
                 found["non_default_args"] = ast.literal_eval(raw)
             except (ValueError, SyntaxError):
                 found["non_default_args"] = raw
+        elif m := COMPILE_TOTAL.search(line):
+            found["compile_s"] = float(m.group(1) or m.group(2))
+        elif COMPILE_HIT.search(line):
+            found["compile_cache"] = "hit"
+        elif COMPILE_MISS.search(line):
+            found.setdefault("compile_cache", "miss")
+        elif m := INIT_ENGINE.search(line):
+            found["init_engine_s"] = float(m.group(1))
+        elif m := GRAPH_CAPTURE.search(line):
+            found["graph_capture_s"] = float(m.group(1))
+    if found.get("compile_cache") == "hit" and any(COMPILE_MISS.search(line) for line in text.splitlines()):
+        found["compile_cache"] = "partial"  # some graphs loaded, others compiled (e.g. a new compile range)
     return cast(LogFacts, found)
 
 

@@ -155,3 +155,35 @@ def test_acceptance_from_the_counter_deltas_of_one_request() -> None:
     assert metrics.spec_metrics(engine) == {"acceptance_length": 2.2, "acceptance_rate": 0.4}
     assert metrics.spec_metrics({"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}) == {}
     assert metrics.spec_metrics({}) == {}
+
+
+# torch.compile lines of vLLM 0.25.1 on the H200 (a first boot, then one that found the cache) and the
+# older "takes" wording.
+COMPILED_LOG = """\
+(EngineCore pid=999) INFO 12-01 13:09:40 [backends.py:393] Compiling a graph for compile range (1, 8192) takes 31.19 s
+(EngineCore pid=999) INFO 12-01 13:09:54 [monitor.py:53] torch.compile took 46.32 s in total
+(EngineCore pid=999) INFO 12-01 13:11:43 [gpu_model_runner.py:6707] Graph capturing finished in 6 secs, took 0.66 GiB
+(EngineCore pid=999) INFO 12-01 13:11:44 [core.py:337] init engine (profile, create kv cache, warmup model) took 157.11 s (compilation: 46.32 s)
+"""
+CACHED_LOG = """\
+(EngineCore pid=4775) INFO 06-04 12:28:16 [backends.py:292] Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 1.874 s
+(EngineCore pid=4775) INFO 06-04 12:28:16 [decorators.py:311] Directly load AOT compilation from path /root/.cache/vllm/torch_compile_cache/torch_aot_compile/cb15/rank_0_0/model
+(EngineCore pid=4775) INFO 06-04 12:28:17 [monitor.py:34] torch.compile takes 4.99 s in total
+(EngineCore pid=4775) INFO 06-04 12:28:40 [core.py:344] init engine (profile, create kv cache, warmup model) took 40.02 s
+"""
+
+
+def test_compile_facts_of_a_compiling_boot() -> None:
+    found = parse_log(COMPILED_LOG)
+    assert found["compile_cache"] == "miss"
+    assert (found["compile_s"], found["init_engine_s"], found["graph_capture_s"]) == (46.32, 157.11, 6.0)
+
+
+def test_compile_facts_of_a_boot_that_loaded_the_cache() -> None:
+    found = parse_log(CACHED_LOG)
+    assert (found["compile_cache"], found["compile_s"], found["init_engine_s"]) == ("hit", 4.99, 40.02)
+
+
+def test_compile_cache_partly_hit_and_eager_boots_say_nothing() -> None:
+    assert parse_log(CACHED_LOG + COMPILED_LOG)["compile_cache"] == "partial"
+    assert "compile_cache" not in parse_log(CPU_LOG) and "compile_s" not in parse_log(CPU_LOG)

@@ -5,7 +5,8 @@ two run folders committed under ``docs/results/`` (each arm's raw evidence left 
 from ``evidence.json``). The new pipeline must reproduce every key of it; what it adds (``seed``,
 ``probes``, ``agentic``, ``spec_decode``, ``flags``, ``gates``, ``fidelity``) is checked for presence. Since then a
 better/worse verdict on a within-boot CI is marked provisional (issue 22): that mark is checked where it
-must be and taken off before the comparison, as is each arm's resolved speculative setup (issue 16).
+must be and taken off before the comparison, as is each arm's resolved speculative setup (issue 16) and
+each boot's compile facts (issue 20).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pytest_kvcache.report.pipeline import produce
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "rerender"
 RUNS = ["h200-fp8-vs-int8", "h200-agreement"]
-ADDED = {"seed", "probes", "agentic", "spec_decode", "flags", "gates", "fidelity"}
+ADDED = {"seed", "probes", "agentic", "spec_decode", "flags", "gates", "fidelity", "compile_cache"}
 
 
 @pytest.mark.parametrize("name", RUNS)
@@ -36,6 +37,8 @@ def test_a_committed_run_folder_rerenders_to_the_same_report(name: str, tmp_path
     evidence = {a["name"]: a.pop("evidence") for a in new["arms"]}
     assert {a["resolved"].pop("speculative") for a in new["arms"]} == {"none"}  # added with issue 16
     expected = json.loads((DATA / f"{name}.report.json").read_text())
+    compiled = [(b.pop("compile_cache"), b.pop("compile_s"), b.pop("init_engine_s")) for b in new["boots"]]
+    assert set(compiled) == {(None, None, None)}  # their evidence.json was parsed before these facts existed
     for d in new["deltas"]:
         marked = d["ci_method"] == "within-boot" and d["verdict"] != "inconclusive"
         assert d.pop("provisional", None) == ("1 boot per arm: within-boot CI only" if marked else None)

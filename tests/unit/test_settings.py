@@ -200,3 +200,27 @@ def test_dtype_list_matches_installed_vllm() -> None:
     else:
         pytest.fail(f"no CacheDType in {source}")
     assert values == set(KV_CACHE_DTYPES)
+
+
+def test_compile_cache_option_reaches_the_engine(tmp_path: Path) -> None:
+    from pytest_kvcache.engines import build_engine_args, compile_cache_mount
+    from pytest_kvcache.engines.docker import container_spec
+
+    assert settings(tmp_path, {"arms": "auto"}).compile_cache == "auto"
+    auto = settings(tmp_path, {"arms": "auto"})
+    assert not {"VLLM_CACHE_ROOT", "VLLM_DISABLE_COMPILE_CACHE"} & set(build_engine_args(auto, auto.arms[0], "m")[1])
+    off = settings(tmp_path, {"arms": "auto", "compile_cache": "off"})
+    assert build_engine_args(off, off.arms[0], "m")[1]["VLLM_DISABLE_COMPILE_CACHE"] == "1"
+    assert compile_cache_mount(off) is None
+    folder = settings(tmp_path, {"arms": "auto", "compile_cache": str(tmp_path / "cc")})
+    assert build_engine_args(folder, folder.arms[0], "m")[1]["VLLM_CACHE_ROOT"] == str(tmp_path / "cc")
+    mount = compile_cache_mount(folder)
+    assert mount == (tmp_path / "cc", "/root/.cache/vllm") and (tmp_path / "cc").is_dir()
+    spec = container_spec(image="i", engine_args=[], env={}, port=1, name="n", labels={}, compile_cache=mount)
+    assert f"{tmp_path / 'cc'}:/root/.cache/vllm:rw" in spec["volumes"]
+    docker = settings(
+        tmp_path, {"arms": "auto", "compile_cache": str(tmp_path / "cc"), "launcher": "docker", "image": "i"}
+    )
+    assert "VLLM_CACHE_ROOT" not in build_engine_args(docker, docker.arms[0], "m")[1]  # mounted instead
+    with pytest.raises(SettingsError, match="--kv-compile-cache"):
+        settings(tmp_path, {"arms": "auto", "compile_cache": " "})

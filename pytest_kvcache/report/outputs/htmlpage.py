@@ -123,6 +123,7 @@ def _folded(report: Report) -> list[dict[str, object]]:
         ci = report.get("ci")
         lines = [f"Order: {' → '.join(ci['order'])}"] if ci and ci["order"] else []
         lines += [f"{b['boot']} not booted: {b['skipped']}" for b in report["boots"] if b.get("skipped")]
+        lines += [f"Compile cache — {line}" for line in report.get("compile_cache") or []]
         found.append({"title": "Boots and order", "header": head, "rows": rows, "lines": lines})
     if report.get("confounds"):
         lines = [line.removeprefix("- ").replace("**", "") for line in md.confound_lines(report) if line.strip()]

@@ -56,6 +56,10 @@ def evidence_lines(boot_id: str, evidence: Evidence) -> list[str]:
     ]
     if ready is not None:
         parts.append(f"ready in {ready:.1f} s")
+    if log.get("compile_cache") or log.get("compile_s") is not None:
+        how = {"hit": "from the compile cache", "miss": "compiled", "partial": "partly from the compile cache"}
+        seconds = f" {log['compile_s']:.1f} s" if log.get("compile_s") is not None else ""
+        parts.append(f"torch.compile{seconds} {how.get(str(log.get('compile_cache')), '')}".rstrip())
     lines = [f"{boot_id}: " + ", ".join(parts)]
     lines += [f"{boot_id}: warning: {warning}" for warning in evidence.get("warnings", [])]
     return lines
