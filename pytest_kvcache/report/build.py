@@ -216,6 +216,14 @@ def _provisional(rows: Sequence[DeltaRow]) -> str:
     return f" — provisional ({notes[0]})" if notes else ""
 
 
+def _uncertain(rows: Sequence[DeltaRow]) -> str | None:
+    """Why ``rows`` cannot be judged at all: no CI anywhere (one sample a side), else None."""
+    if rows and all(d.get("ci_low") is None for d in rows):
+        fewest = min(min(d.get("n_baseline", 0), d.get("n_arm", 0)) for d in rows)
+        return f"not judged: {fewest} sample(s) a side, no CI (more --kv-runs / --kv-depth-runs, or boots)"
+    return None
+
+
 def verdict_sentences(
     deltas: Sequence[DeltaRow], crossovers: Sequence[CrossoverRow], arms: Sequence[str], specs: Specs
 ) -> list[str]:
@@ -226,7 +234,9 @@ def verdict_sentences(
         if short:
             parts = ", ".join(f"{d['point']} {d['delta_pct']:+.1f}%" for d in short if d["delta_pct"] is not None)
             verdicts = {d["verdict"] for d in short}
-            if verdicts == {"better"}:
+            if unjudged := _uncertain(short):
+                lead = f"{arm} vs {arms[0]} on short requests is {unjudged}"
+            elif verdicts == {"better"}:
                 lead = f"{arm} wins short requests on decode_tps"
             elif verdicts == {"worse"}:
                 lead = f"{arm} loses short requests on decode_tps"
@@ -249,7 +259,9 @@ def verdict_sentences(
                 else:
                     signs = {d["verdict"] for d in rows}
                     where = (
-                        f"ahead of {arms[0]} at every point"
+                        unjudged
+                        if (unjudged := _uncertain(rows))
+                        else f"ahead of {arms[0]} at every point"
                         if signs == {"better"}
                         else f"behind {arms[0]} at every point"
                         if signs == {"worse"}

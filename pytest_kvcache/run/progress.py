@@ -110,6 +110,8 @@ class Progress:
         self.tests_done = 0
         self.boots_total = 0
         self.boots_done = 0
+        self.boot_s = 0.0  # time spent booting so far (launch to ready or failure)
+        self._boot_started: float | None = None
         self._booting: threading.Event | None = None
         self._lock = threading.Lock()
 
@@ -126,13 +128,16 @@ class Progress:
             self._line(f"kvcache: {self.tests_done}/{self.tests_total} probe tests done ({name}); run ETA {eta}")
 
     def eta(self) -> str | None:
-        """Remaining time from the share of the plan done so far (tests, each boot counted as one)."""
-        total = self.tests_total + self.boots_total
-        done = self.tests_done + self.boots_done
-        if not total or not done or done >= total:
+        """Remaining time: the boots left at the mean boot time so far, plus the tests left at the mean time
+        a test took outside boots. None until one boot and one test are done (a first boot that compiles
+        for minutes says nothing about the tests)."""
+        if not self.boots_done or not self.tests_done or self.tests_done >= self.tests_total:
             return None
         elapsed = self.clock() - self.started
-        return fmt_s(elapsed / done * (total - done))
+        per_boot = self.boot_s / self.boots_done
+        per_test = max(elapsed - self.boot_s, 0.0) / self.tests_done
+        left = max(self.boots_total - self.boots_done, 0) * per_boot + (self.tests_total - self.tests_done) * per_test
+        return fmt_s(left)
 
     # ------------------------------------------------------------------ RunListener
 
@@ -146,6 +151,7 @@ class Progress:
         stop = threading.Event()
         self._booting = stop
         started = self.clock()
+        self._boot_started = started
 
         def watch() -> None:
             while not stop.wait(self.tick_s):
@@ -157,9 +163,15 @@ class Progress:
 
         threading.Thread(target=watch, name=f"kvcache-boot-{boot.boot_id}", daemon=True).start()
 
-    def boot_ready(self, boot: Boot, evidence: Evidence) -> None:
+    def _boot_ended(self) -> None:
         self._stop_watch()
         self.boots_done += 1
+        if self._boot_started is not None:
+            self.boot_s += self.clock() - self._boot_started
+            self._boot_started = None
+
+    def boot_ready(self, boot: Boot, evidence: Evidence) -> None:
+        self._boot_ended()
         ready = evidence.get("ready_s")
         cache = evidence.get("cache_config") or {}
         what = ", ".join(
@@ -176,8 +188,7 @@ class Progress:
         self._line(f"kvcache: {boot.boot_id} ready{after}{details}")
 
     def boot_failed(self, boot: Boot, headline: str) -> None:
-        self._stop_watch()
-        self.boots_done += 1
+        self._boot_ended()
         self._line(f"kvcache: {boot.boot_id} FAILED: {headline.splitlines()[0]}")
 
     def recorded(self, record: Record, of: int | None) -> None:

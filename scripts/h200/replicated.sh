@@ -4,8 +4,9 @@
 # on both arms and one engine argv, so every boot after each arm's first loads vLLM's compile cache:
 #   replicated — fp8 vs int8_per_token_head, 3 replicates (6 boots, A B B A A B), short + prefill at
 #                4k/16k/32k + 8 agentic turns + fidelity at 1k/4k/16k, progress lines in pytest.log;
-#   deep       — one boot per arm, fresh prefill at the seed's 10K and ~90K (2 measured requests each,
-#                the short narrative probe first as the engine's warm-up).
+#   deep       — one boot per arm, fresh prefill at the seed's 10K and ~90K (1 measured request each:
+#                what fits in 25 minutes after the first run), the short narrative probe first as the
+#                engine's warm-up.
 # `replicated.sh start` launches the driver; `replicated.sh collect replicated|deep` waits (≤ 9 min,
 # repeatable) and packs that run into $OUT/<name>.tar.gz; `touch /tmp/kvab/no-deep` before the first
 # run ends skips the second.
@@ -38,7 +39,7 @@ echo \$? > rc
 cd $work/deep
 date +%s > started
 python3 -m pytest -p pytest_kvcache.plugin ${common[*]@Q} -m "short or prefill" -k "narrative or prefill" \\
-  --kv-warmups=1 --kv-runs=2 --kv-depths=10k,90k --kv-depth-warmups=0 --kv-depth-runs=2 \\
+  --kv-warmups=1 --kv-runs=1 --kv-depths=10k,90k --kv-depth-warmups=0 --kv-depth-runs=1 \\
   "--kv-fail=prefill_tps[prefill@90k]: int8 >= fp8 * 0.5" > pytest.log 2>&1
 echo \$? > rc
 DRIVER

@@ -20,7 +20,7 @@ def test_a_two_arm_run_reports_boots_requests_and_an_eta_in_order(pytester: pyte
         [
             "kvcache: run folder */.kvcache/runs/* (requests.jsonl grows as requests finish)",
             "kvcache: auto (1/2) launching …",
-            "kvcache: auto ready after * s (cache_dtype=auto, 65,536 KV tokens); run ETA *",
+            "kvcache: auto ready after * s (cache_dtype=auto, 65,536 KV tokens)",  # no test timed yet: no ETA
             "kvcache: short@narrative auto 1/2 ttft * ms * decode tok/s",
             "kvcache: short@narrative auto 2/2 ttft *",
             "kvcache: 1/4 probe tests done (test_short[[]auto-narrative]); run ETA *",

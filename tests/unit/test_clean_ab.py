@@ -241,6 +241,16 @@ def test_verdict_words_say_when_they_rest_on_a_within_boot_ci() -> None:
     assert row["ci_method"] == "boots" and "provisional" not in row and fmt_delta(row).endswith("] better")
 
 
+def test_one_sample_a_side_is_not_judged_in_words() -> None:
+    single = analysis.frame(records("a", "a", 1, [100.0]) + records("b", "b", 1, [80.0]))
+    (row,) = analysis.delta_rows(single, ["a", "b"])
+    assert row["ci_low"] is None and row["verdict"] == "inconclusive"
+    assert build.verdict_sentences([row], [], ["a", "b"], SPECS) == [
+        "b vs a on short requests is not judged: 1 sample(s) a side, no CI (more --kv-runs / --kv-depth-runs, "
+        "or boots) (code -20.0%)."
+    ]
+
+
 # ------------------------------------------------------------------------------ confounds
 
 

@@ -47,9 +47,14 @@ def test_figures_and_the_eta() -> None:
     progress = Progress(out, Settings(arms=()), mode="lines", clock=lambda: now[0])
     progress.planned({"a": 3, "b": 3})
     assert progress.eta() is None
+    a = Boot(arm=Arm(name="a", kv_cache_dtype=None), index=0)
+    progress.boot_starting(a, Path("/nonexistent.log"))
     now[0] = 60.0
-    progress.boot_ready(Boot(arm=Arm(name="a", kv_cache_dtype=None), index=0), {"ready_s": 60.0})
-    assert out.lines[-1] == "kvcache: a ready after 60.0 s; run ETA 7 min"  # 1 of 8 steps in 60 s
+    progress.boot_ready(a, {"ready_s": 60.0})
+    assert out.lines[-1] == "kvcache: a ready after 60.0 s"  # no test timed yet: no ETA from a boot alone
+    now[0] = 90.0
+    progress.test_done("test_short[a-code]")  # 1 boot left at 60 s + 5 tests at 30 s
+    assert out.lines[-1] == "kvcache: 1/6 probe tests done (test_short[a-code]); run ETA 4 min"
     progress.recorded(
         {
             "probe": "short",
