@@ -3,11 +3,17 @@
 The same pipeline and exit codes as the end of a run (``report.pipeline``): 0 ok, 1 a gate failed or the
 A/B is CONFOUNDED, 3 the report could not be built, 4 bad input (a run folder, a gate). ``rerender`` is
 also what ``pytest --kv-rerender=RUN_DIR`` runs.
+
+``kvcache-report history``: the run store's trends, change points and breaks (a table, an HTML page;
+``--gate`` exits 1 when the newest run starts a change point in the bad direction).
+``kvcache-report store rebuild RUN_DIR…``: re-create history rows from run folders.
+``kvcache-report store baselines``: list the stored baselines.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,7 +31,7 @@ def rerender(run: Path, options: ReportOptions, out: Callable[[str], None] = pri
     try:
         if options.noise is None:
             options = stored_noise_run(run, options)
-        outcome = produce(run, options)
+        outcome = produce(run, options, record=False)
     except ReportInputError as exc:
         out(f"ERROR: pytest-kvcache: {exc}")
         return EXIT_USAGE
@@ -34,7 +40,145 @@ def rerender(run: Path, options: ReportOptions, out: Callable[[str], None] = pri
     return outcome.exit_code
 
 
+EXIT_USAGE = 4
+
+
+def _store_location(raw: str | None) -> str:
+    from pytest_kvcache import store
+
+    if raw:
+        return store.normalise(raw, Path.cwd())
+    env = os.environ.get("PYTEST_KVCACHE_STORE", "")
+    return store.normalise(env, Path.cwd()) if env else store.default_location(os.environ)
+
+
+def _add_store_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store",
+        default=None,
+        metavar="PATH|URL",
+        help="the run store (default: $PYTEST_KVCACHE_STORE, else $XDG_DATA_HOME/pytest-kvcache)",
+    )
+
+
+def history_main(argv: Sequence[str], out: Callable[[str], None] = print) -> int:
+    """``kvcache-report history``: print the trend table, change points and breaks; write the HTML page."""
+    from pytest_kvcache import store
+    from pytest_kvcache.store import history
+
+    parser = argparse.ArgumentParser(prog="kvcache-report history", description=history_main.__doc__)
+    _add_store_option(parser)
+    parser.add_argument("--metric", action="append", default=[], metavar="METRIC", help="only this metric")
+    parser.add_argument("--probe", action="append", default=[], metavar="PROBE[@POINT]", help="only this probe")
+    parser.add_argument("--arm", action="append", default=[], metavar="ARM", help="only this arm")
+    parser.add_argument("--branch", default=None, help="only runs of this branch")
+    parser.add_argument("--html", type=Path, default=Path("kvcache-history.html"), help="the page to write")
+    parser.add_argument("--alpha", type=float, default=history.ALPHA, help="significance level (default 0.005)")
+    parser.add_argument(
+        "--gate", action="store_true", help="exit 1 when the newest run starts a change point in the bad direction"
+    )
+    parser.add_argument("--min-shift", type=float, default=0.0, metavar="PCT", help="the gate ignores smaller shifts")
+    args = parser.parse_args(list(argv))
+    if not 0 < args.alpha < 1:
+        out(f"ERROR: pytest-kvcache: --alpha must be between 0 and 1, got {args.alpha}")
+        return EXIT_USAGE
+    location = _store_location(args.store)
+    try:
+        store.check(location)
+        with store.open_store(location) as opened:
+            rows = opened.runs()
+    except store.StoreError as exc:
+        out(f"ERROR: pytest-kvcache: --store: {exc}")
+        return EXIT_USAGE
+    series = history.trends(
+        rows, metrics=args.metric, probes=args.probe, arms=args.arm, branch=args.branch, alpha=args.alpha
+    )
+    if not series:
+        out(f"history: no runs match in the store {store.redact(location)} ({len(rows)} run(s) in it)")
+        return 1 if args.gate else 0
+    with __import__("pandas").option_context("display.width", 200, "display.max_columns", 12):
+        out(history.table(series).to_string())
+    for line in history.change_lines(series):
+        out(line)
+    results = history.gate(series, alpha=args.alpha, min_shift_pct=args.min_shift) if args.gate else []
+    try:
+        args.html.write_text(
+            history.html_page(series, store=store.redact(location), runs=len(rows), alpha=args.alpha, gates=results),
+            encoding="utf-8",
+        )
+    except OSError as exc:
+        out(f"ERROR: pytest-kvcache: --html: cannot write {args.html}: {exc}")
+        return EXIT_USAGE
+    out(f"history page: {args.html.resolve()}")
+    failed = [r for r in results if r.outcome == "fail"]
+    for r in results:
+        if r.outcome != "pass":
+            out(f"history gate {r.outcome.upper()}: {r.series.label} — {r.reason}")
+    if args.gate:
+        out(
+            f"history gate: {len(failed)} series regressed at the newest run: exit code 1"
+            if failed
+            else f"history gate: no regression at the newest run ({len(results)} series)"
+        )
+    return 1 if failed else 0
+
+
+def store_main(argv: Sequence[str], out: Callable[[str], None] = print) -> int:
+    """``kvcache-report store rebuild RUN_DIR…`` / ``kvcache-report store baselines``."""
+    from pytest_kvcache import store
+    from pytest_kvcache.report.load import RunFolderError
+    from pytest_kvcache.store.record import row_of_folder
+
+    parser = argparse.ArgumentParser(prog="kvcache-report store", description=store_main.__doc__)
+    sub = parser.add_subparsers(dest="action", required=True)
+    rebuild = sub.add_parser("rebuild", help="re-create history rows from run folders (each, or each inside)")
+    _add_store_option(rebuild)
+    rebuild.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    listing = sub.add_parser("baselines", help="list the stored baselines")
+    _add_store_option(listing)
+    args = parser.parse_args(list(argv))
+    location = _store_location(args.store)
+    try:
+        store.check(location)
+        opened = store.open_store(location)
+    except store.StoreError as exc:
+        out(f"ERROR: pytest-kvcache: --store: {exc}")
+        return EXIT_USAGE
+    with opened:
+        if args.action == "baselines":
+            for entry in opened.baselines():
+                out(f"{entry['name']}: run {entry['run_id']}")
+            return 0
+        from pytest_kvcache.run.folder import iter_run_folders
+
+        folders: list[Path] = []
+        for given in args.runs:
+            if (given / "run.json").is_file():
+                folders.append(given)
+            elif given.is_dir() and any(iter_run_folders(given)):
+                folders += list(iter_run_folders(given))
+            else:
+                out(f"ERROR: pytest-kvcache: {given} is neither a run folder nor a folder of run folders")
+                return EXIT_USAGE
+        added = 0
+        for folder in folders:
+            try:
+                opened.add_run(row_of_folder(folder))
+            except (RunFolderError, FileNotFoundError) as exc:
+                out(f"skipped: {exc}")
+                continue
+            except store.StoreError as exc:
+                out(f"ERROR: pytest-kvcache: {exc}")
+                return EXIT_USAGE
+            added += 1
+        out(f"store: {added} run(s) recorded in {store.redact(location)} ({len(folders) - added} skipped)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given and given[0] in ("history", "store") and not (Path(given[0]) / "run.json").is_file():
+        return history_main(given[1:]) if given[0] == "history" else store_main(given[1:])
     parser = argparse.ArgumentParser(prog="kvcache-report", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--fail", action="append", default=[], metavar="EXPR", help="a gate (repeatable)")
@@ -44,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--allow-diff", action="append", default=[], metavar="PATH", help="an evidence path allowed to differ"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_args(given)
     options = ReportOptions(
         gates=tuple(args.fail),
         inconclusive=args.inconclusive,

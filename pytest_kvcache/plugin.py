@@ -171,6 +171,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args.append(str(SUITE_DIR))
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """What resolving baselines in the run store did (an old ``.kvcache/baselines/NAME`` imported), once."""
+    session = get_session(config)
+    return [f"kvcache: {note}" for note in session.settings.store_notes] if session is not None else []
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     listener = config.stash.get(_LISTENER_KEY, None)
     if listener is not None:

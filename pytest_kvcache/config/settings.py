@@ -216,6 +216,12 @@ class Settings:
     max_runs: int | None = None
     max_replicates: int | None = None
     noise: str | None = None
+    #: The run store (``--kv-store``): a folder or a postgresql:// URL; None only for inactive settings.
+    store: str | None = None
+    #: Where its baselines are on this machine, and what resolving them did (an import of an old
+    #: ``.kvcache/baselines/NAME``), said once at the start of the run.
+    store_baselines: Path | None = None
+    store_notes: tuple[str, ...] = ()
     allow_diff: tuple[str, ...] = ()
     agreement: bool = True
     self_check: SelfCheck = "quick"
@@ -303,6 +309,7 @@ class Settings:
             "max_runs": self.max_runs,
             "max_replicates": self.rounds if self.target_ci_pct is not None else None,
             "noise": self.noise,
+            "store": self.store,
             "allow_diff": list(self.allow_diff),
             "agreement": self.agreement,
             "self_check": self.self_check,
@@ -330,15 +337,21 @@ class Settings:
 
     @property
     def baselines_dir(self) -> Path:
-        return self.report_dir.parent / "baselines"
+        return self.store_baselines if self.store_baselines is not None else self.report_dir.parent / "baselines"
+
+    def _stored(self, name: str) -> Path:
+        """A stored run by name: in the store, or the old workspace folder it could not be imported from."""
+        path = self.baselines_dir / name
+        legacy = self.report_dir.parent / "baselines" / name
+        return path if path.exists() or not legacy.exists() else legacy
 
     def report_options(self) -> ReportOptions:
         base = self.baselines_dir
         return ReportOptions(
             gates=self.gates,
             inconclusive=self.inconclusive,
-            compare=base / self.compare if self.compare else None,
-            noise=base / self.noise if self.noise else None,
+            compare=self._stored(self.compare) if self.compare else None,
+            noise=self._stored(self.noise) if self.noise else None,
             allow_diff=self.allow_diff,
             save_as=base / self.save if self.save else None,
         )
@@ -567,11 +580,69 @@ def _dotted(raw: Any) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def _stored_run(option: str, name: str, baselines: Path, hint: str, noun: str = "stored run") -> Path:
+@dataclass(frozen=True)
+class _StoreRef:
+    """The run store a name resolves in, and the old per-workspace baselines folder imported from."""
+
+    location: str
+    baselines: Path
+    legacy: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def store_of(cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[str, Any], rootdir: Path) -> str:
+    """``--kv-store`` (a folder, relative to the rootdir, or a postgresql:// URL, connected to now);
+    default ``$XDG_DATA_HOME/pytest-kvcache``."""
+    from pytest_kvcache import store
+
+    raw, origin = _pick("store", cli, env, ini)
+    location = store.normalise(str(raw), rootdir) if raw is not None else store.default_location(env)
+    try:
+        store.check(location)
+        if store.is_url(location):  # a remote store is reached now, before anything boots
+            store.open_store(location).close()
+    except store.StoreError as exc:
+        raise SettingsError(f"{origin if raw is not None else '--kv-store'}: {exc}") from None
+    return location
+
+
+def _from_store(option: str, name: str, ref: _StoreRef) -> Path | None:
+    """Baseline ``name`` in the store; an old ``<report_dir>/../baselines/NAME`` the store lacks is
+    validated and imported (said once); None when neither has it."""
+    from pytest_kvcache import store
+    from pytest_kvcache.report.load import RunFolderError, load
+
+    where = store.redact(ref.location)
+    try:
+        with store.open_store(ref.location) as opened:
+            found = opened.baseline(name)
+            legacy = ref.legacy / name
+            if found is not None or not legacy.is_dir():
+                return found
+            try:
+                load(legacy, f"stored run ({option})")
+            except RunFolderError as exc:
+                raise SettingsError(f"{option}: {exc}") from None
+            try:
+                imported = opened.save_baseline(name, legacy)
+            except (OSError, store.StoreError) as exc:
+                ref.notes.append(f"could not import baseline {name!r} into the store {where} ({exc}); using {legacy}")
+                return legacy
+    except store.StoreError as exc:
+        raise SettingsError(f"{option}: the run store: {exc}") from None
+    ref.notes.append(f"imported baseline {name!r} from {legacy} into the store {where}")
+    return imported
+
+
+def _stored_run(
+    option: str, name: str, baselines: Path, hint: str, noun: str = "stored run", ref: _StoreRef | None = None
+) -> Path:
     """A stored run folder named by ``--kv-compare``/``--kv-noise``, checked now, before anything boots."""
     from pytest_kvcache.report.load import RunFolderError, load
 
     path = baselines / name
+    if ref is not None:
+        path = _from_store(option, name, ref) or path
     if not path.exists():
         raise SettingsError(f"{option}: no {noun} {name!r} in {baselines} ({hint})")
     try:
@@ -581,11 +652,12 @@ def _stored_run(option: str, name: str, baselines: Path, hint: str, noun: str = 
     return path
 
 
-def _noise_run(name: str, baselines: Path) -> str:
+def _noise_run(name: str, baselines: Path, ref: _StoreRef | None = None) -> Path:
     """A stored A/A run: its arms are one arm typed twice or more (``fp8,fp8``)."""
     from pytest_kvcache.run.folder import read_json
 
-    path = _stored_run("--kv-noise", name, baselines, f"store an A/A run with --kv-arms=X,X --kv-save={name}")
+    hint = f"store an A/A run with --kv-arms=X,X --kv-save={name}"
+    path = _stored_run("--kv-noise", name, baselines, hint, ref=ref)
     arms = (read_json(path / "run.json").get("settings") or {}).get("arms") or []
     typed = {a.get("typed_as") or a.get("name") for a in arms}
     if len(arms) < 2 or len(typed) != 1:
@@ -593,7 +665,13 @@ def _noise_run(name: str, baselines: Path) -> str:
         raise SettingsError(
             f"--kv-noise: stored run {name!r} is not an A/A run (its arms: {names}); save one made with --kv-arms=X,X"
         )
-    return name
+    return path
+
+
+def _store_baselines(location: str, env: Mapping[str, str]) -> Path:
+    from pytest_kvcache.store import baselines_dir_of
+
+    return baselines_dir_of(location, env)
 
 
 def _endpoints(values: Sequence[str]) -> dict[str, str]:
@@ -741,8 +819,14 @@ OPTIONS: tuple[OptionSpec, ...] = (
         repeatable=True,
     ),
     OptionSpec("inconclusive", "what an inconclusive gate does: warn (default) or fail.", "MODE"),
-    OptionSpec("save", "store this run as the baseline NAME (.kvcache/baselines/NAME).", "NAME"),
+    OptionSpec("save", "store this run as the baseline NAME in the run store (--kv-store).", "NAME"),
     OptionSpec("compare", "compare this run with the stored baseline NAME (and enable 'saved' gates).", "NAME"),
+    OptionSpec(
+        "store",
+        "the run store: named baselines and the history of every run, outside the workspace (a folder; default "
+        "$XDG_DATA_HOME/pytest-kvcache, else ~/.local/share/pytest-kvcache), or a postgresql:// URL.",
+        "PATH|URL",
+    ),
     OptionSpec("rerender", "rebuild the report (and gates) of a stored run folder; boots nothing.", "RUN_DIR"),
     OptionSpec(
         "image", "the docker launcher's image (e.g. vllm/vllm-openai:v0.25.1); a named arm may set its own.", "IMAGE"
@@ -964,16 +1048,23 @@ def report_options(
     rootdir: Path,
     *,
     arms: Sequence[str] | None = None,
+    notes: list[str] | None = None,
 ) -> ReportOptions:
     """``--kv-fail``, ``--kv-inconclusive``, ``--kv-compare``, ``--kv-noise``, ``--kv-allow-diff`` and
     ``--kv-save`` by the same precedence as every option (CLI > env > ini); stored runs are checked now.
-    ``arms`` (a run's, when known) are checked against the gates."""
+    ``arms`` (a run's, when known) are checked against the gates. Names resolve in the run store
+    (``--kv-store``); what resolving did (an import) is appended to ``notes``."""
 
     def get(name: str, parse: Callable[[Any], Any], default: Any) -> Any:
         raw, origin = _pick(name, cli, env, ini)
         return default if raw is None else _parse(name, raw, origin, parse)
 
-    baselines = report_dir_of(cli, env, ini, rootdir).parent / "baselines"
+    from pytest_kvcache.store import baselines_dir_of
+
+    location = store_of(cli, env, ini, rootdir)
+    baselines = baselines_dir_of(location, env)
+    legacy = report_dir_of(cli, env, ini, rootdir).parent / "baselines"
+    ref = _StoreRef(location=location, baselines=baselines, legacy=legacy, notes=notes if notes is not None else [])
     compare = get("compare", _baseline_name, None)
     noise = get("noise", _baseline_name, None)
     save = get("save", _baseline_name, None)
@@ -981,8 +1072,8 @@ def report_options(
     return ReportOptions(
         gates=get("fail", lambda raw: _gates(raw, list(arms) if arms is not None else None), ()),
         inconclusive=get("inconclusive", _choice("fail", "warn"), "warn"),
-        compare=_stored_run("--kv-compare", compare, baselines, hint, "stored baseline") if compare else None,
-        noise=baselines / _noise_run(noise, baselines) if noise else None,
+        compare=_stored_run("--kv-compare", compare, baselines, hint, "stored baseline", ref) if compare else None,
+        noise=_noise_run(noise, baselines, ref) if noise else None,
         allow_diff=get("allow_diff", _dotted, ()),
         save_as=baselines / save if save else None,
     )
@@ -1066,7 +1157,9 @@ def resolve(
     engine_cmd = get("engine_cmd", lambda raw: _args(joined(raw)), ())
     engine_args = get("engine_args", lambda raw: _args(" ".join(raw) if isinstance(raw, list) else raw), ())
     report_dir = report_dir_of(cli, env, ini, rootdir)
-    judged = report_options(cli, env, ini, rootdir, arms=[a.name for a in arms])
+    store_notes: list[str] = []
+    judged = report_options(cli, env, ini, rootdir, arms=[a.name for a in arms], notes=store_notes)
+    store_location = store_of(cli, env, ini, rootdir)
     compare = judged.compare.name if judged.compare else None
 
     replicates = get("replicates", lambda raw: _count(1)(str(raw)), 1)
@@ -1142,6 +1235,9 @@ def resolve(
         max_runs=max_runs,
         max_replicates=max_replicates,
         noise=noise,
+        store=store_location,
+        store_baselines=_store_baselines(store_location, env),
+        store_notes=tuple(store_notes),
         allow_diff=judged.allow_diff,
         agreement=not get("no_agreement", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
         self_check="off" if no_check else "full" if full_check else "quick",

@@ -20,6 +20,7 @@ from pytest_kvcache.report.gates import GateError
 from pytest_kvcache.report.judge import Judgement, exit_code
 from pytest_kvcache.report.load import RunData, RunFolderError, load, read_meta
 from pytest_kvcache.report.options import ReportOptions
+from pytest_kvcache.store.record import read_vcs, run_row, stamp_vcs
 
 
 class ReportInputError(ValueError):
@@ -61,11 +62,13 @@ def load_inputs(run: Path, options: ReportOptions) -> tuple[RunData, RunData | N
     return data, saved, noise
 
 
-def produce(run: Path, options: ReportOptions) -> Outcome:
+def produce(run: Path, options: ReportOptions, *, record: bool = True) -> Outcome:
     """Build, judge and write the report of one run folder.
 
     Raises :class:`ReportInputError` for unreadable folders and bad gates; every other failure is in
-    ``Outcome.error`` with the report's exit code 3.
+    ``Outcome.error`` with the report's exit code 3. With ``record`` (the end of a run), the run's row is
+    added to the history of the run store its settings name (``--kv-store``); a store that cannot take it
+    is a warning, never a failed run. A baseline (``save_as``) goes into that store.
     """
     from pytest_kvcache.report.build import build
     from pytest_kvcache.report.judge import judge
@@ -89,13 +92,34 @@ def produce(run: Path, options: ReportOptions) -> Outcome:
     except Exception as exc:
         outcome.error = _one_line(exc)
         return outcome
+    from pytest_kvcache import store
+
+    location = data.settings.get("store")
+    location = location if isinstance(location, str) and location else None
+    if record and location is not None:
+        try:
+            vcs = stamp_vcs(run, Path(str(data.meta.get("cwd") or Path.cwd())))
+        except OSError as exc:
+            vcs = read_vcs(run)
+            outcome.messages.append(f"warning: could not write {run / 'vcs.json'}: {exc}")
     if options.save_as is not None:
         try:
-            _store(run, options.save_as)
-        except OSError as exc:
+            if location is not None:
+                with store.open_store(location) as opened:
+                    saved_at = opened.save_baseline(options.save_as.name, run)
+            else:
+                _store(run, options.save_as)
+                saved_at = options.save_as
+        except (OSError, store.StoreError) as exc:
             outcome.error = f"could not store the run as baseline {options.save_as.name}: {exc}"
             return outcome
-        outcome.messages.append(f"stored this run as baseline {options.save_as.name} ({options.save_as})")
+        outcome.messages.append(f"stored this run as baseline {options.save_as.name} ({saved_at})")
+    if record and location is not None:
+        try:
+            with store.open_store(location) as opened:
+                opened.add_run(run_row(data, outcome.report, vcs))
+        except (OSError, store.StoreError) as exc:
+            outcome.messages.append(f"warning: this run is not in the history of the run store: {exc}")
     return outcome
 
 
@@ -125,10 +149,18 @@ def stored_noise_run(run: Path, options: ReportOptions) -> ReportOptions:
     except RunFolderError:
         return options  # produce() reports the folder's problem
     settings = meta.get("settings") or {}
-    name, root = settings.get("noise"), settings.get("report_dir")
+    name, root, location = settings.get("noise"), settings.get("report_dir"), settings.get("store")
     if not name or not isinstance(root, str):
         return options
     noise = Path(root).parent / "baselines" / str(name)
+    if isinstance(location, str) and location:
+        from pytest_kvcache import store
+
+        try:
+            with store.open_store(location) as opened:
+                noise = opened.baseline(str(name)) or store.baselines_dir_of(location) / str(name)
+        except store.StoreError as exc:
+            raise ReportInputError(f"{run} was judged against the A/A run {name!r} in a store: {exc}") from None
     if not (noise / "run.json").is_file():
         raise ReportInputError(f"{run} was judged against the A/A run {name!r}, which is gone ({noise})")
     return replace(options, noise=noise)

@@ -136,7 +136,7 @@ def test_unknown_arm_in_gate_lists_the_arms(pytester: pytest.Pytester, args: lis
 def test_save_then_compare_round_trips(pytester: pytest.Pytester, args: list[str]) -> None:
     first = pytester.runpytest_subprocess(*args, "--kv-save=nightly")
     assert first.ret == 0
-    stored = pytester.path / ".kvcache" / "baselines" / "nightly"
+    stored = pytester.path / ".local" / "share" / "pytest-kvcache" / "baselines" / "nightly"  # the store, under HOME
     assert (stored / "report.json").is_file() and (stored / "requests.jsonl").is_file()
     second = pytester.runpytest_subprocess(*args, "--kv-compare=nightly", "--kv-fail=wall_tps[short]: >= saved * 0.01")
     assert second.ret == 0, second.stdout.str()
