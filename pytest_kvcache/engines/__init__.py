@@ -20,6 +20,7 @@ __all__ = [
     "default_engine_cmd",
     "embedded_model_path",
     "make_engine",
+    "visible_devices",
 ]
 
 #: What the embedded tiny CPU model needs: random weights, no torch.compile (boot ~50 s, not ~100 s).
@@ -73,6 +74,17 @@ def build_engine_args(settings: Settings, arm: Arm, model: str) -> tuple[list[st
         env["VLLM_CACHE_ROOT"] = settings.compile_cache
     env.update(dict(arm.env))
     return args, env
+
+
+def visible_devices(settings: Settings, arm: Arm) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` an arm's engine runs under, so the GPU state follows exactly its cards
+    (None: unset, every card). Process launcher: the arm's ``env``, else ours; docker: ``--kv-gpus``
+    (unset: no card); an external endpoint: unknown, so the cards this process sees."""
+    if settings.launcher == "docker":
+        return None if settings.gpus == "all" else settings.gpus or ""
+    if settings.launcher == "external":
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
+    return {**os.environ, **dict(arm.env)}.get("CUDA_VISIBLE_DEVICES")
 
 
 def compile_cache_mount(settings: Settings) -> tuple[Path, str] | None:

@@ -195,27 +195,30 @@ class Sampler:
         with self._lock:
             return list(self._samples)
 
-    def window(self, t0_unix_s: float, t1_unix_s: float) -> dict[str, Any]:
-        """Aggregate the samples taken in ``[t0, t1]``: overall and per card (UUID → same keys).
+    def window(self, t0_unix_s: float, t1_unix_s: float, cards: Sequence[CardRef] | None = None) -> dict[str, Any]:
+        """Aggregate the samples of ``cards`` (default: every sampled card) taken in ``[t0, t1]``: overall
+        and per card (UUID → same keys).
 
         ``power_limit_changed`` also compares with each card's last reading before ``t0``, so a
         change just before the window starts counts. ``samples`` is 0 when nothing was read
         in the span (a request shorter than the sampling interval).
         """
+        chosen = list(self.cards) if cards is None else list(cards)
+        uuids = {c.uuid for c in chosen}
         with self._lock:
-            inside = [s for s in self._samples if t0_unix_s <= s.t_unix_s <= t1_unix_s]
+            inside = [s for s in self._samples if t0_unix_s <= s.t_unix_s <= t1_unix_s and s.card in uuids]
             before: dict[str, GpuSample] = {}
             for s in self._samples:
                 if s.t_unix_s < t0_unix_s:
                     before[s.card] = s
         result = aggregate(inside)
-        cards: dict[str, dict[str, Any]] = {}
-        for card in self.cards:
+        per_card: dict[str, dict[str, Any]] = {}
+        for card in chosen:
             own = [s for s in inside if s.card == card.uuid]
             agg = aggregate(own)
             if card.uuid in before and own:
                 agg["power_limit_changed"] = aggregate([before[card.uuid], *own])["power_limit_changed"]
-            cards[card.uuid] = agg
-        result["power_limit_changed"] = any(c["power_limit_changed"] for c in cards.values())
-        result.update({"t0_unix_s": t0_unix_s, "t1_unix_s": t1_unix_s, "cards": cards})
+            per_card[card.uuid] = agg
+        result["power_limit_changed"] = any(c["power_limit_changed"] for c in per_card.values())
+        result.update({"t0_unix_s": t0_unix_s, "t1_unix_s": t1_unix_s, "cards": per_card})
         return result

@@ -31,7 +31,7 @@ import httpx
 
 from pytest_kvcache.client import Client, Sample
 from pytest_kvcache.config.settings import Boot, Settings
-from pytest_kvcache.engines import embedded_model_path
+from pytest_kvcache.engines import embedded_model_path, visible_devices
 from pytest_kvcache.engines.base import Engine, EngineError, salient_error, tail
 from pytest_kvcache.engines.evidence import collect, resolved_cache_dtype
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
@@ -123,6 +123,7 @@ class Run:
         self.skipped: list[str] = []  # "test id: reason" of every probe test that skipped
         self.started_unix_s = time.time()
         self.gpu: Any = None  # GpuState, imported when the folder opens
+        self.gpu_cards: dict[str, Any] = {}  # boot id → the CardRefs its engine sees (its GPU state)
         self.hostcpu: HostSampler | None = None  # host CPU busy outside the engines and this process
         self.self_check: dict[str, Json] | None = None
         self.interrupted = False
@@ -173,7 +174,7 @@ class Run:
                 max_temp_c=st.gpu_max_temp,
             )
         )
-        self.gpu.open(self.folder.path)
+        self.gpu.open(self.folder.path, devices=[visible_devices(st, arm) for arm in st.arms])
         if st.host_cpu_max_pct is not None and st.host_cpu_action != "off":
             folder = self.folder
             measured = MeasuredProcesses(lambda: list(self.engines.values()))  # asked at every reading
@@ -292,7 +293,9 @@ class Run:
             listener.boot_starting(boot, arm_dir / "engine.log")
         engine: Engine | None = None
         try:
-            before, problems = self.gpu.before_boot()
+            cards = self.gpu.cards_of(visible_devices(self.settings, boot.arm))
+            self.gpu_cards[boot.boot_id] = cards
+            before, problems = self.gpu.before_boot(cards)
             evidence["gpu_before"] = before
             if problems:
                 raise EngineError(f"{boot.boot_id}: GPU state refuses this boot: " + "; ".join(problems))
@@ -307,7 +310,7 @@ class Run:
                 self._check_served_model(boot, evidence)
             from pytest_kvcache.gpu.snapshot import memory_used_mib
 
-            ready: GpuSnapshot = self.gpu.snapshot()
+            ready: GpuSnapshot = self.gpu.snapshot(cards)
             evidence["gpu_ready"] = ready
             evidence["vram_ready_mib"] = memory_used_mib(ready)
             self._check(boot, evidence)
@@ -369,7 +372,8 @@ class Run:
         from pytest_kvcache.gpu.snapshot import memory_used_mib
 
         gpu = self.gpu
-        vram_in_use = memory_used_mib(gpu.snapshot()) if gpu is not None and gpu.available else {}
+        cards = self.gpu_cards.get(boot_id)
+        vram_in_use = memory_used_mib(gpu.snapshot(cards)) if gpu is not None and gpu.available else {}
         if self.interrupted and hasattr(engine, "term_grace_s"):
             from pytest_kvcache.engines.process import INTERRUPT_GRACE_S
 
@@ -380,7 +384,7 @@ class Run:
             return
         evidence["stopped_unix_s"] = time.time()
         if gpu is not None:
-            after: GpuSnapshot = gpu.snapshot()
+            after: GpuSnapshot = gpu.snapshot(cards)
             evidence["gpu_after"] = after
             evidence["vram_before_stop_mib"] = vram_in_use
             own = [p for p in [getattr(engine, "pid", None)] if isinstance(p, int)]
@@ -405,7 +409,9 @@ class Run:
         """Write one request's record (durably, before the next request starts) and keep it."""
         folder = self.open()
         if self.gpu is not None and self.gpu.sampler is not None and sample.end_s is not None:
-            window, flags, excluded = self.gpu.drift(sample.send_unix_s, sample.send_unix_s + sample.end_s)
+            window, flags, excluded = self.gpu.drift(
+                sample.send_unix_s, sample.send_unix_s + sample.end_s, self.gpu_cards.get(boot.boot_id)
+            )
             context["gpu"] = window
             context["flags"] = [*(context.get("flags") or []), *flags]
             if excluded and not context.get("excluded_reason"):

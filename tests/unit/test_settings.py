@@ -224,3 +224,18 @@ def test_compile_cache_option_reaches_the_engine(tmp_path: Path) -> None:
     assert "VLLM_CACHE_ROOT" not in build_engine_args(docker, docker.arms[0], "m")[1]  # mounted instead
     with pytest.raises(SettingsError, match="--kv-compile-cache"):
         settings(tmp_path, {"arms": "auto", "compile_cache": " "})
+
+
+def test_the_gpu_state_follows_the_cards_each_launcher_gives_its_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_kvcache.engines import visible_devices
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    named = {"a": {"kv_cache_dtype": "auto", "env": {"CUDA_VISIBLE_DEVICES": "0,1"}}, "b": {"kv_cache_dtype": "auto"}}
+    process = settings(tmp_path, {"arms": "a,b"}, named=named)
+    assert [visible_devices(process, arm) for arm in process.arms] == ["0,1", "3"]  # the arm's env, else ours
+    docker = {"arms": "auto", "launcher": "docker", "image": "i"}
+    for gpus, seen in ((None, ""), ("all", None), ("2,3", "2,3")):  # no --kv-gpus: the container sees no card
+        chosen = settings(tmp_path, {**docker, **({"gpus": gpus} if gpus else {})})
+        assert visible_devices(chosen, chosen.arms[0]) == seen
