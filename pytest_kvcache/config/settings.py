@@ -224,6 +224,7 @@ class Settings:
     store_notes: tuple[str, ...] = ()
     allow_diff: tuple[str, ...] = ()
     agreement: bool = True
+    allow_unproven_cold: bool = False
     self_check: SelfCheck = "quick"
     concurrency: tuple[int, ...] = (1, 4, 16)
     concurrency_max_tokens: int = 128
@@ -312,6 +313,7 @@ class Settings:
             "store": self.store,
             "allow_diff": list(self.allow_diff),
             "agreement": self.agreement,
+            "allow_unproven_cold": self.allow_unproven_cold,
             "self_check": self.self_check,
             "concurrency": list(self.concurrency),
             "concurrency_max_tokens": self.concurrency_max_tokens,
@@ -894,6 +896,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec("no_agreement", "skip the output-agreement requests (greedy token ids per short shape).", flag=True),
     OptionSpec(
+        "allow_unproven_cold",
+        "keep prefill samples nothing proves cold (no /metrics prefix-cache hits, no usage cached_tokens); "
+        "default: excluded.",
+        flag=True,
+    ),
+    OptionSpec(
         "self_check",
         "run the full measuring-client self-check against a calibrated stream at the start "
         "(default: a ~1 s quick one).",
@@ -1240,6 +1248,9 @@ def resolve(
         store_notes=tuple(store_notes),
         allow_diff=judged.allow_diff,
         agreement=not get("no_agreement", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
+        allow_unproven_cold=get(
+            "allow_unproven_cold", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False
+        ),
         self_check="off" if no_check else "full" if full_check else "quick",
         concurrency=get("concurrency", _levels, (1, 4, 16)),
         concurrency_max_tokens=get("concurrency_max_tokens", lambda raw: _count(1)(str(raw)), 128),

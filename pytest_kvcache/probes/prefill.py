@@ -114,21 +114,26 @@ def size_prompt(target: int, salt: str, count: CountTokens) -> SizedPrompt:
 MAX_TOKENS = 16
 
 
+#: Why a sample nothing proves cold is left out (unless ``--kv-allow-unproven-cold``).
+UNPROVEN = "cold unproven: the engine reports neither prefix-cache hits (/metrics) nor cached_tokens (usage)"
+
+
 def cold_check(
-    sample_cached: int | None, engine: dict[str, Any] | None, block_size: int
+    sample_cached: int | None, engine: dict[str, Any] | None, block_size: int, *, allow_unproven: bool = False
 ) -> tuple[list[str], str | None, str]:
     """Was the request computed from scratch? Returns (flags, excluded_reason, proof).
 
     Proof comes from the engine's ``vllm:prefix_cache_hits_total`` delta around the request; without
     ``/metrics``, from ``usage.prompt_tokens_details.cached_tokens``. More than one block of hits is
-    "not cold": the sample is flagged and excluded.
+    "not cold": the sample is flagged and excluded. Neither source: "cold_unproven", excluded unless
+    ``allow_unproven`` (a server that may have served it from a cache cannot time a fresh prefill).
     """
     if engine is not None and "prefix_cache_hits" in engine:
         hits, proof = int(engine["prefix_cache_hits"]), "metrics"
     elif sample_cached is not None:
         hits, proof = sample_cached, "usage"
     else:
-        return ["cold_unproven"], None, "none"
+        return ["cold_unproven"], None if allow_unproven else f"{UNPROVEN} (--kv-allow-unproven-cold keeps it)", "none"
     if hits > block_size:
         return ["not_cold"], f"not cold: {hits} prefix-cache hit tokens > one block ({block_size})", proof
     return [], None, proof

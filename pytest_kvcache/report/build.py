@@ -413,12 +413,25 @@ def boot_results(data: pd.DataFrame, boots: Sequence[BootEntry], specs: Specs) -
     return rows
 
 
-def ci_statement(boots: Sequence[BootEntry], arms: Sequence[str]) -> CiStatement:
-    """How many boots each arm had, and what the report's CIs therefore cover."""
+def ci_statement(boots: Sequence[BootEntry], arms: Sequence[str], launcher: object = None) -> CiStatement:
+    """How many boots each arm had, and what the report's CIs therefore cover. Against external endpoints
+    (``launcher`` "external") nothing is booted: replicates are repeats against one server per arm, one
+    resampling unit, and the sentence says so."""
     ran = [b for b in boots if b["status"] in ("ready", "stopped")]
     per_arm = {arm: sum(1 for b in ran if b["arm"] == arm) for arm in arms}
     fewest = min(per_arm.values()) if per_arm else 0
     counts = ", ".join(f"{a} {n}" for a, n in per_arm.items())
+    if launcher == "external":
+        return {
+            "boots_per_arm": {arm: min(n, 1) for arm, n in per_arm.items()},
+            "method": "within-boot",
+            "order": [b["boot"] for b in ran],
+            "text": (
+                f"CIs cover repeats against one server per arm only (external endpoints are measured, not booted: "
+                f"repeats per arm: {counts}); server-to-server variation is not in them — boot the engines "
+                f"(--kv-launcher=process or docker) with --kv-replicates={MIN_BOOTS_FOR_BOOT_CI} for CIs over boots."
+            ),
+        }
     if fewest >= MIN_BOOTS_FOR_BOOT_CI:
         text = (
             f"CIs are computed over boots (hierarchical bootstrap: boots, then samples within a boot); "
@@ -762,7 +775,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "boots": boots,
         "boot_results": boot_results(data, boots, specs),
         "compile_cache": compile_cache_lines(boots),
-        "ci": ci_statement(boots, arms),
+        "ci": ci_statement(boots, arms, run.settings.get("launcher")),
         "confounds": confound_report(run, boots, allow),
         "agreement": agreed,
         "sampling": run.sampling,

@@ -159,9 +159,12 @@ def _paired_values(base: pd.DataFrame, arm: pd.DataFrame, metric: str) -> tuple[
 
 
 def by_boot(group: pd.DataFrame, metric: str) -> list[list[float]]:
-    if group.empty or "boot" not in group:
+    """The values of ``metric`` per resampling unit: the ``unit`` column (a boot, or one external server
+    per arm) where the run folder's loader set it, else the boot."""
+    key = "unit" if "unit" in group else "boot"
+    if group.empty or key not in group:
         return []
-    return [found for _, g in group.groupby("boot", sort=False) if (found := values(g, metric))]
+    return [found for _, g in group.groupby(key, sort=False) if (found := values(g, metric))]
 
 
 def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) -> Comparison:

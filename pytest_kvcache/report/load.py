@@ -83,9 +83,12 @@ class RunData:
 
         found = frame(self.records, self.specs)
         extra = frame_rows(self.fidelity_blocks)
-        if extra.empty:
-            return found
-        return extra if found.empty else pd.concat([found, extra], ignore_index=True)
+        data = found if extra.empty else extra if found.empty else pd.concat([found, extra], ignore_index=True)
+        if "boot" in data:
+            # The unit CIs resample: a boot; against external endpoints one server per arm, however many
+            # "boots" (repeats) were planned.
+            data["unit"] = data["arm"] if self.settings.get("launcher") == "external" else data["boot"]
+        return data
 
 
 def _json_file(path: Path, what: str) -> Any:

@@ -78,7 +78,8 @@ def test_fidelity(
         pytest.fail(message, pytrace=False)
     kept, short = fidelity.windows(ids, scored, usable, kv_settings.fidelity_window)
     block_size = int((kv_server.evidence.get("cache_config") or {}).get("block_size") or 16)
-    flags, excluded, proof = prefill.cold_check(None, engine, block_size)
+    # Scores do not depend on a cache hit (the same KV either way): an unproven cold start is only flagged.
+    flags, excluded, proof = prefill.cold_check(None, engine, block_size, allow_unproven=True)
     entry["ok"], entry["wall_s"], entry["engine"], entry["cold_proof"] = True, wall_s, engine, proof
     entry["flags"], entry["excluded_reason"] = flags, excluded
     entry["windows"] = [w.to_dict() for w in kept]

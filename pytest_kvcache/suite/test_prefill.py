@@ -75,7 +75,9 @@ def test_prefill(
         sized = prefill.size_prompt(kv_depth, sizing_salt, count)
         payload = chat_payload(kv_server.model, sized.messages(salt), "greedy", prefill.MAX_TOKENS)
         sample, engine = kv_client.measure(payload, prompt_tokens=sized.tokens)
-        flags, excluded, proof = prefill.cold_check(sample.cached_tokens, engine, block_size)
+        flags, excluded, proof = prefill.cold_check(
+            sample.cached_tokens, engine, block_size, allow_unproven=kv_settings.allow_unproven_cold
+        )
         depth_flags, depth_excluded = prefill.depth_check(sample.prompt_tokens, kv_depth)
         return sample, {
             "depth": kv_depth,

@@ -141,11 +141,17 @@ def test_external_endpoints(pytester: pytest.Pytester) -> None:
             "--kv-warmups=0",
             "--kv-runs=2",
             "--kv-max-tokens=4",
+            "--kv-replicates=3",
             "-m",
             "short",
         )
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["auto: declared auto → cache_dtype=auto*"])
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["auto.r1: declared auto → cache_dtype=auto*"])
+    # Nothing was booted: three "replicates" are repeats against one server, and the report says so.
+    report = json.loads((run_dir(pytester) / "report.json").read_text())
+    assert report["ci"]["method"] == "within-boot" and report["ci"]["boots_per_arm"] == {"auto": 1}
+    assert report["ci"]["text"].startswith("CIs cover repeats against one server per arm only")
+    assert "over boots" not in report["ci"]["text"].split(" for CIs over boots")[0]
 
 
 def test_unreachable_external_endpoint(pytester: pytest.Pytester) -> None:

@@ -200,6 +200,19 @@ def test_ci_statement_says_what_the_cis_cover() -> None:
     assert text["method"] == "within-boot" and "within-boot noise only" in text["text"]
     boots += [{"boot": f"{a}.r3", "arm": a, "status": "stopped"} for a in ("a", "b")]
     assert build.ci_statement(boots, ["a", "b"])["method"] == "boots"  # type: ignore[arg-type]
+    external = build.ci_statement(boots, ["a", "b"], "external")  # type: ignore[arg-type]
+    assert external["method"] == "within-boot" and external["boots_per_arm"] == {"a": 1, "b": 1}
+    assert "repeats against one server per arm" in external["text"] and "repeats per arm: a 3, b 3" in external["text"]
+
+
+def test_repeats_against_one_external_server_are_one_resampling_unit() -> None:
+    """Three "boots" of an external endpoint are the same server: with the loader's ``unit`` column set to
+    the arm, the comparison stays within-boot instead of claiming a CI over boots."""
+    recs = [r for i in (1, 2, 3) for arm in ("a", "b") for r in records(arm, f"{arm}.r{i}", i, [100 + i, 101 + i])]
+    booted = analysis.frame(recs)
+    assert analysis.delta_rows(booted, ["a", "b"])[0]["ci_method"] == "boots"
+    repeats = booted.assign(unit=booted["arm"])
+    assert analysis.delta_rows(repeats, ["a", "b"])[0]["ci_method"] == "within-boot"
 
 
 # ------------------------------------------------------------------------------ A/A noise band

@@ -49,7 +49,9 @@ def test_cold_check() -> None:
     flags, excluded, proof = prefill.cold_check(0, {"prefix_cache_hits": 32}, 16)
     assert flags == ["not_cold"] and "32 prefix-cache hit tokens > one block (16)" in excluded and proof == "metrics"
     assert prefill.cold_check(200, None, 128)[0] == ["not_cold"]
-    assert prefill.cold_check(None, None, 16) == (["cold_unproven"], None, "none")
+    flags, excluded, proof = prefill.cold_check(None, None, 16)  # nothing proves it cold: left out
+    assert (flags, proof) == (["cold_unproven"], "none") and excluded and "--kv-allow-unproven-cold" in excluded
+    assert prefill.cold_check(None, None, 16, allow_unproven=True) == (["cold_unproven"], None, "none")
 
 
 def test_depth_check() -> None:
