@@ -148,6 +148,15 @@ def monkeypatch_session() -> Any:
         yield mp
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_run_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch_session: Any) -> Path:
+    """Every run this tier starts adds its history row to a run store of its own (``--kv-store`` through
+    ``PYTEST_KVCACHE_STORE``), never to the developer's ``~/.local/share/pytest-kvcache``."""
+    store = tmp_path_factory.mktemp("run-store")
+    monkeypatch_session.setenv("PYTEST_KVCACHE_STORE", str(store))
+    return store
+
+
 # ------------------------------------------------------------------ docker (shared by the docker tests)
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-cpu-image.sh"

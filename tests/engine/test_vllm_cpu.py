@@ -27,6 +27,20 @@ def test_ab_run_passes_and_leaves_nothing_running(ab_run: Run) -> None:
     assert not vllm_processes(ab_run.tag)
 
 
+def test_ab_run_is_in_the_run_store_history(ab_run: Run, private_run_store: Path) -> None:
+    """The finished real-engine run added its row to the store (this tier's own, never the user's), with
+    every summary point and the comparability of a real vLLM boot."""
+    from pytest_kvcache.store.sqlite import SqliteStore
+
+    run_id = json.loads((ab_run.folder / "run.json").read_text())["run_id"]
+    with SqliteStore(private_run_store) as store:
+        rows = {r["run_id"]: r for r in store.runs()}
+    row = rows[run_id]
+    assert row["arms"] == ["auto", SECOND_ARM] and row["comparable_on"]["engine_versions"]
+    assert {p["probe"] for p in row["points"]} >= {"short", "prefill", "agentic"}
+    assert all(p["mean"] is not None for p in row["points"] if p["n"])
+
+
 def test_ab_evidence_shows_each_arms_resolved_cache(ab_run: Run) -> None:
     auto, second = ab_run.evidence("auto"), ab_run.evidence(SECOND_ARM)
     assert auto["cache_config"]["cache_dtype"] == "auto"
