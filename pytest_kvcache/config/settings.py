@@ -1057,6 +1057,7 @@ def report_options(
     *,
     arms: Sequence[str] | None = None,
     notes: list[str] | None = None,
+    store_location: str | None = None,
 ) -> ReportOptions:
     """``--kv-fail``, ``--kv-inconclusive``, ``--kv-compare``, ``--kv-noise``, ``--kv-allow-diff`` and
     ``--kv-save`` by the same precedence as every option (CLI > env > ini); stored runs are checked now.
@@ -1069,7 +1070,7 @@ def report_options(
 
     from pytest_kvcache.store import baselines_dir_of
 
-    location = store_of(cli, env, ini, rootdir)
+    location = store_location if store_location is not None else store_of(cli, env, ini, rootdir)
     baselines = baselines_dir_of(location, env)
     legacy = report_dir_of(cli, env, ini, rootdir).parent / "baselines"
     ref = _StoreRef(location=location, baselines=baselines, legacy=legacy, notes=notes if notes is not None else [])
@@ -1166,8 +1167,10 @@ def resolve(
     engine_args = get("engine_args", lambda raw: _args(" ".join(raw) if isinstance(raw, list) else raw), ())
     report_dir = report_dir_of(cli, env, ini, rootdir)
     store_notes: list[str] = []
-    judged = report_options(cli, env, ini, rootdir, arms=[a.name for a in arms], notes=store_notes)
-    store_location = store_of(cli, env, ini, rootdir)
+    store_location = store_of(cli, env, ini, rootdir)  # checked (a URL: connected to) once, before anything boots
+    judged = report_options(
+        cli, env, ini, rootdir, arms=[a.name for a in arms], notes=store_notes, store_location=store_location
+    )
     compare = judged.compare.name if judged.compare else None
 
     replicates = get("replicates", lambda raw: _count(1)(str(raw)), 1)

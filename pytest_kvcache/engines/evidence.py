@@ -30,6 +30,7 @@ GRAPH_CAPTURE = re.compile(r"Graph capturing finished in ([\d.]+) secs?")
 def parse_log(text: str) -> LogFacts:
     """The facts an engine log states about itself (vLLM V1 line formats; absent facts are omitted)."""
     found: dict[str, Any] = {}
+    compiled: set[str] = set()  # "hit" / "miss" lines of torch.compile's cache
     for line in text.splitlines():
         if m := BACKEND.search(line):
             found["attention_backend"] = m.group(1)
@@ -52,15 +53,15 @@ def parse_log(text: str) -> LogFacts:
         elif m := COMPILE_TOTAL.search(line):
             found["compile_s"] = float(m.group(1) or m.group(2))
         elif COMPILE_HIT.search(line):
-            found["compile_cache"] = "hit"
+            compiled.add("hit")
         elif COMPILE_MISS.search(line):
-            found.setdefault("compile_cache", "miss")
+            compiled.add("miss")
         elif m := INIT_ENGINE.search(line):
             found["init_engine_s"] = float(m.group(1))
         elif m := GRAPH_CAPTURE.search(line):
             found["graph_capture_s"] = float(m.group(1))
-    if found.get("compile_cache") == "hit" and any(COMPILE_MISS.search(line) for line in text.splitlines()):
-        found["compile_cache"] = "partial"  # some graphs loaded, others compiled (e.g. a new compile range)
+    if compiled:  # both: some graphs loaded, others compiled (e.g. a new compile range)
+        found["compile_cache"] = "partial" if len(compiled) == 2 else compiled.pop()
     return cast(LogFacts, found)
 
 
