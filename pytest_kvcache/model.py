@@ -11,7 +11,7 @@ Versions: :data:`RECORD_SCHEMA_VERSION` is written into every record and ``run.j
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 RECORD_SCHEMA_VERSION = 1
 REPORT_VERSION = 1
@@ -213,6 +213,9 @@ class Evidence(TypedDict, total=False):
     arm: ArmData
     replicate: int
     declared_kv_cache_dtype: str | None
+    #: pytest-xdist: the lane (worker, its GPU group and host) and block the boot ran in.
+    lane: int
+    block: int
     status: str
     error: str
     started_unix_s: float
@@ -277,6 +280,12 @@ class PlanEntry(TypedDict, total=False):
     args: list[str]
     tests: int
     skipped: str
+    #: Under pytest-xdist: the lane (worker, GPU group, host) and block (one boot of every arm) it runs in.
+    lane: int
+    block: int
+    gpus: str | None
+    #: Why the boot never ran: its worker died while running the block (pytest-xdist).
+    lost: str
 
 
 class ProbeSpecData(TypedDict, total=False):
@@ -313,6 +322,8 @@ class RunMeta(TypedDict, total=False):
     model: str
     settings: dict[str, Json]
     plan: list[PlanEntry]
+    #: The controller's word on each lane of a pytest-xdist run (``Run.lane_report``).
+    lanes: list[dict[str, Any]]
     probes: list[ProbeSpecData]
     versions: dict[str, str | None]
     benchmark_machine_info: Json
@@ -384,6 +395,8 @@ class CrossoverRow(TypedDict, total=False):
     ci_low: float | None
     ci_high: float | None
     statement: str
+    #: "boots" (boots resampled within lanes, as the deltas' CIs) or "within-boot" (samples within points).
+    ci_method: str
 
 
 class ResolvedArm(TypedDict):
@@ -453,11 +466,28 @@ class BootResult(TypedDict):
     n: int
 
 
-class CiStatement(TypedDict):
+class CiStatement(TypedDict, total=False):
     boots_per_arm: dict[str, int]
     method: str
     order: list[str]
     text: str
+    #: Under pytest-xdist: each lane's boots in the order it ran them (``lane N`` → boot ids).
+    lane_order: dict[str, list[str]]
+
+
+class BlockEntry(TypedDict):
+    """One block of a pytest-xdist run (one boot of every arm on one lane) and where it ran."""
+
+    block: int
+    lane: int
+    workers: list[str]
+    host: str | None
+    gpus: str | None
+    gpu_models: list[str]
+    driver: str | None
+    engine_version: str | None
+    boots: list[str]
+    status: str
 
 
 class Confound(TypedDict, total=False):
@@ -645,6 +675,8 @@ class GateResult(_GateExtras):
 
 
 class Report(TypedDict, total=False):
+    #: Only in a pytest-xdist run: its blocks (see :class:`BlockEntry`).
+    blocks: list[BlockEntry]
     """``report.json``: a pure function of the loaded run folder, the gates, the noise run and the saved run."""
 
     report_version: int

@@ -9,8 +9,10 @@ nothing for it.
 from __future__ import annotations
 
 import os
+import platform
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -155,16 +157,33 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"pytest-kvcache: {exc}") from None
     if not settings.active:
         return
-    if getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") != "no":
-        raise pytest.UsageError(
-            "pytest-kvcache: arms cannot run under pytest-xdist (-n/--dist): they share one machine's "
-            "accelerators and must run one boot at a time. Run without -n."
-        )
+    role = None
+    if config.pluginmanager.hasplugin("xdist"):
+        from pytest_kvcache import distributed
+
+        try:
+            role = distributed.role_of(config)
+            if role is not None:
+                settings = replace(settings, lanes=role.lanes)
+                distributed.check(settings, role)
+                if role.kind == "worker" or distributed.all_local(config):
+                    host = "this host" if role.kind == "controller" else f"worker host {platform.node()}"
+                    for lane in [role.lane] if role.kind == "worker" else range(role.lanes):
+                        distributed.check_lane_cards(settings, lane, distributed.nvml_count(), host)
+        except SettingsError as exc:
+            raise pytest.UsageError(f"pytest-kvcache: {exc}") from None
+    if role is None and settings.gpu_groups:
+        raise pytest.UsageError("pytest-kvcache: --kv-gpu-groups needs pytest-xdist (-n N or --tx), one group a worker")
     from pytest_kvcache.session import KvSession
 
-    session = KvSession(config=config, settings=settings)
+    session = KvSession(config=config, settings=settings, role=role)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "kvcache-session")
+    if role is not None:
+        from pytest_kvcache import distributed
+
+        side = distributed.Controller(session) if role.kind == "controller" else distributed.Worker(session)
+        config.pluginmanager.register(side, f"kvcache-{role.kind}")
     session.install()
     if settings.suite and str(SUITE_DIR) not in config.args:
         # The folder, not its files: node ids then read ``test_short.py::test_short[fp8-code]``.

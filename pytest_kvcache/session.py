@@ -10,7 +10,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Generator
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -28,6 +28,7 @@ from pytest_kvcache.run.progress import Mode, Progress
 from pytest_kvcache.run.run import Run
 
 if TYPE_CHECKING:
+    from pytest_kvcache.distributed import Role
     from pytest_kvcache.report.pipeline import Outcome
 
 
@@ -85,6 +86,8 @@ class KvSession:
 
     config: pytest.Config
     settings: Settings
+    #: The pytest-xdist role (None: a plain single-process run).
+    role: Role | None = None
     run: Run = field(init=False)
     outcome: Outcome | None = None
     _previous_sigterm: Any = None
@@ -93,9 +96,24 @@ class KvSession:
     _fidelity_planned: bool = False
 
     def __post_init__(self) -> None:
-        self.run = Run(self.settings, make_engine=self._make_engine, machine_info=self._benchmark_machine_info)
+        from pytest_kvcache.run.forward import ForwardingListener, Outbox
+
+        kind = self.role.kind if self.role is not None else "single"
+        worker = kind == "worker"
+        self.run = Run(
+            self.settings,
+            make_engine=self._make_engine,
+            machine_info=self._benchmark_machine_info,
+            role="worker" if worker else "controller" if kind == "controller" else "single",
+            lane=self.role.lane if self.role is not None else 0,
+            run_id=self.role.run_id if self.role is not None else None,
+            outbox=Outbox() if worker else None,
+        )
         self.progress: Progress | None = None
-        if self.settings.progress != "off":
+        if worker:  # its progress is the controller's to tell: boots go there with the records
+            assert self.run.outbox is not None
+            self.run.listeners.append(ForwardingListener(self.run.outbox))
+        elif self.settings.progress != "off":
             writer = TerminalWriter(self.config)
             mode: Mode = "live" if self.settings.progress == "auto" and writer.isatty() else "lines"
             quiet = self.config.get_verbosity() < 0
@@ -183,6 +201,9 @@ class KvSession:
             raise pytest.UsageError(f"pytest-kvcache: --kv-fail: {exc}") from None
 
     def pytest_report_collectionfinish(self) -> list[str]:
+        return self.plan_lines()
+
+    def plan_lines(self) -> list[str]:
         st = self.settings
         default = (
             "as served by each --kv-endpoint"
@@ -211,8 +232,13 @@ class KvSession:
             adaptive = (
                 f" (adaptive: only while the CI is wider than ±{st.target_ci_pct:g}%)" if entry.get("extra") else ""
             )
+            lane = (
+                f" [lane {entry['lane']}{', GPUs ' + str(entry['gpus']) if entry.get('gpus') else ''}]"
+                if "lane" in entry
+                else ""
+            )
             lines.append(
-                f"  {i}. {entry.get('boot')}{baseline}: kv_cache_dtype={entry.get('kv_cache_dtype') or 'default'}"
+                f"  {i}. {entry.get('boot')}{baseline}{lane}: kv_cache_dtype={entry.get('kv_cache_dtype') or 'default'}"
                 f"{extra} — {entry.get('tests', 0)} test(s){adaptive}"
             )
         return lines
@@ -244,8 +270,10 @@ class KvSession:
         from pytest_kvcache.report.pipeline import Outcome, ReportInputError, produce
 
         path = self.run.folder.path
+        if self.run.role == "controller":
+            self.reap_workers()
         self.run.close(status="interrupted" if self.run.interrupted else "finished")
-        if self.run.interrupted:
+        if self.run.interrupted or self.run.role == "worker":
             return  # Ctrl-C means now: the records are on disk, and kvcache-report builds the report later
         try:
             self.outcome = produce(path, self.settings.report_options())
@@ -279,6 +307,12 @@ class KvSession:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """A probe test that skipped is remembered with its reason: a run where every probe skipped
         says why (terminal and report notes) without ``-rs``. A finished probe test moves the ETA."""
+        events = getattr(report, "kvcache_events", None)
+        node = getattr(report, "node", None)
+        if events and node is not None and self.run.role == "controller":
+            from pytest_kvcache.distributed import LANE_KEY
+
+            self.forwarded(int(node.workerinput[LANE_KEY]), events)
         if report.when == "teardown" and "[" in report.nodeid and self.progress is not None:
             self.progress.test_done(report.nodeid.split("::")[-1])
         if not report.skipped or report.when not in ("setup", "call"):
@@ -297,6 +331,15 @@ class KvSession:
         """The one exit-code rule (``report.judge``): failed gates, CONFOUNDED and a report that could not
         be built change pytest's exit status here, for every way the run can end."""
         self.run.stop_all()
+        if self.run.role == "worker":  # what the last reports did not carry goes with the worker's end
+            from pytest_kvcache.distributed import EVENTS_KEY
+
+            self.run.close(status="interrupted" if self.run.interrupted else "finished")
+            outbox = self.run.outbox
+            self.config.workeroutput[EVENTS_KEY] = outbox.drain() if outbox is not None else []  # type: ignore[attr-defined]
+            return
+        if self.run.role == "controller":
+            self.reap_workers()  # after pytest-xdist stopped its workers (Ctrl-C: it may have killed them)
         if exitstatus == pytest.ExitCode.INTERRUPTED:
             self.run.close(status="interrupted")
             return
@@ -305,6 +348,63 @@ class KvSession:
         from pytest_kvcache.report.judge import combine
 
         session.exitstatus = combine(int(exitstatus), self.outcome.exit_code)
+
+    # ------------------------------------------------------------------ pytest-xdist (controller)
+
+    def planned_remote(self, tests_per_boot: Mapping[str, int]) -> None:
+        """The scheduler saw the workers' collection: the boot plan, as a plain run's collection sets it."""
+        self.run.set_plan(tests_per_boot)
+        self.run.write_meta(status="running")
+        self._depth_planned = self._fidelity_planned = False
+        if self.progress is not None:
+            self.progress.planned(tests_per_boot)
+        writer = TerminalWriter(self.config)
+        for line in self.plan_lines():
+            writer.line(line)
+
+    def block_skip_reason(self, block: int) -> str | None:
+        """Whether an adaptive block is skipped (its round's deltas are already narrow enough)."""
+        first = next((b for b in self.settings.boots() if b.block == block), None)
+        return self.run.skip_reason(first) if first is not None else None
+
+    def worker_assigned(self, lane: int, worker: str) -> None:
+        self.run.lanes_info.setdefault(lane, {}).setdefault("workers", []).append(worker)
+
+    def forwarded(self, lane: int, events: Sequence[Sequence[str]]) -> None:
+        from pytest_kvcache.run.forward import apply
+
+        apply(self.run, lane, events)
+
+    def block_lost(self, lane: int, block: int | None, worker: str, tests: Sequence[str]) -> None:
+        """A worker died in a block: the block's boots that had tests left are lost (the report names them)."""
+        info = self.run.lanes_info.setdefault(lane, {})
+        boots = sorted({t.split("[", 1)[1].split("-", 1)[0].rstrip("]") for t in tests if "[" in t})
+        info.setdefault("lost", []).append(
+            {"block": block, "worker": worker, "tests_not_run": len(tests), "boots": boots}
+        )
+        for entry in self.run.plan:
+            if entry.get("boot") in boots:
+                entry["lost"] = f"worker {worker} died in block {block} with {len(tests)} test(s) of the block left"
+        self.run.problems.append(f"lane {lane}: worker {worker} died in block {block}; boots lost: {', '.join(boots)}")
+        self.run.write_meta(status="running")
+
+    def worker_died(self, lane: int, worker: str, error: str) -> None:
+        info = self.run.lanes_info.setdefault(lane, {})
+        info.setdefault("died", []).append({"worker": worker, "error": error})
+        for lost in info.get("lost", []):
+            if lost.get("worker") == worker:
+                lost["error"] = error
+        self.reap_workers()
+        self.run.write_meta(status="running")
+
+    def lane_problem(self, lane: int, text: str) -> None:
+        self.run.problems.append(f"lane {lane}: {text}")
+
+    def reap_workers(self) -> None:
+        """Stop engines that dead local workers left running (their registries, under ``workers/``)."""
+        from pytest_kvcache.engines.registry import reap_orphans
+
+        self.run.reaped += reap_orphans(self.settings.report_dir / "workers")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -106,10 +106,26 @@ def _boot_level_means(
     return float(np.mean([a.mean() for a in arrays])), resampled
 
 
+def _by_stratum(
+    groups: Sequence[Sequence[float]], strata: Sequence[object] | None
+) -> dict[object, list[Sequence[float]]]:
+    """Boots (non-empty sample groups) per stratum, in first-seen order; no strata: one stratum."""
+    labels: Sequence[object] = strata if strata is not None else [None] * len(groups)
+    if len(labels) != len(groups):
+        raise ValueError("one stratum label per boot")
+    out: dict[object, list[Sequence[float]]] = {}
+    for label, group in zip(labels, groups, strict=True):
+        if len(group):
+            out.setdefault(label, []).append(group)
+    return out
+
+
 def ratio_ci_boots(
     base: Sequence[Sequence[float]],
     arm: Sequence[Sequence[float]],
     *,
+    base_strata: Sequence[object] | None = None,
+    arm_strata: Sequence[object] | None = None,
     n_boot: int = BOOTSTRAP_SAMPLES,
     confidence: float = CONFIDENCE,
     seed: int = 0,
@@ -119,20 +135,37 @@ def ratio_ci_boots(
     ``base``/``arm`` hold one sequence of samples per boot. The boot is the unit: each boot's mean counts
     once, however many samples it holds, and the CI covers boot-to-boot variation as well as the noise
     within a boot. Boots without samples are ignored; fewer than 2 boots on a side gives no CI.
+
+    ``base_strata``/``arm_strata`` (one label per boot) name where each boot ran — its lane (pytest-xdist
+    worker, GPU group, host). With more than one stratum the ratio is taken within each stratum and
+    averaged, weighted by the stratum's boots, and the bootstrap resamples boots *within* strata: a lane
+    that is faster for every arm moves neither the ratio nor its CI. Strata holding only one side are
+    left out. One stratum (or none given) is exactly the unstratified estimate.
     """
-    b = [x for x in base if len(x)]
-    a = [x for x in arm if len(x)]
-    if not b or not a:
+    by_base, by_arm = _by_stratum(base, base_strata), _by_stratum(arm, arm_strata)
+    strata = [s for s in by_base if s in by_arm]
+    if not strata:
         return None, None, None
     rng = _rng(seed)
-    base_mean, base_boot = _boot_level_means(b, rng, n_boot)
-    arm_mean, arm_boot = _boot_level_means(a, rng, n_boot)
-    if base_mean == 0:
-        return None, None, None
-    ratio = arm_mean / base_mean
-    if len(b) < 2 or len(a) < 2:
+    weights: list[float] = []
+    ratios: list[float] = []
+    resampled: list[np.ndarray] = []
+    for stratum in strata:
+        b, a = by_base[stratum], by_arm[stratum]
+        base_mean, base_boot = _boot_level_means(b, rng, n_boot)
+        arm_mean, arm_boot = _boot_level_means(a, rng, n_boot)
+        if base_mean == 0:
+            return None, None, None
+        weights.append((len(b) + len(a)) / 2)
+        ratios.append(arm_mean / base_mean)
+        resampled.append(arm_boot / base_boot)
+    w = np.asarray(weights) / sum(weights)
+    ratio = float(np.dot(w, ratios))
+    boots_base = sum(len(by_base[s]) for s in strata)
+    boots_arm = sum(len(by_arm[s]) for s in strata)
+    if boots_base < 2 or boots_arm < 2:
         return ratio, None, None
-    boot = arm_boot / base_boot
+    boot = np.tensordot(w, np.stack(resampled), axes=1)
     boot = boot[np.isfinite(boot)]
     lo, hi = _percentiles(boot, confidence)
     return ratio, lo, hi
@@ -181,6 +214,33 @@ def verdict(metric: str, lo: float | None, hi: float | None) -> Verdict:
     return "inconclusive"
 
 
+def _first_crossing(xs: Sequence[float], ratios: Sequence[float]) -> float | None:
+    """The first change of sign of log(ratio) along ``xs``, interpolated linearly in log(ratio); a ratio of
+    exactly 1 between the two sides is the crossing itself, but touching 1 (or staying at 1: identical arms)
+    without changing side is none."""
+    logs = np.log(np.asarray(ratios, dtype=float))
+    signs = np.sign(logs)
+    sided = [i for i in range(len(logs)) if signs[i] != 0]
+    for i, j in itertools.pairwise(sided):
+        if signs[i] == signs[j]:
+            continue
+        if j > i + 1:  # exactly 1 at the points between: the first of them is where it crosses
+            return float(xs[i + 1])
+        x0, x1 = xs[i], xs[j]
+        return float(x0 + (x1 - x0) * logs[i] / (logs[i] - logs[j]))
+    return None
+
+
+def _crossing_summary(
+    estimate: float | None, found: list[float], n_boot: int, confidence: float, points: int
+) -> dict[str, Any]:
+    share = len(found) / n_boot
+    lo = hi = None
+    if found and estimate is not None:
+        lo, hi = _percentiles(np.asarray(found), confidence)
+    return {"estimate": estimate, "ci_low": lo, "ci_high": hi, "share": share, "points": points}
+
+
 def crossover(
     xs: Sequence[float],
     base: Sequence[Sequence[float]],
@@ -194,8 +254,9 @@ def crossover(
 
     ``xs`` are the curve's positions (depth or prompt tokens), ascending; ``base[i]``/``arm[i]`` the
     samples at ``xs[i]``. The crossing is interpolated linearly in log(ratio) between the two points that
-    bracket the first sign change. The CI comes from resampling within each point; ``share`` is the
-    fraction of resamples that cross at all.
+    bracket the first sign change. The CI comes from resampling within each point (samples of one boot);
+    ``share`` is the fraction of resamples that cross at all. With boots to resample, see
+    :func:`crossover_boots`.
     """
     points = [
         (x, np.asarray(b, float), np.asarray(a, float))
@@ -203,35 +264,97 @@ def crossover(
         if len(b) and len(a)
     ]
     if len(points) < 2:
-        return {"estimate": None, "ci_low": None, "ci_high": None, "share": 0.0, "points": len(points)}
-
-    def first_crossing(ratios: list[float]) -> float | None:
-        """The first change of sign of log(ratio); a ratio of exactly 1 between the two sides is the
-        crossing itself, but touching 1 (or staying at 1: identical arms) without changing side is none."""
-        logs = np.log(np.asarray(ratios))
-        signs = np.sign(logs)
-        sided = [i for i in range(len(logs)) if signs[i] != 0]
-        for i, j in itertools.pairwise(sided):
-            if signs[i] == signs[j]:
-                continue
-            if j > i + 1:  # exactly 1 at the points between: the first of them is where it crosses
-                return float(points[i + 1][0])
-            x0, x1 = points[i][0], points[j][0]
-            return float(x0 + (x1 - x0) * logs[i] / (logs[i] - logs[j]))
-        return None
-
-    estimate = first_crossing([float(a.mean() / b.mean()) for _, b, a in points])
+        return _crossing_summary(None, [], n_boot, confidence, len(points))
+    at = [p[0] for p in points]
+    estimate = _first_crossing(at, [float(a.mean() / b.mean()) for _, b, a in points])
     rng = _rng(seed)
     found = []
     for _ in range(n_boot):
         ratios = []
         for _, b, a in points:
             ratios.append(float(a[rng.integers(0, a.size, a.size)].mean() / b[rng.integers(0, b.size, b.size)].mean()))
-        c = first_crossing(ratios)
+        c = _first_crossing(at, ratios)
         if c is not None:
             found.append(c)
-    share = len(found) / n_boot
-    lo = hi = None
-    if found and estimate is not None:
-        lo, hi = _percentiles(np.asarray(found), confidence)
-    return {"estimate": estimate, "ci_low": lo, "ci_high": hi, "share": share, "points": len(points)}
+    return _crossing_summary(estimate, found, n_boot, confidence, len(points))
+
+
+BootCurve = Sequence[Mapping[str, Sequence[float]]]
+
+
+def crossover_boots(
+    xs: Sequence[float],
+    base: BootCurve,
+    arm: BootCurve,
+    *,
+    strata: Mapping[str, object] | None = None,
+    n_boot: int = 1000,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """:func:`crossover` with the boot as the resampling unit, as every delta's CI over boots.
+
+    ``base[i]``/``arm[i]`` map each boot to its samples at ``xs[i]``; ``strata`` maps a boot to its lane.
+    Each resample picks boots with replacement within each lane — the same boots at every point of the
+    curve, since a boot is one engine measured along the whole curve — then resamples each picked boot's
+    samples; the ratio at a point is the per-lane ratio of boot-level means, averaged over lanes weighted
+    by boots (as :func:`ratio_ci_boots`).
+    """
+    strata = strata or {}
+    usable = [
+        i for i in range(len(xs)) if any(len(v) for v in base[i].values()) and any(len(v) for v in arm[i].values())
+    ]
+    if len(usable) < 2:
+        return _crossing_summary(None, [], n_boot, confidence, len(usable))
+    at = [float(xs[i]) for i in usable]
+    sides = []
+    for curve in (base, arm):
+        boots = sorted({b for i in usable for b, v in curve[i].items() if len(v)})
+        lanes: dict[object, list[str]] = {}
+        for b in boots:
+            lanes.setdefault(strata.get(b), []).append(b)
+        arrays = [{b: np.asarray(curve[i].get(b, ()), dtype=float) for b in boots} for i in usable]
+        sides.append((lanes, arrays))
+    (base_lanes, base_arrays), (arm_lanes, arm_arrays) = sides
+    shared = [lane for lane in base_lanes if lane in arm_lanes]
+    if not shared:
+        return _crossing_summary(None, [], n_boot, confidence, len(usable))
+    weights = np.asarray([(len(base_lanes[s]) + len(arm_lanes[s])) / 2 for s in shared], dtype=float)
+
+    def side_mean(arrays: dict[str, np.ndarray], picked: Sequence[str], rng: np.random.Generator | None) -> float:
+        means = []
+        for b in picked:
+            v = arrays[b]
+            if v.size:
+                means.append(float(v[rng.integers(0, v.size, v.size)].mean()) if rng is not None else float(v.mean()))
+        return float(np.mean(means)) if means else float("nan")
+
+    def curve_ratios(picks: Mapping[tuple[int, object], Sequence[str]], rng: np.random.Generator | None) -> list[float]:
+        ratios = []
+        for p in range(len(usable)):
+            per_lane = []
+            for s in shared:
+                b = side_mean(base_arrays[p], picks[(0, s)], rng)
+                a = side_mean(arm_arrays[p], picks[(1, s)], rng)
+                per_lane.append(a / b if b else float("nan"))
+            values = np.asarray(per_lane)
+            ok = np.isfinite(values)
+            ratios.append(float(np.dot(weights[ok], values[ok]) / weights[ok].sum()) if ok.any() else float("nan"))
+        return ratios
+
+    observed = {(0, s): base_lanes[s] for s in shared} | {(1, s): arm_lanes[s] for s in shared}
+    estimate = _first_crossing(at, curve_ratios(observed, None))
+    rng = _rng(seed)
+    found = []
+    for _ in range(n_boot):
+        picks: dict[tuple[int, object], Sequence[str]] = {}
+        for side, lanes in ((0, base_lanes), (1, arm_lanes)):
+            for s in shared:
+                members = lanes[s]
+                picks[(side, s)] = [members[k] for k in rng.integers(0, len(members), len(members))]
+        ratios = curve_ratios(picks, rng)
+        if all(np.isfinite(ratios)):
+            c = _first_crossing(at, ratios)
+            if c is not None:
+                found.append(c)
+    return _crossing_summary(estimate, found, n_boot, confidence, len(usable))

@@ -138,10 +138,17 @@ class Boot:
     replicate: int = 1
     replicates: int = 1
     extra: bool = False
+    #: The lane it runs on under pytest-xdist (worker, its GPU group and host); 0 in a single-process run.
+    lane: int = 0
 
     @property
     def boot_id(self) -> str:
         return self.arm.name if self.replicates == 1 else f"{self.arm.name}.r{self.replicate}"
+
+    @property
+    def block(self) -> int:
+        """The block (one boot of every arm, run back to back on one lane) this boot belongs to."""
+        return self.replicate
 
 
 def boot_order(
@@ -166,6 +173,63 @@ def boot_order(
             extra = planned is not None and r > planned
             boots.append(Boot(arm=arm, index=len(boots), replicate=r, replicates=rounds, extra=extra))
     return tuple(boots)
+
+
+def lane_order(
+    arms: Sequence[Arm], rounds: int, lanes: int, order: Order, seed: int = 0, planned: int | None = None
+) -> tuple[Boot, ...]:
+    """The run's boots placed on ``lanes`` parallel lanes (pytest-xdist workers, each with its GPU group).
+
+    A block is one boot of every arm, run back to back on one lane; block ``r`` runs on lane
+    ``(r - 1) % lanes`` as that lane's ``(r - 1) // lanes``-th block. The arms of a block are the declared
+    order rotated by ``lane + position`` (``abba``, the default: with two arms every lane runs A B B A …, and
+    lanes start on different arms), by ``lane`` alone (``sequential``) or shuffled (``random``). The result
+    is a Latin square over time: at every slot the lanes run as many different arms as there are, so what
+    the lanes share (host CPU, PCIe, memory bandwidth, power) loads every arm alike. ``index`` is the boot's
+    position in time (slot, then lane).
+    """
+    if lanes <= 1:
+        return boot_order(arms, rounds, order, seed, planned)
+    rng = random.Random(seed)
+    k = len(arms)
+    placed: list[tuple[int, int, int, Arm, int]] = []  # (slot, lane, block, arm, ...)
+    for r in range(1, rounds + 1):
+        lane, position = (r - 1) % lanes, (r - 1) // lanes
+        shift = (lane + position if order == "abba" else lane if order == "sequential" else 0) % k
+        block_arms = [*arms[shift:], *arms[:shift]]
+        if order == "random":
+            rng.shuffle(block_arms)
+        for i, arm in enumerate(block_arms):
+            placed.append((position * k + i, lane, r, arm, i))
+    placed.sort(key=lambda p: (p[0], p[1]))
+    return tuple(
+        Boot(
+            arm=arm,
+            index=index,
+            replicate=r,
+            replicates=rounds,
+            extra=planned is not None and r > planned,
+            lane=lane,
+        )
+        for index, (_, lane, r, arm, _) in enumerate(placed)
+    )
+
+
+def parse_gpu_groups(raw: str) -> tuple[str, ...]:
+    """``0,1;2,3`` → ``("0,1", "2,3")``: one group of cards (indices or UUIDs) per lane; no card twice."""
+    groups = tuple(g.strip().replace(" ", "") for g in str(raw).split(";") if g.strip())
+    if not groups:
+        raise SettingsError(f"expected GPU groups like 0,1;2,3 (one group per worker), got {raw!r}")
+    seen: set[str] = set()
+    for group in groups:
+        if not re.fullmatch(r"[A-Za-z0-9\-]+(,[A-Za-z0-9\-]+)*", group):
+            raise SettingsError(f"GPU group {group!r}: expected comma-separated GPU indices/UUIDs like 0,1")
+        cards = group.split(",")
+        twice = sorted({c for c in cards if c in seen or cards.count(c) > 1})
+        if twice:
+            raise SettingsError(f"GPU group {group!r}: card(s) {', '.join(twice)} in more than one group")
+        seen.update(cards)
+    return groups
 
 
 @dataclass(frozen=True)
@@ -237,6 +301,10 @@ class Settings:
     progress: Progress = "auto"
     host_cpu_max_pct: float | None = 50.0
     host_cpu_action: HostCpuAction = "flag"
+    #: ``--kv-gpu-groups``: one group of cards per lane (pytest-xdist worker); empty: lanes share the cards.
+    gpu_groups: tuple[str, ...] = ()
+    #: Parallel lanes (pytest-xdist workers) the blocks of boots are placed on; 1 without pytest-xdist.
+    lanes: int = 1
 
     @property
     def active(self) -> bool:
@@ -259,7 +327,11 @@ class Settings:
         return self.replicates
 
     def boots(self) -> tuple[Boot, ...]:
-        return boot_order(self.arms, self.rounds, self.order, self.order_seed, planned=self.replicates)
+        return lane_order(self.arms, self.rounds, self.lanes, self.order, self.order_seed, planned=self.replicates)
+
+    def lane_cards(self, lane: int) -> str | None:
+        """The cards lane ``lane``'s engines see (its ``--kv-gpu-groups`` group), or None: not pinned."""
+        return self.gpu_groups[lane] if self.gpu_groups and lane < len(self.gpu_groups) else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -326,6 +398,8 @@ class Settings:
             "progress": self.progress,
             "host_cpu_max_pct": self.host_cpu_max_pct,
             "host_cpu_action": self.host_cpu_action,
+            "gpu_groups": list(self.gpu_groups),
+            "lanes": self.lanes,
         }
 
     def client_kwargs(self) -> ClientLimits:
@@ -842,6 +916,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec("gpus", "GPUs for containers: all, or indices/UUIDs like 0,1,2,3 (default: none).", "GPUS"),
     OptionSpec(
+        "gpu_groups",
+        "with pytest-xdist (-n N or --tx): one group of cards per worker, ';'-separated, like 0,1;2,3;4,5;6,7. "
+        "Each worker's engines see only its group (CUDA_VISIBLE_DEVICES, or the container's device ids) and "
+        "its GPU state covers only those cards; over ssh gateways, each host's own cards.",
+        "G1;G2",
+    ),
+    OptionSpec(
         "pull", "let the docker launcher pull a missing image (default: a missing image is an error).", flag=True
     ),
     OptionSpec("shm_size", "container shared memory (e.g. 16g) instead of --ipc=host.", "SIZE"),
@@ -1232,6 +1313,7 @@ def resolve(
         hf_cache=Path(get("hf_cache", lambda raw: str(raw), "~/.cache/huggingface")).expanduser(),
         compile_cache=get("compile_cache", _compile_cache, "auto"),
         gpus=get("gpus", _gpus, None),
+        gpu_groups=get("gpu_groups", parse_gpu_groups, ()),
         pull=get("pull", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
         shm_size=get("shm_size", lambda raw: str(raw).strip(), None),
         gpu_power_limit=get("gpu_power_limit", _power_limit, None),

@@ -76,10 +76,14 @@ def build_engine_args(settings: Settings, arm: Arm, model: str) -> tuple[list[st
     return args, env
 
 
-def visible_devices(settings: Settings, arm: Arm) -> str | None:
+def visible_devices(settings: Settings, arm: Arm, lane: int = 0) -> str | None:
     """The ``CUDA_VISIBLE_DEVICES`` an arm's engine runs under, so the GPU state follows exactly its cards
-    (None: unset, every card). Process launcher: the arm's ``env``, else ours; docker: ``--kv-gpus``
-    (unset: no card); an external endpoint: unknown, so the cards this process sees."""
+    (None: unset, every card). Under pytest-xdist with ``--kv-gpu-groups``: its lane's group. Process
+    launcher: the arm's ``env``, else ours; docker: ``--kv-gpus`` (unset: no card); an external endpoint:
+    unknown, so the cards this process sees."""
+    cards = settings.lane_cards(lane)
+    if cards is not None and settings.launcher != "external":
+        return cards
     if settings.launcher == "docker":
         return None if settings.gpus == "all" else settings.gpus or ""
     if settings.launcher == "external":
@@ -100,6 +104,12 @@ def compile_cache_mount(settings: Settings) -> tuple[Path, str] | None:
     return host, CONTAINER_VLLM_CACHE
 
 
+def lane_port(settings: Settings, lane: int) -> int:
+    """The engine's port: ``--kv-port`` (plus the lane, so parallel lanes of one host never collide), or a
+    free one the kernel picks."""
+    return settings.port + lane if settings.port else free_port()
+
+
 def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineRegistry) -> Engine:
     """The plugin's own launchers (the launcher hook's last implementation)."""
     log_path = arm_dir / "engine.log"
@@ -113,7 +123,10 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
     if settings.launcher == "process":
         model = settings.model or str(embedded_model_path())
         args, env_overrides = build_engine_args(settings, boot.arm, model)
-        port = settings.port or free_port()
+        cards = settings.lane_cards(boot.lane)
+        if cards is not None:  # this lane's GPU group (pytest-xdist): its engines see only those cards
+            env_overrides["CUDA_VISIBLE_DEVICES"] = cards
+        port = lane_port(settings, boot.lane)
         cmd = settings.engine_cmd or default_engine_cmd()
         argv = [*cmd, *args, "--host", HOST, "--port", str(port)]
         return ProcessEngine(
@@ -126,6 +139,7 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
             startup_timeout_s=settings.startup_timeout_s,
             on_spawn=lambda e: registry.add(e.boot_id, e.pid or 0, argv0=argv[0]),
             on_stop=lambda e: registry.remove(e.boot_id),
+            die_with_parent=settings.lanes > 1,
         )
     if settings.launcher == "docker":
         from pytest_kvcache.engines.docker import DockerEngine
@@ -149,7 +163,7 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
             image=image,
             engine_args=args,
             env=env_overrides,
-            port=settings.port or free_port(),
+            port=lane_port(settings, boot.lane),
             log_path=log_path,
             startup_timeout_s=settings.startup_timeout_s,
             run_id=run_id,
@@ -157,7 +171,7 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
             model_mount=model_mount,
             hf_cache=settings.hf_cache if settings.hf_cache and settings.hf_cache.is_dir() else None,
             compile_cache=compile_cache_mount(settings),
-            gpus=settings.gpus,
+            gpus=settings.lane_cards(boot.lane) or settings.gpus,
             shm_size=settings.shm_size,
             pull=settings.pull,
         )

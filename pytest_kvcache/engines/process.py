@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -19,6 +21,28 @@ TERM_GRACE_S = 20.0
 KILL_GRACE_S = 10.0
 #: After Ctrl-C (or SIGTERM) the engine gets this long to exit on SIGTERM before it is killed.
 INTERRUPT_GRACE_S = 2.0
+
+
+def _libc_prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` of a pytest-xdist worker's engine: SIGTERM to it when the thread that started it dies
+    (Linux), so a worker killed outright — on this host or an ssh host, where no reaper of the controller's
+    reaches — leaves no engine behind (the engine's own SIGTERM handling stops its children). A plain run
+    keeps its engines' lives its own: the next run's reaper stops what a killed one left."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port(host: str = HOST) -> int:
@@ -121,8 +145,10 @@ class ProcessEngine:
         startup_timeout_s: float,
         on_spawn: Callable[[ProcessEngine], None] | None = None,
         on_stop: Callable[[ProcessEngine], None] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.boot_id = boot_id
+        self.die_with_parent = die_with_parent
         self.argv = list(argv)
         self.env = dict(env)
         self.env_overrides = dict(env_overrides)
@@ -173,6 +199,7 @@ class ProcessEngine:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
+                preexec_fn=die_with_parent if self.die_with_parent else None,
             )
         except OSError as exc:
             raise EngineError(f"{self.boot_id}: cannot run the engine command {self.argv[0]!r}: {exc}") from None

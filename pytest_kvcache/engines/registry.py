@@ -39,8 +39,17 @@ class EngineRegistry:
                 self._flush()
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _alive(pid: int | None, start_ticks: int | None) -> bool:
-    if pid is None:
+    """Is ``pid`` the same live process (not reused, not a zombie: a killed pytest-xdist worker stays one
+    until its controller waits for it)?"""
+    if pid is None or _zombie(pid):
         return False
     ticks = proc_start_ticks(pid)
     return ticks is not None and (start_ticks is None or ticks == start_ticks)

@@ -8,7 +8,7 @@ bootstrap is seeded with the run's ``--kv-seed``, so the same folder always yiel
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,7 @@ from pytest_kvcache.model import (
     AgreementRow,
     AgreementSection,
     ArmEntry,
+    BlockEntry,
     BootEntry,
     BootResult,
     CiStatement,
@@ -33,6 +34,7 @@ from pytest_kvcache.model import (
     GpuCardSummary,
     GpuSummary,
     GrowthVerdict,
+    PlanEntry,
     Record,
     Report,
     SelfCheckSection,
@@ -154,20 +156,27 @@ def rounds_check(
     return all(w is not None and w <= target_pct for w, _ in widths), widest
 
 
-def _curve(data: pd.DataFrame, probe: str, arm: str, metric: str, specs: Specs) -> list[tuple[float, list[float]]]:
-    """(x, values) per point of a curve: x = depth, or the mean prompt tokens of a turn."""
+def _curve(
+    data: pd.DataFrame, probe: str, arm: str, metric: str, specs: Specs
+) -> list[tuple[float, dict[str, list[float]]]]:
+    """(x, {boot: values}) per point of a curve: x = depth, or the mean prompt tokens of a turn."""
     spec = spec_of(probe, specs)
     sub = data[(data["probe"] == probe) & (data["arm"] == arm)]
+    key = "unit" if "unit" in sub else "boot"
     out = []
     for point in sorted(sub["point"].unique(), key=point_sort):
         at = sub[sub["point"] == point]
         if spec.exclude_first_point and at["turn"].iloc[0] == 1:
             continue  # turn 1 is cold: excluded from the curve, as from the growth verdict
         x = float(at["depth"].iloc[0]) if spec.curve_x == "depth" else float(at["prompt_tokens"].dropna().mean())
-        found = values(at, metric)
+        found = {str(unit): v for unit, g in at.groupby(key, sort=False) if (v := values(g, metric))}
         if found:
             out.append((x, found))
     return out
+
+
+def _pooled(boots: Mapping[str, list[float]]) -> list[float]:
+    return [v for values_ in boots.values() for v in values_]
 
 
 def _nearest(curve: Mapping[float, object], x: float) -> float:
@@ -178,6 +187,12 @@ def crossover_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: 
     rows: list[CrossoverRow] = []
     if data.empty or len(arms) < 2:
         return rows
+    key = "unit" if "unit" in data else "boot"
+    strata = (
+        {str(u): s for u, s in zip(data[key], data["stratum"], strict=True)}
+        if "stratum" in data and key in data
+        else {}
+    )
     for spec in sorted(specs.values(), key=lambda s: (s.order, s.name)):
         for metric in spec.curve:
             base = dict(_curve(data, spec.name, arms[0], metric, specs))
@@ -187,7 +202,15 @@ def crossover_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: 
                 if len(xs) < 2:
                     continue
                 arm_vals = [curve[_nearest(curve, x)] for x in xs]
-                found = stats.crossover(xs, [base[x] for x in xs], arm_vals, seed=seed)
+                base_vals = [base[x] for x in xs]
+                boots = min(len(set().union(*base_vals)), len(set().union(*arm_vals)))
+                if boots >= MIN_BOOTS_FOR_BOOT_CI:  # the same unit as every delta's CI: boots, within lanes
+                    found = stats.crossover_boots(xs, base_vals, arm_vals, strata=strata, seed=seed)
+                else:
+                    found = stats.crossover(
+                        xs, [_pooled(b) for b in base_vals], [_pooled(a) for a in arm_vals], seed=seed
+                    )
+                found["ci_method"] = "boots" if boots >= MIN_BOOTS_FOR_BOOT_CI else "within-boot"
                 axis = "depth" if spec.curve_x == "depth" else "prompt tokens"
                 if found["estimate"] is None:
                     statement = f"no crossover in the measured range ({xs[0]:,.0f}–{xs[-1]:,.0f} {axis})"
@@ -413,10 +436,62 @@ def boot_results(data: pd.DataFrame, boots: Sequence[BootEntry], specs: Specs) -
     return rows
 
 
-def ci_statement(boots: Sequence[BootEntry], arms: Sequence[str], launcher: object = None) -> CiStatement:
+def block_entries(run: RunData) -> list[BlockEntry]:
+    """The blocks of a pytest-xdist run, from the controller's ``run.json`` (plan and lanes) and each boot's
+    evidence: lane, its workers, host and cards, the cards' models and driver, the engine version, the boots
+    in the order they ran, and what became of the block (complete, lost with the worker that died, …)."""
+    lanes = {int(entry.get("lane") or 0): entry for entry in run.meta.get("lanes") or []}
+    if not lanes:
+        return []
+    by_block: dict[int, list[PlanEntry]] = {}
+    for entry in run.meta.get("plan") or []:
+        by_block.setdefault(int(entry.get("block") or entry.get("replicate") or 1), []).append(entry)
+    out: list[BlockEntry] = []
+    for number, entries in sorted(by_block.items()):
+        lane = int(entries[0].get("lane") or 0)
+        info = lanes.get(lane, {})
+        evidence = [run.evidence.get(str(e.get("boot"))) or {} for e in entries]
+        ran = [e for e in evidence if e.get("status") in ("ready", "stopped")]
+        before: dict[str, Any] = next(
+            (dict(e.get("gpu_before") or {}) for e in ran if (e.get("gpu_before") or {}).get("gpu")), {}
+        )
+        lost = [str(e["lost"]) for e in entries if e.get("lost")]
+        skipped = [e for e in entries if e.get("skipped")]
+        failed = [e for e in evidence if e.get("status") == "failed"]
+        if lost:
+            status = f"lost: {lost[0]}"
+        elif skipped and len(skipped) == len(entries):
+            status = "skipped (adaptive)"
+        elif failed:
+            status = f"failed: {', '.join(str(e.get('boot')) for e in failed)} did not boot"
+        elif len(ran) == len(entries):
+            status = "complete"
+        else:
+            status = "incomplete"
+        out.append(
+            {
+                "block": number,
+                "lane": lane,
+                "workers": [str(w) for w in info.get("workers") or []],
+                "host": info.get("host"),
+                "gpus": info.get("gpus"),
+                "gpu_models": sorted({str(c.get("name")) for c in before.get("cards") or [] if c.get("name")}),
+                "driver": before.get("driver_version"),
+                "engine_version": next((str(e["engine_version"]) for e in ran if e.get("engine_version")), None),
+                "boots": [str(e.get("boot")) for e in entries],
+                "status": status,
+            }
+        )
+    return out
+
+
+def ci_statement(
+    boots: Sequence[BootEntry], arms: Sequence[str], launcher: object = None, blocks: Sequence[BlockEntry] = ()
+) -> CiStatement:
     """How many boots each arm had, and what the report's CIs therefore cover. Against external endpoints
     (``launcher`` "external") nothing is booted: replicates are repeats against one server per arm, one
-    resampling unit, and the sentence says so."""
+    resampling unit, and the sentence says so. With ``blocks`` (pytest-xdist) boots are resampled within
+    their lanes, and each lane's order is given."""
     ran = [b for b in boots if b["status"] in ("ready", "stopped")]
     per_arm = {arm: sum(1 for b in ran if b["arm"] == arm) for arm in arms}
     fewest = min(per_arm.values()) if per_arm else 0
@@ -432,7 +507,14 @@ def ci_statement(boots: Sequence[BootEntry], arms: Sequence[str], launcher: obje
                 f"(--kv-launcher=process or docker) with --kv-replicates={MIN_BOOTS_FOR_BOOT_CI} for CIs over boots."
             ),
         }
-    if fewest >= MIN_BOOTS_FOR_BOOT_CI:
+    lanes = sorted({b["lane"] for b in blocks})
+    if fewest >= MIN_BOOTS_FOR_BOOT_CI and len(lanes) > 1:
+        text = (
+            f"CIs are computed over boots, resampled within each of {len(lanes)} lanes (hierarchical bootstrap: "
+            f"boots within a lane, then samples within a boot; each lane's ratio weighted by its boots); "
+            f"boots per arm: {counts}."
+        )
+    elif fewest >= MIN_BOOTS_FOR_BOOT_CI:
         text = (
             f"CIs are computed over boots (hierarchical bootstrap: boots, then samples within a boot); "
             f"boots per arm: {counts}."
@@ -442,12 +524,22 @@ def ci_statement(boots: Sequence[BootEntry], arms: Sequence[str], launcher: obje
             f"CIs cover within-boot noise only (boots per arm: {counts}; "
             f"boot-to-boot variation is not in them — use --kv-replicates={MIN_BOOTS_FOR_BOOT_CI} or more)."
         )
-    return {
+    found: CiStatement = {
         "boots_per_arm": per_arm,
         "method": "boots" if fewest >= MIN_BOOTS_FOR_BOOT_CI else "within-boot",
         "order": [b["boot"] for b in ran],
         "text": text,
     }
+    if lanes:
+        started = {b["boot"]: b.get("started_unix_s") or 0.0 for b in ran}
+        found["lane_order"] = {
+            f"lane {lane}": sorted(
+                (boot for block in blocks if block["lane"] == lane for boot in block["boots"] if boot in started),
+                key=lambda boot: started[boot],
+            )
+            for lane in lanes
+        }
+    return found
 
 
 # ------------------------------------------------------------------------------------------ agreement
@@ -765,6 +857,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
     allow = [*cast(list[str], settings.get("allow_diff") or []), *allow_diff]
     agreed = agreement_report(run, arms)
     entries = arm_entries(run, arms)
+    blocks = block_entries(run)
     report: Report = {
         "report_version": REPORT_VERSION,
         "run_id": run.meta.get("run_id"),
@@ -775,7 +868,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "boots": boots,
         "boot_results": boot_results(data, boots, specs),
         "compile_cache": compile_cache_lines(boots),
-        "ci": ci_statement(boots, arms, run.settings.get("launcher")),
+        "ci": ci_statement(boots, arms, run.settings.get("launcher"), blocks),
         "confounds": confound_report(run, boots, allow),
         "agreement": agreed,
         "sampling": run.sampling,
@@ -794,5 +887,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "fidelity": fidelity_report.section(run.fidelity_blocks, run.fidelity, arms, settings, seed),
         "flags": flag_summary(run.records),
     }
+    if blocks:
+        report["blocks"] = blocks
     report["verdicts"] = report_verdicts(report, specs)
     return report

@@ -3,7 +3,8 @@
 Every boot's evidence is flattened into dotted paths — the engine argv (``argv.--max-num-seqs``), its
 environment (``env.VLLM_CPU_KVCACHE_SPACE``), the engine's own non-default args
 (``non_default_args.max_num_seqs``), ``vllm:cache_config_info`` (``cache_config.block_size``), engine
-version, image digest, model, container settings, GPU power caps (``gpu.0.power_limit_w``) — and compared
+version, image digest, model, container settings, GPU models, power caps (``gpu.0.power_limit_w``, the
+boot's first card) and driver — and compared
 with the baseline's first boot. A difference is *declared* when a knob of one of the two arms explains it
 (the arm's ``kv_cache_dtype``, args, env and image, or its ``knobs`` list), *allowed* when a
 ``--kv-allow-diff`` key covers it, and otherwise a confound. A KV capacity that differs because the dtype
@@ -93,9 +94,13 @@ def flatten(evidence: Mapping[str, Any]) -> dict[str, str]:
     argv = evidence.get("argv") or config.get("command") or []
     for flag, value in argv_options(argv).items():
         facts[f"argv.{flag}"] = value
+    laned = evidence.get("lane") is not None  # pytest-xdist: each lane runs on its own cards by design
     for name, value in (evidence.get("env") or config.get("env") or {}).items():
-        facts[f"env.{name}"] = value
+        if not (laned and name == "CUDA_VISIBLE_DEVICES"):
+            facts[f"env.{name}"] = value
     for key in ("entrypoint", "mounts", "device_requests", "ipc_mode", "shm_size"):
+        if laned and key == "device_requests":
+            continue
         if config.get(key) not in (None, [], {}):
             facts[f"docker.{key}"] = config[key]
     log = evidence.get("log") or {}
@@ -108,11 +113,15 @@ def flatten(evidence: Mapping[str, Any]) -> dict[str, str]:
     for label, value in (evidence.get("cache_config") or {}).items():
         if not str(label).startswith("_"):
             facts[f"cache_config.{label}"] = value
-    for card in (evidence.get("gpu_before") or {}).get("cards") or []:
-        index = card.get("index")
+    before = evidence.get("gpu_before") or {}
+    if before.get("driver_version") is not None:
+        facts["gpu.driver_version"] = before["driver_version"]
+    # Cards by their place among the boot's own cards: lanes (and arms pinned to other cards) are compared
+    # card for card — the same model and power cap, whatever their indices.
+    for position, card in enumerate(before.get("cards") or []):
         for key in ("name", "power_limit_w"):
             if card.get(key) is not None:
-                facts[f"gpu.{index}.{key}"] = card[key]
+                facts[f"gpu.{position}.{key}"] = card[key]
     return {k: json.dumps(v, sort_keys=True, default=str) for k, v in facts.items() if not _per_boot(k)}
 
 

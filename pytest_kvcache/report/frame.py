@@ -161,27 +161,43 @@ def _paired_values(base: pd.DataFrame, arm: pd.DataFrame, metric: str) -> tuple[
 def by_boot(group: pd.DataFrame, metric: str) -> list[list[float]]:
     """The values of ``metric`` per resampling unit: the ``unit`` column (a boot, or one external server
     per arm) where the run folder's loader set it, else the boot."""
+    return by_boot_strata(group, metric)[0]
+
+
+def by_boot_strata(group: pd.DataFrame, metric: str) -> tuple[list[list[float]], list[object]]:
+    """:func:`by_boot`, and each unit's stratum: its lane (``stratum`` column, set by the loader from the
+    boot plan of a pytest-xdist run), or 0 for every unit."""
     key = "unit" if "unit" in group else "boot"
     if group.empty or key not in group:
-        return []
-    return [found for _, g in group.groupby(key, sort=False) if (found := values(g, metric))]
+        return [], []
+    groups: list[list[float]] = []
+    strata: list[object] = []
+    for _, g in group.groupby(key, sort=False):
+        found = values(g, metric)
+        if found:
+            groups.append(found)
+            strata.append(g["stratum"].iloc[0] if "stratum" in g else 0)
+    return groups, strata
 
 
 def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) -> Comparison:
     """Ratio other/base of one metric at one point, its CI and verdict.
 
     With ``MIN_BOOTS_FOR_BOOT_CI`` boots or more on both sides the boot is the unit: ratio of boot-level
-    means with a hierarchical bootstrap (``ci_method`` "boots"). Otherwise samples are pooled, paired where
+    means with a hierarchical bootstrap (``ci_method`` "boots"), stratified by lane in a pytest-xdist run
+    (boots are resampled within their lane, see ``stats.ratio_ci_boots``). Otherwise samples are pooled, paired where
     requests pair up, and the CI covers only the noise within a boot ("within-boot").
     """
     bv, av = values(base, metric), values(other, metric)
-    base_boots, arm_boots = by_boot(base, metric), by_boot(other, metric)
+    (base_boots, base_strata), (arm_boots, arm_strata) = by_boot_strata(base, metric), by_boot_strata(other, metric)
     paired = False
     base_value: float | None
     arm_value: float | None
     if len(base_boots) >= MIN_BOOTS_FOR_BOOT_CI and len(arm_boots) >= MIN_BOOTS_FOR_BOOT_CI:
         method = "boots"
-        ratio, lo, hi = stats.ratio_ci_boots(base_boots, arm_boots, seed=seed)
+        ratio, lo, hi = stats.ratio_ci_boots(
+            base_boots, arm_boots, base_strata=base_strata, arm_strata=arm_strata, seed=seed
+        )
         base_value = float(np.mean([np.mean(b) for b in base_boots]))
         arm_value = float(np.mean([np.mean(a) for a in arm_boots]))
     else:

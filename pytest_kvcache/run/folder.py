@@ -24,7 +24,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -77,13 +77,26 @@ def read_records(path: Path) -> list[Record]:
     return records
 
 
-class RunFolder:
-    """One run's folder and its append-only request log."""
+#: ``tap(kind, name, text)``: told of every write — ``append`` (a record's line), ``log`` (a side log's line)
+#: or ``write`` (a JSON file's text) — after it is durable (a pytest-xdist worker forwards them).
+Tap = Callable[[str, str, str], None]
 
-    def __init__(self, root: Path, run_id: str | None = None) -> None:
+
+class RunFolder:
+    """One run's folder and its append-only request log.
+
+    ``name`` (default: the run id) names the folder; a pytest-xdist worker's folder is named after its
+    lane, holds the controller's run id and leaves ``latest`` alone (``link_latest=False``).
+    """
+
+    def __init__(
+        self, root: Path, run_id: str | None = None, *, name: str | None = None, link_latest: bool = True
+    ) -> None:
         self.root = root
         self.run_id = run_id or new_run_id()
-        self.path = root / self.run_id
+        self.path = root / (name or self.run_id)
+        self.link_latest = link_latest
+        self.tap: Tap | None = None
         self._lock = threading.Lock()
         self._fh: Any = None
 
@@ -91,6 +104,8 @@ class RunFolder:
         self.path.mkdir(parents=True, exist_ok=False)
         (self.path / "arms").mkdir()
         self._fh = (self.path / "requests.jsonl").open("a", encoding="utf-8")
+        if not self.link_latest:
+            return self
         latest = self.root / "latest"
         with contextlib.suppress(OSError):
             tmp = self.root / f".latest.{os.getpid()}"
@@ -112,7 +127,18 @@ class RunFolder:
     def write(self, name: str, data: Any) -> Path:
         path = self.path / name
         write_json(path, data)
+        if self.tap is not None:
+            self.tap("write", name, json.dumps(data, default=str))
         return path
+
+    def add_text(self, name: str, text: str) -> None:
+        """Append ``text`` to a file of the run (made if missing), durably: what a worker forwarded."""
+        path = self.path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock, path.open("a", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Append one record and make it durable before returning."""
@@ -123,6 +149,8 @@ class RunFolder:
             self._fh.write(line + "\n")
             self._fh.flush()
             os.fsync(self._fh.fileno())
+        if self.tap is not None:
+            self.tap("append", "requests.jsonl", line)
 
     def log(self, name: str, record: Mapping[str, Any]) -> None:
         """Append one line to a side log of the run (``agreement.jsonl``, ``sampling.jsonl`` …), durably."""
@@ -131,6 +159,8 @@ class RunFolder:
             fh.write(line + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+        if self.tap is not None:
+            self.tap("log", name, line)
 
     def close(self) -> None:
         with self._lock:

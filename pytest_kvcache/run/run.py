@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 import httpx
 
@@ -47,10 +47,15 @@ from pytest_kvcache.model import (
 )
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.run.folder import RunFolder, make_record
+from pytest_kvcache.run.forward import Outbox
 from pytest_kvcache.run.hostload import HostSampler, MeasuredProcesses, judge
 from pytest_kvcache.run.measure import Server, alive_after
 
 MakeEngine = Callable[[Boot, Path, EngineRegistry], Engine | None]
+#: ``single``: one process boots and measures; under pytest-xdist a ``worker`` boots and measures its lane's
+#: blocks and forwards every write (``run.forward``), and the ``controller`` collects them into the run's
+#: one folder and builds the report, booting nothing.
+Role = Literal["single", "controller", "worker"]
 Payload = Mapping[str, Any]
 
 
@@ -107,8 +112,18 @@ class Run:
         make_engine: MakeEngine,
         machine_info: Callable[[], Json] = lambda: None,
         invocation: Sequence[str] | None = None,
+        role: Role = "single",
+        lane: int = 0,
+        run_id: str | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
         self.settings = settings
+        self.role: Role = role
+        self.lane = lane
+        self.run_id = run_id
+        self.outbox = outbox
+        self.lane_meta: dict[int, dict[str, Any]] = {}  # controller: each lane's worker run.json
+        self.lanes_info: dict[int, dict[str, Any]] = {}  # controller: each lane's workers and lost blocks
         self.make_engine = make_engine
         self.machine_info = machine_info
         self.invocation = list(invocation if invocation is not None else sys.argv)
@@ -157,13 +172,25 @@ class Run:
 
         root = self.settings.report_dir
         root.mkdir(parents=True, exist_ok=True)
-        self.reaped = reap_orphans(root)
+        if self.role == "worker":  # its own folder on its own host; the controller's holds the run
+            workers = root / "workers"
+            workers.mkdir(parents=True, exist_ok=True)
+            self.reaped = reap_orphans(workers)
+            name = f"{self.run_id}-lane{self.lane}-{os.getpid()}"
+            self.folder = RunFolder(workers, self.run_id, name=name, link_latest=False).create()
+            if self.outbox is not None:
+                self.folder.tap = self.outbox.tap
+        else:
+            self.reaped = reap_orphans(root) + reap_orphans(root / "workers")
+            self.folder = RunFolder(root, self.run_id).create()
         if self.settings.launcher == "docker":
             self.reaped += reap_dead_containers()
-        self.folder = RunFolder(root).create()
         for listener in self.listeners:
             listener.run_opened(self.folder.path)
         self.registry = EngineRegistry(self.folder.path)
+        if self.role == "controller":  # boots nothing: no GPU state, no host sampler, no self-check
+            self.write_meta(status="running")
+            return self.folder
         st = self.settings
         self.gpu = GpuState(
             GpuOptions(
@@ -174,7 +201,8 @@ class Run:
                 max_temp_c=st.gpu_max_temp,
             )
         )
-        self.gpu.open(self.folder.path, devices=[visible_devices(st, arm) for arm in st.arms])
+        lanes = {b.lane for b in st.boots()} if self.role == "single" else {self.lane}
+        self.gpu.open(self.folder.path, devices=[visible_devices(st, arm, lane) for arm in st.arms for lane in lanes])
         if st.host_cpu_max_pct is not None and st.host_cpu_action != "off":
             folder = self.folder
             measured = MeasuredProcesses(lambda: list(self.engines.values()))  # asked at every reading
@@ -216,7 +244,7 @@ class Run:
                 "model": self.model_name(),
                 "settings": self.settings.to_dict(),
                 "plan": self.plan,
-                "probes": [spec.to_dict() for spec in probe_registry.specs()],
+                "probes": self._probes(),
                 "versions": versions(),
                 "benchmark_machine_info": self.machine_info(),
                 "reaped": self.reaped,
@@ -224,8 +252,37 @@ class Run:
                 "skipped": self.skipped,
                 "self_check": self.self_check,
                 "boots": {k: v.get("status") for k, v in self.evidence.items()},
+                "role": self.role,
+                "host": platform.node(),
+                **({"lane": self.lane} if self.role == "worker" else {}),
+                **({"lanes": self.lane_report()} if self.role == "controller" else {}),
             },
         )
+
+    def lane_report(self) -> list[dict[str, Any]]:
+        """The controller's word on each lane: its workers, host, cards and what became of its blocks."""
+        out = []
+        for lane in sorted({int(e.get("lane") or 0) for e in self.plan} | set(self.lanes_info)):
+            info = self.lanes_info.get(lane, {})
+            meta = self.lane_meta.get(lane, {})
+            out.append(
+                {
+                    "lane": lane,
+                    "workers": info.get("workers", []),
+                    "host": meta.get("host"),
+                    "gpus": self.settings.lane_cards(lane),
+                    "lost": info.get("lost", []),
+                    "versions": meta.get("versions"),
+                }
+            )
+        return out
+
+    def _probes(self) -> list[Any]:
+        """The probe specs of the run: the workers' (where a user's probe registered) on the controller."""
+        for meta in self.lane_meta.values():
+            if meta.get("probes"):
+                return list(meta["probes"])
+        return [spec.to_dict() for spec in probe_registry.specs()]
 
     def model_name(self) -> str:
         """What the run serves: ``--kv-model``, the external endpoints' served model, or the embedded one."""
@@ -246,6 +303,11 @@ class Run:
                 "kv_cache_dtype": b.arm.kv_cache_dtype,
                 "args": list(b.arm.args),
                 "tests": tests_per_boot.get(b.boot_id, 0),
+                **(
+                    {"lane": b.lane, "block": b.block, "gpus": self.settings.lane_cards(b.lane)}
+                    if self.settings.lanes > 1
+                    else {}
+                ),
             }
             for b in self.settings.boots()
         ]
@@ -266,6 +328,8 @@ class Run:
             listener.closed()
         if self.folder is not None and not self.closed:
             self.write_meta(status=status)
+            if self.outbox is not None:
+                self.outbox.sync("gpu.jsonl", self.folder.path / "gpu.jsonl")
             self.folder.close()
         self.closed = True
         atexit.unregister(self.stop_all)
@@ -285,6 +349,7 @@ class Run:
             "arm": boot.arm.to_dict(),
             "replicate": boot.replicate,
             "declared_kv_cache_dtype": boot.arm.kv_cache_dtype,
+            **({"lane": boot.lane, "block": boot.block} if self.settings.lanes > 1 else {}),
             "status": "starting",
             "started_unix_s": time.time(),
         }
@@ -293,7 +358,7 @@ class Run:
             listener.boot_starting(boot, arm_dir / "engine.log")
         engine: Engine | None = None
         try:
-            cards = self.gpu.cards_of(visible_devices(self.settings, boot.arm))
+            cards = self.gpu.cards_of(visible_devices(self.settings, boot.arm, boot.lane))
             self.gpu_cards[boot.boot_id] = cards
             before, problems = self.gpu.before_boot(cards)
             evidence["gpu_before"] = before
@@ -398,6 +463,9 @@ class Run:
         if evidence.get("status") == "ready":
             evidence["status"] = "stopped"
         self.folder.write(f"arms/{boot_id}/evidence.json", evidence)
+        if self.outbox is not None:
+            self.outbox.sync(f"arms/{boot_id}/engine.log", engine.log_path)
+            self.outbox.sync("gpu.jsonl", self.folder.path / "gpu.jsonl")
 
     def stop_all(self) -> None:
         for boot_id in list(self.engines):
@@ -425,6 +493,16 @@ class Run:
         rec = make_record(
             sample, run_id=folder.run_id, arm=boot.arm.name, boot=boot.boot_id, replicate=boot.replicate, **context
         )
+        self._keep(rec)
+        return rec
+
+    def ingest(self, rec: Record) -> None:
+        """A record a worker measured (the controller, ``run.forward.apply``): written and kept as its own."""
+        self.open()
+        self._keep(rec)
+
+    def _keep(self, rec: Record) -> None:
+        folder = self.open()
         with self._lock:
             folder.append(rec)
             self.records.append(rec)
@@ -433,7 +511,20 @@ class Run:
 
             for listener in self.listeners:
                 listener.recorded(rec, requests_of(rec, self.settings))
-        return rec
+
+    def replay(self, method: str, arguments: Mapping[str, Any]) -> None:
+        """A worker's boot event, told to this run's listeners (the controller's progress lines)."""
+        boots = {b.boot_id: b for b in self.settings.boots()}
+        boot = boots.get(str(arguments.get("boot")))
+        if boot is None:
+            return
+        for listener in self.listeners:
+            if method == "boot_starting":
+                listener.boot_starting(boot, Path(str(arguments.get("log_path"))))
+            elif method == "boot_ready":
+                listener.boot_ready(boot, self.evidence.get(boot.boot_id) or cast(Evidence, {}))
+            elif method == "boot_failed":
+                listener.boot_failed(boot, str(arguments.get("headline")))
 
     # ------------------------------------------------------------------ adaptive rounds
 
@@ -444,7 +535,7 @@ class Run:
         ``sampling.jsonl``.
         """
         target = self.settings.target_ci_pct
-        if not boot.extra or target is None:
+        if not boot.extra or target is None or self.role == "worker":  # the controller decides for workers
             return None
         if boot.replicate not in self.round_decisions:
             if self.round_decisions.get(boot.replicate - 1):

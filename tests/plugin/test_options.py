@@ -135,13 +135,6 @@ def test_usage_errors_exit_4_without_traceback(pytester: pytest.Pytester, args: 
     assert not (pytester.path / ".kvcache").exists()
 
 
-def test_xdist_is_refused(pytester: pytest.Pytester) -> None:
-    pytest.importorskip("xdist")
-    result = pytester.runpytest("--kv-arms=auto", "-n", "2")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*cannot run under pytest-xdist*"])
-
-
 def test_pyproject_arms_and_ini_options(pytester: pytest.Pytester) -> None:
     pytester.makepyprojecttoml("""
         [tool.pytest.ini_options]

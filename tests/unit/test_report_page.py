@@ -38,7 +38,7 @@ def test_the_verdict_block_comes_before_every_table_and_names_every_gate(
         assert sentence in block
     for gate in report["gates"]:  # type: ignore[attr-defined]
         assert gate["name"] in block
-    assert "clean: 58 evidence paths compared" in block and "CIs cover within-boot noise only" in block
+    assert "clean: 59 evidence paths compared" in block and "CIs cover within-boot noise only" in block
 
 
 def test_better_and_worse_carry_a_sign_and_paths_are_code(rendered: tuple[str, dict[str, object]]) -> None:

@@ -6,7 +6,7 @@ from ``evidence.json``). The new pipeline must reproduce every key of it; what i
 ``probes``, ``agentic``, ``spec_decode``, ``flags``, ``gates``, ``fidelity``) is checked for presence. Since then a
 better/worse verdict on a within-boot CI is marked provisional (issue 22): that mark is checked where it
 must be and taken off before the comparison, as is each arm's resolved speculative setup (issue 16) and
-each boot's compile facts (issue 20).
+each boot's compile facts (issue 20) and each crossover's CI method (issue 15).
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ def test_a_committed_run_folder_rerenders_to_the_same_report(name: str, tmp_path
         marked = d["ci_method"] == "within-boot" and d["verdict"] != "inconclusive"
         assert d.pop("provisional", None) == ("1 boot per arm: within-boot CI only" if marked else None)
     assert any(" — provisional (1 boot per arm: within-boot CI only)." in v for v in new["verdicts"])
+    # added with issue 15: the crossover CI's resampling unit (these runs have one boot per arm), and the
+    # GPU driver among the compared evidence paths (one more path, equal in every boot: still clean)
+    assert {c.pop("ci_method") for c in new["crossovers"]} <= {"within-boot"}
+    assert new["confounds"]["compared"] == expected["confounds"]["compared"] + 1
+    new["confounds"]["compared"] -= 1
     new["verdicts"] = [re.sub(r" — provisional \([^)]*\)\.$", ".", v) for v in new["verdicts"]]
     assert set(new) == set(expected) | ADDED
     for key, value in expected.items():

@@ -120,11 +120,13 @@ def _folded(report: Report) -> list[dict[str, object]]:
         found.append({"title": "GPU state", "header": head, "rows": rows})
     if report.get("boots"):
         head, rows = md.boot_table(report)
-        ci = report.get("ci")
-        lines = [f"Order: {' → '.join(ci['order'])}"] if ci and ci["order"] else []
+        lines = md.order_lines(report)
         lines += [f"{b['boot']} not booted: {b['skipped']}" for b in report["boots"] if b.get("skipped")]
         lines += [f"Compile cache — {line}" for line in report.get("compile_cache") or []]
         found.append({"title": "Boots and order", "header": head, "rows": rows, "lines": lines})
+    if report.get("blocks"):
+        head, rows = md.block_table(report)
+        found.append({"title": "Blocks (pytest-xdist lanes)", "header": head, "rows": rows})
     if report.get("confounds"):
         lines = [line.removeprefix("- ").replace("**", "") for line in md.confound_lines(report) if line.strip()]
         found.append({"title": "Confounds", "lines": lines})

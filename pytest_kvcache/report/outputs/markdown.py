@@ -246,6 +246,37 @@ def boot_table(report: Report) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def block_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """A pytest-xdist run's blocks: where each ran (lane, workers, host, cards, their models, driver,
+    engine), its boots in order and what became of it."""
+    header = ["Block", "Lane", "Worker", "Host", "GPUs", "GPU model", "Driver", "Engine", "Boots", "Status"]
+    rows = [
+        [
+            str(b["block"]),
+            str(b["lane"]),
+            ", ".join(b["workers"]) or "–",
+            b["host"] or "–",
+            b["gpus"] or "all",
+            ", ".join(b["gpu_models"]) or "–",
+            b["driver"] or "–",
+            b["engine_version"] or "–",
+            " → ".join(b["boots"]),
+            b["status"],
+        ]
+        for b in report.get("blocks") or []
+    ]
+    return header, rows
+
+
+def order_lines(report: Report) -> list[str]:
+    """The boot order: one line, or one per lane in a pytest-xdist run."""
+    ci = report.get("ci") or {}
+    lanes = ci.get("lane_order")
+    if lanes:
+        return [f"Order on {lane}: " + " → ".join(boots) for lane, boots in lanes.items()]
+    return ["Order: " + " → ".join(ci["order"])] if ci.get("order") else []
+
+
 def compile_cell(boot: BootEntry) -> str:
     """``compiled 46.3 s`` / ``cache 2.1 s`` / ``–``: how this boot's engine got its torch.compile graphs."""
     kind = {"miss": "compiled", "hit": "cache", "partial": "partly cached"}.get(str(boot.get("compile_cache")), "")
@@ -457,8 +488,9 @@ def markdown(report: Report, plots: Sequence[str] = ()) -> str:
     if report.get("boots"):
         lines += ["", "## Boots and order", ""]
         ci = report.get("ci")
-        if ci and ci["order"]:
-            lines += ["Order: " + " → ".join(ci["order"]), ""]
+        order = order_lines(report)
+        if order:
+            lines += [*order, ""]
         if ci and ci["text"]:
             lines += [ci["text"], ""]
         header, rows = boot_table(report)
@@ -468,6 +500,9 @@ def markdown(report: Report, plots: Sequence[str] = ()) -> str:
         skipped = [b for b in report["boots"] if b.get("skipped")]
         if skipped:
             lines += ["", *[f"- {b['boot']} not booted: {b['skipped']}" for b in skipped]]
+    if report.get("blocks"):
+        lines += ["", "## Blocks (pytest-xdist lanes)", ""]
+        lines += _md_table(*block_table(report))
     if report.get("confounds"):
         lines += ["", "## Confounds", "", *confound_lines(report)]
     header_tail = [f"{arm} delta" for arm in arms[1:]]

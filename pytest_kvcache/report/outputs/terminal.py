@@ -14,10 +14,12 @@ from pytest_kvcache.report.outputs.markdown import (
     ab_tables,
     agentic_table,
     agreement_table,
+    block_table,
     fidelity_table,
     fmt,
     fmt_delta,
     growth_lines,
+    order_lines,
     probe_specs,
     sampling_lines,
     self_check_line,
@@ -142,7 +144,12 @@ def ab_lines(report: Report) -> list[str]:
         lines.append(f"crossover {c.get('probe')} {c.get('metric')}: {c.get('statement')}")
     lines += [f"verdict: {v}" for v in report.get("verdicts") or []]
     ci = report.get("ci")
-    if ci and ci["order"] and len(ci["order"]) > len(arms):
+    if ci and ci.get("lane_order"):
+        lines += [line[0].lower() + line[1:] for line in order_lines(report)]
+        lines += [
+            f"block {row[0]} on lane {row[1]} ({row[2]}, GPUs {row[4]}): {row[9]}" for row in block_table(report)[1]
+        ]
+    elif ci and ci["order"] and len(ci["order"]) > len(arms):
         lines.append("boot order: " + " → ".join(ci["order"]))
     if ci and ci["text"]:
         lines.append(ci["text"])

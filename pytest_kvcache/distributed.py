@@ -1,0 +1,356 @@
+"""Scale-out with pytest-xdist: parallel, counterbalanced blocks of boots on lanes (workers and their cards).
+
+``pytest -n 2 --kv-arms=fp8,int8 --kv-replicates=4 --kv-gpu-groups="0,1;2,3"`` starts two workers; each owns
+one lane — its GPU group, or over ``--tx ssh=…`` its host and cards — and runs whole blocks (one boot of
+every arm, back to back). The placement is ``settings.lane_order``'s Latin square; :class:`BlockScheduling`
+(pytest-xdist's ``pytest_xdist_make_scheduler``) sends each lane's blocks to its worker, one block at a time,
+and never splits a block. The controller boots nothing: every write of a worker's run reaches the
+controller's run folder with the test reports (``run.forward``), and the controller builds the one report.
+
+A worker that dies loses the block it was running (the report names it); a replacement worker (pytest-xdist
+restarts crashed workers) takes over the lane's remaining blocks. The controller stops what a dead local
+worker left running (its engine registry), and every engine dies with its worker anyway
+(``engines.process.die_with_parent``).
+
+The plugin layer: imports pytest and, only when pytest-xdist runs the session, xdist.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_kvcache.config.settings import Boot, Settings, SettingsError
+
+if TYPE_CHECKING:
+    from pytest_kvcache.session import KvSession
+
+LANE_KEY = "kvcache_lane"
+RUN_ID_KEY = "kvcache_run_id"
+EVENTS_KEY = "kvcache_events"
+
+
+@dataclass(frozen=True)
+class Role:
+    """This process's part in a pytest-xdist session: ``controller`` (schedules, collects, reports) or
+    ``worker`` (boots and measures one lane)."""
+
+    kind: str
+    lanes: int
+    lane: int = 0
+    run_id: str | None = None
+
+
+def role_of(config: pytest.Config) -> Role | None:
+    """The pytest-xdist role of this process, None without pytest-xdist."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        if LANE_KEY not in workerinput:
+            return None  # a worker of a controller where the plugin was inactive
+        return Role(
+            "worker", int(workerinput.get("workercount") or 1), int(workerinput[LANE_KEY]), workerinput[RUN_ID_KEY]
+        )
+    if getattr(config.option, "dist", "no") == "no":  # -n sets it; --tx alone distributes nothing (add -d)
+        return None
+    from xdist.workermanage import parse_tx_spec_config
+
+    return Role("controller", len(parse_tx_spec_config(config)))
+
+
+def check(settings: Settings, role: Role) -> None:
+    """Usage errors of a distributed run, before anything boots."""
+    if settings.launcher == "external":
+        raise SettingsError(
+            "external endpoints are one server per arm: pytest-xdist (-n/--tx) would measure the same servers "
+            "from several workers at once; run without -n"
+        )
+    if settings.rounds < role.lanes:
+        raise SettingsError(
+            f"{role.lanes} pytest-xdist workers each run whole blocks (one boot of every arm): "
+            f"--kv-replicates={settings.replicates} leaves a worker idle; use --kv-replicates={role.lanes} or more"
+        )
+    if settings.gpu_groups and len(settings.gpu_groups) != role.lanes:
+        raise SettingsError(
+            f"--kv-gpu-groups names {len(settings.gpu_groups)} group(s) for {role.lanes} pytest-xdist worker(s): "
+            "give one group per worker"
+        )
+    if settings.gpu_groups:
+        pinned = [a.name for a in settings.arms if any(k == "CUDA_VISIBLE_DEVICES" for k, _ in a.env)]
+        if pinned:
+            raise SettingsError(
+                f"arm(s) {', '.join(pinned)} set CUDA_VISIBLE_DEVICES, and --kv-gpu-groups gives each worker its "
+                "cards: set one or the other"
+            )
+        if settings.launcher == "docker" and settings.gpus:
+            raise SettingsError("--kv-gpus and --kv-gpu-groups both choose the containers' cards: give one")
+
+
+def check_lane_cards(settings: Settings, lane: int, count: int | None, host: str) -> None:
+    """A worker's host must have its lane's cards (``count``: the cards NVML sees, None without NVML)."""
+    cards = settings.lane_cards(lane)
+    if cards is None:
+        return
+    if count is None:
+        raise SettingsError(f"--kv-gpu-groups gives lane {lane} cards {cards}, but {host} has no NVML to find them")
+    indices = [c for c in cards.split(",") if c.isdigit()]
+    missing = [c for c in indices if int(c) >= count]
+    if missing:
+        raise SettingsError(
+            f"--kv-gpu-groups gives lane {lane} cards {cards}, but {host} has {count} GPU(s): "
+            f"no card {', '.join(missing)}"
+        )
+
+
+# ---------------------------------------------------------------------------------------- scheduling
+
+_PARAMS = re.compile(r"\[(?P<params>.*)\]$")
+
+
+def boot_of_nodeid(nodeid: str, boots: Sequence[Boot]) -> Boot | None:
+    """The boot a collected test belongs to, from its id: ``test_short[fp8.r2-code]`` → ``fp8.r2`` (the arm is
+    the plugin's first parametrization, so its id comes first)."""
+    found = _PARAMS.search(nodeid)
+    if found is None:
+        return None
+    params = found.group("params")
+    for boot in sorted(boots, key=lambda b: -len(b.boot_id)):
+        if params == boot.boot_id or params.startswith(boot.boot_id + "-"):
+            return boot
+    return None
+
+
+@dataclass
+class Block:
+    lane: int
+    number: int
+    extra: bool
+    items: list[int] = field(default_factory=list)  # collection indices, in run order
+
+
+class BlockScheduling:
+    """pytest-xdist scheduler: each lane's blocks go to the worker that owns the lane, one whole block at a
+    time, in the Latin-square order of ``settings.lane_order``; tests that belong to no boot go to the
+    first worker. A worker's lane is ``workerinput["kvcache_lane"]`` (``Controller.pytest_configure_node``)."""
+
+    def __init__(self, config: pytest.Config, session: KvSession, log: Any = None) -> None:
+        from xdist.workermanage import parse_tx_spec_config
+
+        self.config = config
+        self.session = session
+        self.numnodes = len(parse_tx_spec_config(config))
+        self.node2collection: dict[Any, list[str]] = {}
+        self.node2pending: dict[Any, list[int]] = {}
+        self.collection: list[str] | None = None
+        self.queues: dict[int, list[Block]] = {}
+        self.loose: list[int] = []
+        self.sent: dict[Any, list[Block]] = {}  # each worker's blocks with tests not yet complete
+
+    # -------------------------------------------------------------- what DSession asks
+
+    @property
+    def nodes(self) -> list[Any]:
+        return list(self.node2pending)
+
+    @property
+    def collection_is_completed(self) -> bool:
+        return len(self.node2collection) >= self.numnodes
+
+    @property
+    def tests_finished(self) -> bool:
+        if not self.collection_is_completed or self.collection is None:
+            return False
+        if self.loose or any(self.queues.get(self.lane_of(n)) for n in self.node2pending):
+            return False
+        return not any(self.node2pending.values())
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self.loose) or any(self.queues.values()) or any(self.node2pending.values())
+
+    def lane_of(self, node: Any) -> int:
+        return int(node.workerinput[LANE_KEY])
+
+    def add_node(self, node: Any) -> None:
+        assert node not in self.node2pending
+        self.node2pending[node] = []
+        self.sent[node] = []
+
+    def add_node_collection(self, node: Any, collection: Sequence[str]) -> None:
+        self.node2collection[node] = list(collection)
+        if self.collection is not None:
+            if list(collection) != self.collection:
+                self.session.lane_problem(self.lane_of(node), "collected different tests than the first worker")
+                node.shutdown()
+                return
+            self._next(node)  # a replacement worker: the lane's remaining blocks
+
+    def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+        pending = self.node2pending[node]
+        pending.remove(item_index)
+        self.sent[node] = [b for b in self.sent[node] if any(i in pending for i in b.items)]
+        self._next(node)
+
+    def mark_test_pending(self, item: str) -> None:
+        assert self.collection is not None
+        index = self.collection.index(item)
+        self.loose.insert(0, index)
+        for node in self.node2pending:
+            self._next(node)
+
+    def remove_pending_tests_from_node(self, node: Any, indices: Sequence[int]) -> None:
+        raise NotImplementedError("pytest-kvcache's scheduler never steals tests")
+
+    def remove_node(self, node: Any) -> str | None:
+        """A worker is gone. If it died, the block it was in is lost (the report names it); a block it had
+        been sent but not started goes back to its lane, for a replacement worker."""
+        pending = self.node2pending.pop(node)
+        blocks = self.sent.pop(node, [])
+        if not pending:
+            return None
+        assert self.collection is not None
+        crashed = self.collection[pending[0]]
+        lane = self.lane_of(node)
+        for block in reversed(blocks):
+            if all(i in pending for i in block.items) and pending[0] not in block.items:
+                self.queues.setdefault(lane, []).insert(0, block)  # never started: runs on the next worker
+            else:
+                left = [self.collection[i] for i in block.items if i in pending]
+                self.session.block_lost(lane, block.number, node.gateway.id, left)
+        return crashed
+
+    def schedule(self) -> None:
+        assert self.collection_is_completed
+        if self.collection is not None:
+            for node in self.nodes:
+                self._next(node)
+            return
+        collections = list(self.node2collection.values())
+        first = collections[0]
+        if any(c != first for c in collections[1:]):
+            raise pytest.UsageError("pytest-kvcache: pytest-xdist workers collected different tests")
+        self.collection = first
+        boots = self.session.settings.boots()
+        blocks: dict[int, Block] = {}
+        counts: dict[str, int] = {}
+        order = {b.boot_id: b.index for b in boots}
+        placed: list[tuple[int, int, int]] = []  # (boot index, position in collection, index)
+        for index, nodeid in enumerate(first):
+            boot = boot_of_nodeid(nodeid, boots)
+            if boot is None:
+                self.loose.append(index)
+                continue
+            counts[boot.boot_id] = counts.get(boot.boot_id, 0) + 1
+            placed.append((order[boot.boot_id], index, index))
+            blocks.setdefault(boot.block, Block(boot.lane, boot.block, boot.extra))
+        by_id = {b.boot_id: b for b in boots}
+        for _, _, index in sorted(placed):
+            boot = boot_of_nodeid(first[index], boots)
+            assert boot is not None
+            blocks[by_id[boot.boot_id].block].items.append(index)
+        for number in sorted(blocks):
+            block = blocks[number]
+            self.queues.setdefault(block.lane, []).append(block)
+        self.session.planned_remote(counts)
+        for node in self.nodes:
+            self._next(node)
+
+    # -------------------------------------------------------------- sending
+
+    def _next(self, node: Any) -> None:
+        """Keep ``node`` fed: a worker must know its next test (or that none comes) before it runs its last
+        one, so once one test or none is left, send the next work — loose tests (first worker), else its
+        lane's next block — or shut it down."""
+        if node.shutting_down or self.collection is None or len(self.node2pending[node]) > 1:
+            return
+        if self.loose and self.lane_of(node) == 0:
+            items, self.loose = self.loose, []
+            self._send(node, items)
+            return
+        queue = self.queues.get(self.lane_of(node), [])
+        while queue:
+            block = queue.pop(0)
+            reason = self.session.block_skip_reason(block.number) if block.extra else None
+            if reason:
+                continue
+            self.sent[node].append(block)
+            self._send(node, block.items)
+            return
+        if not self.loose:
+            node.shutdown()
+
+    def _send(self, node: Any, items: list[int]) -> None:
+        self.node2pending[node].extend(items)
+        node.send_runtest_some(items)
+
+
+class Controller:
+    """The controller's pytest-xdist hooks (registered only when pytest-xdist distributes the session)."""
+
+    def __init__(self, session: KvSession) -> None:
+        self.session = session
+        self.assigned: dict[str, int] = {}
+        self.free_lanes: list[int] = []  # lanes whose worker died: the next new worker takes one over
+
+    @pytest.hookimpl
+    def pytest_configure_node(self, node: Any) -> None:
+        lane = self.free_lanes.pop(0) if self.free_lanes else len(self.assigned)
+        self.assigned[node.gateway.id] = lane
+        node.workerinput[LANE_KEY] = lane
+        node.workerinput[RUN_ID_KEY] = self.session.run.open().run_id
+        self.session.worker_assigned(lane, node.gateway.id)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> BlockScheduling:
+        return BlockScheduling(config, self.session, log)
+
+    @pytest.hookimpl
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        lane = self.assigned.get(node.gateway.id)
+        if lane is None:
+            return
+        events = (getattr(node, "workeroutput", None) or {}).get(EVENTS_KEY) or []
+        self.session.forwarded(lane, events)
+        if error is not None:
+            self.free_lanes.append(lane)
+            self.session.worker_died(lane, node.gateway.id, str(error))
+
+
+class Worker:
+    """A worker's pytest-xdist side: every test report carries what the worker's run wrote since the last."""
+
+    def __init__(self, session: KvSession) -> None:
+        self.session = session
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        report = yield
+        outbox = self.session.run.outbox
+        if outbox is not None:
+            events = outbox.drain()
+            if events:
+                setattr(report, EVENTS_KEY, events)
+        return report
+
+
+def nvml_count() -> int | None:
+    """The GPUs NVML sees on this host, None without NVML."""
+    from pytest_kvcache.gpu.nvml import open_nvml
+
+    nvml = open_nvml()
+    if nvml is None:
+        return None
+    try:
+        return nvml.device_count()
+    finally:
+        nvml.shutdown()
+
+
+def all_local(config: pytest.Config) -> bool:
+    """Every pytest-xdist worker runs on this host (``-n N`` or ``--tx popen``): the controller can check cards."""
+    from xdist.workermanage import parse_tx_spec_config
+
+    return all(spec.startswith("popen") or "popen" in spec.split("//") for spec in parse_tx_spec_config(config))
