@@ -18,16 +18,13 @@ The plugin layer: imports pytest and, only when pytest-xdist runs the session, x
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pytest
 
 from pytest_kvcache.config.settings import Boot, Settings, SettingsError
-
-if TYPE_CHECKING:
-    from pytest_kvcache.session import KvSession
 
 LANE_KEY = "kvcache_lane"
 RUN_ID_KEY = "kvcache_run_id"
@@ -106,6 +103,28 @@ def check_lane_cards(settings: Settings, lane: int, count: int | None, host: str
 
 
 # ---------------------------------------------------------------------------------------- scheduling
+
+
+class KvSession(Protocol):
+    """What the scheduler and the hooks here need of the plugin's session (``session.KvSession``)."""
+
+    settings: Settings
+    run: Any
+
+    def planned_remote(self, tests_per_boot: Mapping[str, int]) -> None: ...
+
+    def block_skip_reason(self, block: int) -> str | None: ...
+
+    def block_lost(self, lane: int, block: int | None, worker: str, tests: Sequence[str]) -> None: ...
+
+    def worker_assigned(self, lane: int, worker: str) -> None: ...
+
+    def forwarded(self, lane: int, events: Sequence[Sequence[str]]) -> None: ...
+
+    def worker_died(self, lane: int, worker: str, error: str) -> None: ...
+
+    def lane_problem(self, lane: int, text: str) -> None: ...
+
 
 _PARAMS = re.compile(r"\[(?P<params>.*)\]$")
 

@@ -675,9 +675,10 @@ class GateResult(_GateExtras):
 
 
 class Report(TypedDict, total=False):
+    """``report.json``: a pure function of the loaded run folder, the gates, the noise run and the saved run."""
+
     #: Only in a pytest-xdist run: its blocks (see :class:`BlockEntry`).
     blocks: list[BlockEntry]
-    """``report.json``: a pure function of the loaded run folder, the gates, the noise run and the saved run."""
 
     report_version: int
     run_id: str | None

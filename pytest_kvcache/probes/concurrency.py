@@ -35,6 +35,17 @@ def stream_payload(
     return chat_payload(model, messages, "greedy", max_tokens)
 
 
+def aggregate_tps(samples: list[Sample]) -> float | None:
+    """A trial's aggregate decode speed: every stream's tokens over the span from the first send to the
+    last stream's end (the report's ``aggregate_tps``); None when a stream failed."""
+    if not samples or not all(s.ok for s in samples):
+        return None
+    start = min(s.send_unix_s for s in samples)
+    end = max(s.send_unix_s + (s.end_s or 0.0) for s in samples)
+    tokens = sum(s.completion_tokens or 0 for s in samples)
+    return tokens / (end - start) if end > start else None
+
+
 def run_trial(make_client: Callable[[], Client], payloads: list[dict[str, Any]], timeout_s: float) -> list[Sample]:
     """Stream every payload at once, one thread and client per stream; samples in payload order."""
     clients = [make_client() for _ in payloads]

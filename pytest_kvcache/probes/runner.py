@@ -24,6 +24,24 @@ class Adaptive:
     target_pct: float
     max_runs: int
 
+    def stopped(self, n: int, width: float | None, *, unit: str) -> dict[str, Any]:
+        """Why the loop stopped after ``n`` measured ``unit`` (requests, or concurrency trials)."""
+        if width is not None and width <= self.target_pct:
+            reason = f"target reached: CI half-width ±{width:.2f}% ≤ ±{self.target_pct:g}% after {n} {unit}"
+        elif n >= self.max_runs:
+            shown = f"±{width:.2f}%" if width is not None else "no CI"
+            reason = f"cap reached: {n} {unit} (--kv-max-runs) with CI half-width {shown} > ±{self.target_pct:g}%"
+        else:
+            reason = f"stopped after {n} {unit}: the engine died"
+        return {
+            "metric": self.metric,
+            "target_pct": self.target_pct,
+            "max_runs": self.max_runs,
+            "n": n,
+            "half_width_pct": width,
+            "reason": reason,
+        }
+
     @classmethod
     def of(cls, settings: Settings, metric: str, runs: int) -> Adaptive | None:
         """The run's adaptive sampling for a probe planned with ``runs`` requests (None without --kv-target-ci)."""
@@ -32,7 +50,10 @@ class Adaptive:
         return cls(metric, settings.target_ci_pct, max(runs, settings.max_runs or 4 * runs))
 
     def half_width_pct(self, records: list[RecordData]) -> float | None:
-        values = [r["metrics"].get(self.metric) for r in records]
+        return self.half_width_pct_of([r["metrics"].get(self.metric) for r in records])
+
+    def half_width_pct_of(self, values: list[float | None]) -> float | None:
+        """The CI half-width of the mean of ``values``, in % of the mean (None: no CI yet)."""
         mean, lo, hi = stats.mean_ci([v for v in values if v is not None])
         if mean is None or lo is None or hi is None or mean == 0:
             return None
@@ -140,22 +161,7 @@ def _adapt(one: Callable[[str, int], bool], adaptive: Adaptive, outcome: ProbeOu
         if not one("measured", len(outcome.measured)):
             break
         width = adaptive.half_width_pct(outcome.valid)
-    n = len(outcome.measured)
-    if width is not None and width <= adaptive.target_pct:
-        reason = f"target reached: CI half-width ±{width:.2f}% ≤ ±{adaptive.target_pct:g}% after {n} request(s)"
-    elif n >= adaptive.max_runs:
-        shown = f"±{width:.2f}%" if width is not None else "no CI"
-        reason = f"cap reached: {n} request(s) (--kv-max-runs) with CI half-width {shown} > ±{adaptive.target_pct:g}%"
-    else:
-        reason = f"stopped after {n} request(s): the engine died"
-    outcome.sampling = {
-        "metric": adaptive.metric,
-        "target_pct": adaptive.target_pct,
-        "max_runs": adaptive.max_runs,
-        "n": n,
-        "half_width_pct": width,
-        "reason": reason,
-    }
+    outcome.sampling = adaptive.stopped(len(outcome.measured), width, unit="request(s)")
 
 
 def _benchmarked(one: Callable[[str, int], bool], runs: int, bench: Any, outcome: ProbeOutcome) -> None:

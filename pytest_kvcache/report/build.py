@@ -134,26 +134,70 @@ def ci_half_width_pct(row: DeltaRow) -> float | None:
 
 
 def rounds_check(
-    records: Sequence[Record], arms: Sequence[str], specs: Specs, target_pct: float, seed: int
+    records: Sequence[Record],
+    arms: Sequence[str],
+    specs: Specs,
+    target_pct: float,
+    seed: int,
+    gates: Sequence[str] = (),
 ) -> tuple[bool, dict[str, object] | None]:
-    """Is every delta of a probe's primary metric narrow enough (CI half-width ≤ ``target_pct``)?
+    """Is another round (block) of boots unnecessary? One rule for every probe — short, prefill, agentic,
+    concurrency, a user's — on the same CIs as the report (boots resampled within lanes):
 
-    Returns ``(done, widest)``: the widest delta's ``probe``, ``point``, ``metric``, ``arm`` and
-    ``half_width_pct``; a delta without a CI counts as too wide.
+    - a delta judged by a ratio gate against the baseline (``<= +10%``, ``ARM >= BASELINE * F``) is settled
+      when every such gate on it is decided (its CI wholly on one side of the threshold) — however wide,
+      and not before, however narrow: the gate's margin is the target;
+    - any other delta of a probe's primary metric is settled when its CI half-width ≤ ``target_pct``;
+    - a delta without a CI is not settled.
+
+    Returns ``(done, widest)``: the unsettled delta with the widest CI (or, when all are settled, the
+    widest): ``probe``, ``point``, ``metric``, ``arm``, ``half_width_pct`` and ``gate`` (the undecided
+    gate's text, if a gate holds it).
     """
+    from pytest_kvcache.report.gates import GateError, judge, parse
+
+    ratio_gates = []
+    for text in gates:
+        try:
+            gate = parse(text, arms=arms)
+        except GateError:
+            continue
+        if gate.kind == "baseline" or (gate.kind == "between" and arms and gate.other == arms[0]):
+            ratio_gates.append(gate)
+    gated = {(g.probe, g.metric) for g in ratio_gates}
     rows = [
         r
         for r in delta_rows(frame(records, specs), arms, specs, seed)
-        if spec_of(r["probe"], specs).primary_metric == r["metric"]
+        if spec_of(r["probe"], specs).primary_metric == r["metric"] or (r["probe"], r["metric"]) in gated
     ]
     if not rows:
         return False, None
-    widths = [(ci_half_width_pct(r), r) for r in rows]
-    worst_width, worst = max(widths, key=lambda w: float("inf") if w[0] is None else w[0])
+    judged: list[tuple[bool, float | None, DeltaRow, str | None]] = []
+    for row in rows:
+        width = ci_half_width_pct(row)
+        on_it = [
+            g
+            for g in ratio_gates
+            if g.probe == row["probe"]
+            and g.metric == row["metric"]
+            and g.point in (None, row["point"])
+            and (g.kind == "baseline" or g.arm == row["arm"])
+        ]
+        if on_it:
+            open_ = [
+                g for g in on_it if judge(g.op, row.get("ci_low"), row.get("ci_high"), g.threshold) == "inconclusive"
+            ]
+            judged.append((not open_, width, row, open_[0].text if open_ else None))
+        elif spec_of(row["probe"], specs).primary_metric == row["metric"]:
+            judged.append((width is not None and width <= target_pct, width, row, None))
+    unsettled = [j for j in judged if not j[0]] or judged
+    _, worst_width, worst, gate_text = max(unsettled, key=lambda j: float("inf") if j[1] is None else j[1])
     widest: dict[str, object] = {"probe": worst["probe"], "point": worst["point"], "metric": worst["metric"]}
     widest["arm"] = worst["arm"]
     widest["half_width_pct"] = worst_width
-    return all(w is not None and w <= target_pct for w, _ in widths), widest
+    if gate_text:
+        widest["gate"] = gate_text
+    return all(j[0] for j in judged), widest
 
 
 def _curve(

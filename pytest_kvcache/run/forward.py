@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 from pytest_kvcache.config.settings import Boot
-from pytest_kvcache.model import Evidence
-
-if TYPE_CHECKING:
-    from pytest_kvcache.run.run import Run
+from pytest_kvcache.model import Evidence, Record
+from pytest_kvcache.run.folder import RunFolder
 
 Event = tuple[str, str, str]
 
@@ -121,7 +119,23 @@ def target(name: str, lane: int) -> str:
     return f"lanes/{lane}/{name}"
 
 
-def apply(run: Run, lane: int, events: Iterable[Sequence[str]]) -> None:
+class Collector(Protocol):
+    """What :func:`apply` needs of the controller's run (``run.run.Run``)."""
+
+    evidence: dict[str, Evidence]
+    lane_meta: dict[int, dict[str, Any]]
+    listeners: list[Any]
+
+    def open(self) -> RunFolder: ...
+
+    def ingest(self, rec: Record) -> None: ...
+
+    def write_meta(self, status: str) -> None: ...
+
+    def replay(self, method: str, arguments: Mapping[str, Any]) -> None: ...
+
+
+def apply(run: Collector, lane: int, events: Iterable[Sequence[str]]) -> None:
     """Write a worker's events into the controller's run (its folder, records, evidence and listeners)."""
     folder = run.open()
     for kind, name, text in events:

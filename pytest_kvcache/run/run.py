@@ -545,13 +545,17 @@ class Run:
 
                 arms = [a.name for a in self.settings.arms]
                 specs = probe_registry.resolve()
-                done_ci, widest = rounds_check(self.records, arms, specs, target, self.settings.seed)
+                done_ci, widest = rounds_check(
+                    self.records, arms, specs, target, self.settings.seed, self.settings.gates
+                )
                 width = widest.get("half_width_pct") if widest else None
                 where = (
                     f"widest: {widest['arm']} {widest['probe']}@{widest['point']} {widest['metric']} ±{width:.2f}%"
                     if widest and isinstance(width, float)
                     else "no CI yet"
                 )
+                if widest and widest.get("gate"):
+                    where += f"; gate {widest['gate']} still undecided"
                 done = boot.replicate - 1
                 reason = f"target ±{target:g}% reached after {done} round(s) ({where})" if done_ci else None
                 self.log(

@@ -7,7 +7,8 @@ import pytest
 from pytest_kvcache.client import Client
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.plugin import Recorder
-from pytest_kvcache.probes.concurrency import level_label, run_trial, stream_payload
+from pytest_kvcache.probes.concurrency import aggregate_tps, level_label, run_trial, stream_payload
+from pytest_kvcache.probes.runner import Adaptive
 from pytest_kvcache.run.measure import ArmClient, Server
 
 
@@ -21,14 +22,17 @@ def test_concurrency(
     def make_client() -> Client:
         return Client(kv_server.url, **st.client_kwargs())
 
-    problems = []
-    plan = [("warmup", i) for i in range(min(st.warmups, 1))] + [("measured", i) for i in range(st.runs)]
-    for phase, trial in plan:
+    problems: list[str] = []
+    measured: list[float | None] = []  # each measured trial's aggregate tok/s (the adaptive rule's values)
+
+    def trial_(phase: str, trial: int) -> bool:
         payloads = [
             stream_payload(kv_server.model, st.seed, streams, phase, trial, j, st.concurrency_max_tokens)
             for j in range(streams)
         ]
         samples = run_trial(make_client, payloads, st.request_timeout_s)
+        if phase == "measured":
+            measured.append(aggregate_tps(samples))
         for j, sample in enumerate(samples):
             kv_record(
                 sample,
@@ -43,6 +47,19 @@ def test_concurrency(
                 problems.append(f"trial {trial} stream {j}: {sample.error_kind}: {sample.error}")
         if not kv_server.engine.alive():
             problems.append("the engine died")
-            break
+            return False
+        return True
+
+    plan = [("warmup", i) for i in range(min(st.warmups, 1))] + [("measured", i) for i in range(st.runs)]
+    alive = all(trial_(phase, trial) for phase, trial in plan)
+    adaptive = Adaptive.of(st, "aggregate_tps", st.runs)
+    if adaptive is not None:  # --kv-target-ci: more trials until the aggregate tok/s CI is narrow enough
+        width = adaptive.half_width_pct_of(measured)
+        while alive and (width is None or width > adaptive.target_pct) and len(measured) < adaptive.max_runs:
+            alive = trial_("measured", len(measured))
+            width = adaptive.half_width_pct_of(measured)
+        kv_record.sampling(
+            adaptive.stopped(len(measured), width, unit="trial(s)"), probe="concurrency", point=level_label(streams)
+        )
     if problems:
         pytest.fail(f"concurrency {streams} on {kv_server.name}: " + "; ".join(problems[:5]), pytrace=False)

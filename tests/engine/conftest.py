@@ -122,11 +122,16 @@ def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def replicates_run(tmp_path_factory: pytest.TempPathFactory, random_model: Path, monkeypatch_session: Any) -> Run:
-    """Two boots per arm in ABBA order (4 boots), on the random-weights model: short probes, and the
-    fidelity probe at 1k and 2k (the same arm booted twice is its A/A)."""
+    """Two boots per arm on two pytest-xdist workers (``-n 2``): one block of both arms on each, in
+    counterbalanced order (A B on lane 0, B A on lane 1, side by side), on the random-weights model: short
+    probes, and the fidelity probe at 1k and 2k (the same arm booted twice is its A/A)."""
     monkeypatch_session.setenv("VLLM_CPU_KVCACHE_SPACE", "2")  # a model path gets no embedded-default env
     return run_pytest(
         tmp_path_factory.mktemp("abba"),
+        "-p",
+        "xdist",
+        "-n",
+        "2",
         f"--kv-arms=auto,{SECOND_ARM}",
         "--kv-replicates=2",
         f"--kv-model={random_model}",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -204,27 +203,35 @@ def test_fidelity_aa_across_boots_is_zero_and_float16_against_auto_is_reported(r
     assert (run.folder / "fidelity.png").is_file()
 
 
-def test_replicates_boot_abba_with_per_boot_results(replicates_run: Run) -> None:
+def test_two_workers_boot_counterbalanced_blocks_side_by_side(replicates_run: Run) -> None:
+    """``-n 2``, 2 arms × 2 replicates on real vLLM: 4 boots, 2 per worker, lane 0 A B and lane 1 B A at
+    the same time; one run folder and one report with the block table; no engine left."""
     run = replicates_run
     assert run.returncode == 0, run.output
     assert not vllm_processes(run.tag)
-    boots = ["auto.r1", f"{SECOND_ARM}.r1", f"{SECOND_ARM}.r2", "auto.r2"]
-    passed = re.findall(r"test_short\[(\S+?)-code\] PASSED", run.output)
-    assert passed == boots
-    started = [run.evidence(b)["started_unix_s"] for b in boots]
-    stopped = [run.evidence(b)["stopped_unix_s"] for b in boots]
-    assert started == sorted(started) and all(stopped[i] <= started[i + 1] for i in range(3))
+    lanes = {"lane 0": ["auto.r1", f"{SECOND_ARM}.r1"], "lane 1": [f"{SECOND_ARM}.r2", "auto.r2"]}
     report = json.loads((run.folder / "report.json").read_text())
-    assert report["ci"]["order"] == boots and report["ci"]["method"] == "within-boot"
+    assert report["ci"]["lane_order"] == lanes and report["ci"]["method"] == "within-boot"
+    assert [(b["lane"], b["boots"], b["status"]) for b in report["blocks"]] == [
+        (0, lanes["lane 0"], "complete"),
+        (1, lanes["lane 1"], "complete"),
+    ]
+    for boots in lanes.values():  # each lane: one boot after the other
+        first, second = (run.evidence(b) for b in boots)
+        assert first["stopped_unix_s"] <= second["started_unix_s"]
+    a, b = run.evidence("auto.r1"), run.evidence(f"{SECOND_ARM}.r2")  # the lanes: side by side
+    assert a["started_unix_s"] < b["stopped_unix_s"] and b["started_unix_s"] < a["stopped_unix_s"]
+    all_boots = [*lanes["lane 0"], *lanes["lane 1"]]
     assert {(r["boot"], r["point"]) for r in report["boot_results"] if r["probe"] == "short"} == {
-        (b, shape) for b in boots for shape in ("narrative", "code")
+        (b, shape) for b in all_boots for shape in ("narrative", "code")
     }
     assert report["confounds"]["status"] == "clean", report["confounds"]["confounds"]
     rows = {(r["kind"], r["arm"], r["shape"]): r for r in report["agreement"]["rows"]}
-    across = rows[("across boots", "auto", "code")]  # the same arm booted twice: auto vs auto
+    across = rows[("across boots", "auto", "code")]  # the same arm booted twice, on two lanes: auto vs auto
     assert across["pairs"] == 1 and across["length"] == 32
     md = (run.folder / "report.md").read_text()
-    assert "Order: " + " → ".join(boots) in md and "CIs cover within-boot noise only" in md
+    assert "Order on lane 0: auto.r1 → " + f"{SECOND_ARM}.r1" in md and "## Blocks (pytest-xdist lanes)" in md
+    assert "CIs cover within-boot noise only" in md
 
 
 CONFOUNDED_ARM = """

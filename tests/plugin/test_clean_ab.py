@@ -126,6 +126,30 @@ def test_target_ci_skips_adaptive_rounds_once_narrow_enough(pytester: pytest.Pyt
     assert "## Sampling" in (run / "report.md").read_text()
 
 
+def test_target_ci_adds_concurrency_trials_until_narrow_or_capped(
+    pytester: pytest.Pytester, standin_args: list[str]
+) -> None:
+    """The adaptive rule covers the concurrency probe too: trials are added (their aggregate tok/s is the
+    sampled value) until the CI is narrow enough or --kv-max-runs caps them."""
+    args = [a for a in standin_args if a not in ("-m", "short")]
+    result = pytester.runpytest_subprocess(
+        *args,
+        "--kv-arms=auto",
+        "--kv-concurrency=2",
+        "--kv-warmups=0",
+        "-m",
+        "concurrency",
+        "--kv-target-ci=0.0001",
+        "--kv-max-runs=4",
+    )
+    assert result.ret == 0, result.stdout.str()
+    run = latest(pytester)
+    trials = {r["index"] for r in read_records(run / "requests.jsonl") if r["probe"] == "concurrency"}
+    assert trials == {0, 1, 2, 3}
+    (line,) = [s for s in read_records(run / "sampling.jsonl") if s.get("probe") == "concurrency"]
+    assert line["n"] == 4 and line["reason"].startswith("cap reached: 4 trial(s) (--kv-max-runs)")
+
+
 def test_concurrency_probe_reports_aggregate_and_per_stream_figures(
     pytester: pytest.Pytester, standin_args: list[str]
 ) -> None:

@@ -194,6 +194,18 @@ def test_rounds_check_reports_the_widest_delta() -> None:
     assert widest["arm"] == "b" and widest["metric"] == "decode_tps"
 
 
+def test_rounds_check_stops_on_a_decided_gate_and_not_before() -> None:
+    """One rule with the gates: a delta a ratio gate judges is settled when the gate is decided — however
+    wide its CI — and not while the gate straddles its threshold, however narrow."""
+    narrow = records("a", "a", 1, [100, 100.1, 99.9]) + records("b", "b", 1, [110, 110.2, 109.8])
+    noisy = records("a", "a", 1, [80, 120, 100]) + records("b", "b", 1, [110, 70, 140])
+    check = build.rounds_check
+    assert check(noisy, ["a", "b"], SPECS, 5.0, 0, ["decode_tps[short]: >= -60%"])[0]  # type: ignore[arg-type]
+    done, widest = check(narrow, ["a", "b"], SPECS, 5.0, 0, ["decode_tps[short]: >= +10%"])  # type: ignore[arg-type]
+    assert not done and widest is not None and widest["gate"] == "decode_tps[short]: >= +10%"
+    assert check(narrow, ["a", "b"], SPECS, 5.0, 0, ["decode_tps[short]: b >= a * 1.05"])[0]  # type: ignore[arg-type]
+
+
 def test_ci_statement_says_what_the_cis_cover() -> None:
     boots = [{"boot": f"{a}.r{r}", "arm": a, "status": "stopped"} for r in (1, 2) for a in ("a", "b")]
     text = build.ci_statement(boots, ["a", "b"])  # type: ignore[arg-type]
