@@ -307,6 +307,20 @@ def arm_entries(run: RunData, arms: Sequence[str]) -> list[ArmEntry]:
     return entries
 
 
+def missing_evidence_notes(entries: Sequence[ArmEntry]) -> list[str]:
+    """What each arm's kind of server cannot show (``--kv-engine``), one line per distinct list."""
+    by_list: dict[tuple[str, str], list[str]] = {}
+    for entry in entries:
+        first: Evidence = next(iter(entry["evidence"].values()), Evidence())
+        missing = first.get("evidence_missing") or []
+        if missing:
+            key = (str(first.get("engine_kind") or "?"), "; ".join(missing))
+            by_list.setdefault(key, []).append(entry["name"])
+    return [
+        f"evidence missing for {', '.join(names)} ({kind} server): {listed}" for (kind, listed), names in by_list.items()
+    ]
+
+
 def gpu_summary(evidence: Evidence) -> GpuSummary:
     """Per card: power cap before/after the arm, VRAM when ready and before stopping; or why none."""
     before, after = evidence.get("gpu_before") or {}, evidence.get("gpu_after") or {}
@@ -765,6 +779,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
     allow = [*cast(list[str], settings.get("allow_diff") or []), *allow_diff]
     agreed = agreement_report(run, arms)
     entries = arm_entries(run, arms)
+    notes += missing_evidence_notes(entries)
     report: Report = {
         "report_version": REPORT_VERSION,
         "run_id": run.meta.get("run_id"),

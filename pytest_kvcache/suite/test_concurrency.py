@@ -25,7 +25,9 @@ def test_concurrency(
     plan = [("warmup", i) for i in range(min(st.warmups, 1))] + [("measured", i) for i in range(st.runs)]
     for phase, trial in plan:
         payloads = [
-            stream_payload(kv_server.model, st.seed, streams, phase, trial, j, st.concurrency_max_tokens)
+            kv_server.profile.adapt(
+                stream_payload(kv_server.model, st.seed, streams, phase, trial, j, st.concurrency_max_tokens)
+            )
             for j in range(streams)
         ]
         samples = run_trial(make_client, payloads, st.request_timeout_s)
