@@ -316,9 +316,7 @@ def missing_evidence_notes(entries: Sequence[ArmEntry]) -> list[str]:
         if missing:
             key = (str(first.get("engine_kind") or "?"), "; ".join(missing))
             by_list.setdefault(key, []).append(entry["name"])
-    return [
-        f"evidence missing for {', '.join(names)} ({kind} server): {listed}" for (kind, listed), names in by_list.items()
-    ]
+    return [f"evidence missing for {', '.join(n)} ({kind} server): {listed}" for (kind, listed), n in by_list.items()]
 
 
 def gpu_summary(evidence: Evidence) -> GpuSummary:
