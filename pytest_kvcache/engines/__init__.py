@@ -44,7 +44,8 @@ MEASUREMENT_ARGS: tuple[str, ...] = ("--enable-prompt-tokens-details",)
 #: llama-server for the embedded tiny GGUF: a context that holds the CPU default's deepest prefill (16K) and
 #: its output on each of the server's slots.
 LLAMACPP_EMBEDDED_ARGS: tuple[str, ...] = ("--ctx-size", "20480", "--parallel", "1", "--alias", "tiny-qwen3")
-#: What measurement needs from llama-server: /metrics and /slots answered, no web UI.
+#: What measurement needs from llama-server: /metrics and /slots answered, no web UI, and a log that states
+#: the KV cache it made (verbosity 4: the default 3 hides the ``llama_kv_cache: size = …`` line).
 LLAMACPP_MEASUREMENT_ARGS: tuple[str, ...] = ("--metrics", "--slots", "--no-webui")
 
 
@@ -99,7 +100,9 @@ def build_llamacpp_args(settings: Settings, arm: Arm, model: str) -> tuple[list[
     args: list[str] = ["--model", model]
     if settings.embedded:
         args += LLAMACPP_EMBEDDED_ARGS
-    args += [a for a in LLAMACPP_MEASUREMENT_ARGS if not _has_flag(user_args, a)]
+    if not _has_flag(user_args, "--log-verbosity") and not _has_flag(user_args, "-lv"):
+        args += ["--log-verbosity", "4"]
+    args += [a for a in LLAMACPP_MEASUREMENT_ARGS[:3] if not _has_flag(user_args, a)]
     if arm.kv_cache_dtype is not None:
         if not (_has_flag(user_args, "--cache-type-k") or _has_flag(user_args, "-ctk")):
             args += ["--cache-type-k", arm.kv_cache_dtype]

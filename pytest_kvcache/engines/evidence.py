@@ -66,15 +66,15 @@ def parse_log(text: str) -> LogFacts:
     return cast(LogFacts, found)
 
 
-# llama-server: "llama_kv_cache: size =   36.00 MiB ( 20480 cells,   4 layers,  4/4 seqs), K (q8_0):   18.00 MiB,
-# V (q8_0):   18.00 MiB"; "llama_context: flash_attn    = auto -> enabled"; "llama_context: n_ctx         = 20480";
-# "build: 1 (abc1234) with cc …"; "system_info: …"
+# llama-server (with --log-verbosity 4; the default 3 hides these): "llama_kv_cache: size =   21.25 MiB ( 20480
+# cells,   4 layers,  1/1 seqs), K (q8_0):   10.62 MiB, V (q8_0):   10.62 MiB"; "llama_context: flash_attn
+# = enabled"; "llama_context: n_ctx                 = 20480"; "common_params_print_info: build 0 (unknown) with …"
 LLAMA_KV = re.compile(
     r"llama_kv_cache(?:_unified)?: size =\s*([\d.]+) MiB \(\s*(\d+) cells.*?K \((\w+)\):.*?V \((\w+)\):"
 )
 LLAMA_FLASH = re.compile(r"flash_attn\s*=\s*(?:\w+\s*->\s*)?(\w+)")
 LLAMA_N_CTX = re.compile(r"llama_context: n_ctx\s*=\s*(\d+)")
-LLAMA_BUILD = re.compile(r"^(?:\S+\s+)?build: (\d+ \(\w+\))")
+LLAMA_BUILD = re.compile(r"\bbuild:? (\d+ \([^)]*\)) with")
 
 
 def parse_llamacpp_log(text: str) -> LogFacts:

@@ -1,0 +1,178 @@
+"""The llama.cpp tier: real ``llama-server`` (built once from the llama-cpp-python sdist's llama.cpp, cached
+in ``~/.cache/pytest-kvcache/llama.cpp``) serving the embedded tiny model as GGUF. One f16-vs-q8_0 A/B run
+(short and prefill probes, a gate) is shared by the assertions; one run is interrupted with Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pytest_kvcache.engines.llamacpp_build import BuildError, cache_root, cached_server, ensure_server
+from pytest_kvcache.engines.registry import reap_orphans
+from pytest_kvcache.run.folder import read_records
+from tests.engine.conftest import Run, default_sigint
+
+pytest.importorskip("gguf", reason="the embedded GGUF needs the gguf package (pip install 'pytest-kvcache[llamacpp]')")
+
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+GATE = "--kv-fail=decode_tps[short]: q8_0 >= f16 * 0.2"
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Path:
+    """The cached llama-server; built here when missing (about 20 minutes on 2 cores, once a machine).
+    With CI=true a missing build is built, and a failed one fails the tier — never a skip."""
+    if found := cached_server():
+        return found
+    if not CI and (on_path := shutil.which("llama-server")):
+        return Path(on_path)
+    if not CI and shutil.which("cmake") is None:
+        pytest.skip("no llama-server: cmake is missing (python -m pytest_kvcache.engines.llamacpp_build builds it)")
+    try:
+        return ensure_server(on_build=lambda msg: print(msg, file=sys.stderr))
+    except BuildError as exc:
+        pytest.fail(f"llama-server could not be built into {cache_root()}: {exc}", pytrace=False)
+
+
+def llama_processes(tag: str) -> list[int]:
+    """Live llama-server processes whose arguments include ``tag``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if argv and argv[0].endswith("llama-server") and tag in argv and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def llama_argv(server: Path, tag: str, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-rA",
+        "--kv-engine=llamacpp",
+        f"--kv-engine-cmd={server}",
+        f"--kv-engine-args=--alias {tag} --threads 2",
+        "--kv-startup-timeout=120",
+        *args,
+    ]
+
+
+@pytest.fixture(scope="module")
+def llama_ab(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """f16 vs q8_0 KV on the tiny GGUF: short probes and exact-depth prefill at 1k and 4k, one gate."""
+    workdir = tmp_path_factory.mktemp("llama-ab")
+    tag = f"kvtest-{uuid.uuid4().hex[:10]}"
+    argv = llama_argv(
+        llama_server,
+        tag,
+        "--kv-arms=f16,q8_0",
+        "-m",
+        "short or prefill",
+        "--kv-warmups=1",
+        "--kv-runs=3",
+        "--kv-max-tokens=32",
+        "--kv-depths=1k,4k",
+        "--kv-depth-warmups=1",
+        "--kv-depth-runs=2",
+        GATE,
+    )
+    proc = subprocess.run(
+        argv, cwd=workdir, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    latest = workdir / ".kvcache" / "runs" / "latest"
+    return Run(proc.returncode, proc.stdout + proc.stderr, latest.resolve() if latest.exists() else latest, tag)
+
+
+def test_llama_ab_passes_its_gate_and_leaves_nothing_running(llama_ab: Run) -> None:
+    assert llama_ab.returncode == 0, llama_ab.output[-6000:]
+    assert "passed" in llama_ab.output and "failed" not in llama_ab.output.split("short test summary")[-1]
+    assert not llama_processes(llama_ab.tag)
+    report = json.loads((llama_ab.folder / "report.json").read_text())
+    gates = report.get("gates") or []
+    assert gates and all(g["outcome"] == "pass" for g in gates), gates
+
+
+def test_llama_evidence_shows_each_arms_resolved_cache_types(llama_ab: Run) -> None:
+    for arm in ("f16", "q8_0"):
+        evidence = llama_ab.evidence(arm)
+        assert evidence["engine_kind"] == "llamacpp"
+        log = evidence["log"]
+        assert log["kv_cache_type_k"] == log["kv_cache_type_v"] == arm  # from llama-server's own KV-cache line
+        assert log["kv_cache_size_tokens"] > 4000 and log["kv_cache_mib"] > 0
+        assert evidence["props"]["build_info"] and evidence["max_model_len"] >= 4000  # /props answered
+        assert "/metrics" not in (evidence.get("errors") or {}) and evidence["metrics_families"]
+        assert "--cache-type-k" in evidence["argv"] and arm in evidence["argv"]
+    # q8_0 stores K and V in about half the bytes of f16 for the same cells
+    f16, q8 = llama_ab.evidence("f16")["log"], llama_ab.evidence("q8_0")["log"]
+    assert q8["kv_cache_mib"] / q8["kv_cache_size_tokens"] < 0.6 * f16["kv_cache_mib"] / f16["kv_cache_size_tokens"]
+
+
+def test_llama_requests_carry_no_vllm_only_field_and_prefill_is_exact_and_cold(llama_ab: Run) -> None:
+    records = llama_ab.records()
+    short = [r for r in records if r["probe"] == "short" and r["phase"] == "measured"]
+    assert len(short) == 2 * 2 * 3 and all(r["sample"]["ok"] for r in short)
+    assert all(r["sample"]["completion_tokens"] == 32 for r in short)  # ignore_eos: llama-server takes it
+    prefill = [r for r in records if r["probe"] == "prefill"]
+    assert len(prefill) == 2 * 2 * (1 + 2)
+    for r in prefill:
+        assert r["sizing"]["method"] == "tokenize"  # /apply-template + /tokenize: no calibration request
+        assert 0.99 * r["depth"] <= r["sample"]["prompt_tokens"] <= r["depth"], r["sample"]
+        assert r["cold_proof"] == "usage" and r["sample"]["cached_tokens"] == 0  # cache_prompt: false
+        assert not r.get("excluded_reason")
+
+
+def test_llama_report_names_both_arms_and_their_cache_types(llama_ab: Run) -> None:
+    text = (llama_ab.folder / "report.md").read_text()
+    assert "q8_0" in text and "f16" in text
+    report = json.loads((llama_ab.folder / "report.json").read_text())
+    resolved = {a["name"]: a["resolved"]["cache_dtype"] for a in report["arms"]}
+    assert resolved == {"f16": "f16", "q8_0": "q8_0"}
+    assert {d["probe"] for d in report["deltas"]} >= {"short", "prefill"}
+
+
+def test_llama_ctrl_c_leaves_no_llama_server(llama_server: Path, tmp_path: Path) -> None:
+    tag = f"kvtest-{uuid.uuid4().hex[:10]}"
+    argv = llama_argv(llama_server, tag, "--kv-arms=q4_0", "-m", "short", "--kv-warmups=0", "--kv-runs=200")
+    proc = subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=default_sigint,
+    )
+    path = tmp_path / ".kvcache" / "runs" / "latest" / "requests.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while not (path.exists() and len(read_records(path)) >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        assert llama_processes(tag)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+            reap_orphans(tmp_path / ".kvcache" / "runs")
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()[-3000:]
+    assert not llama_processes(tag)
+    assert read_records(path)

@@ -1,0 +1,140 @@
+"""Engine kinds (``--kv-engine``): request fields per profile, llama.cpp arms and arguments, its log facts,
+the embedded GGUF and the build cache key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_kvcache.config.settings import Arm, Settings, SettingsError, resolve, resolve_arms
+from pytest_kvcache.engines import build_llamacpp_args, embedded_model_path
+from pytest_kvcache.engines.evidence import parse_llamacpp_log, resolved_cache_dtype
+from pytest_kvcache.engines.llamacpp_build import build_key, cached_server
+from pytest_kvcache.engines.profiles import LLAMACPP, OPENAI, VLLM
+from pytest_kvcache.probes.agreement import agreement_payload, parse_response
+from pytest_kvcache.probes.short import chat_payload
+
+GREEDY = chat_payload("m", [{"role": "user", "content": "hi"}], "greedy", 8)
+
+
+def test_vllm_gets_its_own_fields() -> None:
+    assert VLLM.adapt(GREEDY) == GREEDY
+    assert VLLM.adapt(agreement_payload("m", "hi", 8))["return_tokens_as_token_ids"] is True
+
+
+def test_a_generic_server_gets_no_vllm_only_field() -> None:
+    sent = OPENAI.adapt(GREEDY)
+    assert not {"ignore_eos", "min_tokens"} & set(sent)
+    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["temperature"] == 0.0 and sent["max_tokens"] == 8 and sent["messages"] == GREEDY["messages"]
+    assert "return_tokens_as_token_ids" not in OPENAI.adapt(agreement_payload("m", "hi", 8))
+    assert GREEDY["stream_options"]["continuous_usage_stats"] is True  # adapt copies, never edits
+
+
+def test_llamacpp_keeps_ignore_eos_and_drops_the_rest() -> None:
+    sent = LLAMACPP.adapt(GREEDY)
+    assert sent["ignore_eos"] is True and "min_tokens" not in sent
+    assert "continuous_usage_stats" not in sent["stream_options"]
+    assert LLAMACPP.cold_fields == {"cache_prompt": False}
+
+
+def test_missing_evidence_is_listed_per_kind() -> None:
+    assert VLLM.missing_evidence() == []
+    assert any("/metrics" in m for m in OPENAI.missing_evidence())
+    assert any("tokenizer endpoint" in m for m in OPENAI.missing_evidence())
+    assert not any("/metrics" in m for m in LLAMACPP.missing_evidence())
+    assert any("prompt logprobs" in m for m in LLAMACPP.missing_evidence())
+
+
+def test_llamacpp_logprob_entries_give_token_ids() -> None:
+    body = {"choices": [{"logprobs": {"content": [{"id": 17, "token": "a", "logprob": -0.5}]}}]}
+    assert parse_response(body).ids == (17,)
+
+
+@pytest.mark.parametrize(
+    ("typed", "cache_type"),
+    [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8", "q8_0"), ("int4", "q4_0"), ("auto", "f16")],
+)
+def test_llamacpp_arms_are_its_cache_types(typed: str, cache_type: str) -> None:
+    (arm,) = resolve_arms([typed], {}, "llamacpp")
+    assert arm.kv_cache_dtype == cache_type and arm.expected_cache_dtype == cache_type
+
+
+def test_llamacpp_refuses_a_vllm_dtype_and_a_named_arm_takes_args() -> None:
+    with pytest.raises(SettingsError, match=r"unknown llama\.cpp arm 'fp8'"):
+        resolve_arms(["fp8"], {}, "llamacpp")
+    (arm,) = resolve_arms(["kq8"], {"kq8": {"kv_cache_dtype": "q8", "args": ["--flash-attn", "on"]}}, "llamacpp")
+    assert arm.kv_cache_dtype == "q8_0" and arm.args == ("--flash-attn", "on")
+    with pytest.raises(SettingsError, match=r"unknown llama\.cpp kv_cache_dtype 'fp8'"):
+        resolve_arms(["bad"], {"bad": {"kv_cache_dtype": "fp8"}}, "llamacpp")
+
+
+def test_llamacpp_args_set_k_and_v_and_user_args_win() -> None:
+    settings = Settings(arms=(), engine="llamacpp")
+    args, _ = build_llamacpp_args(settings, Arm("q8_0", "q8_0"), "/m.gguf")
+    assert args[:2] == ["--model", "/m.gguf"]
+    assert args[args.index("--cache-type-k") + 1] == args[args.index("--cache-type-v") + 1] == "q8_0"
+    assert "--metrics" in args and "--ctx-size" in args  # the embedded default's context
+    assert args[args.index("--log-verbosity") + 1] == "4"  # the KV-cache line is logged
+    args, _ = build_llamacpp_args(settings, Arm("mixed", "q8_0", args=("-ctv", "f16")), "/m.gguf")
+    assert args.count("--cache-type-k") == 1 and "--cache-type-v" not in args and args[-2:] == ["-ctv", "f16"]
+
+
+def test_engine_option_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="not docker"):
+        resolve({"arms": "f16", "engine": "llamacpp", "launcher": "docker", "image": "x"}, {}, {}, {}, tmp_path)
+    with pytest.raises(SettingsError, match="needs --kv-engine-cmd"):
+        resolve({"arms": "auto", "engine": "openai"}, {}, {}, {}, tmp_path)
+    with pytest.raises(SettingsError, match="GGUF file"):
+        resolve({"arms": "f16", "engine": "llamacpp", "model": str(tmp_path)}, {}, {}, {}, tmp_path)
+    with pytest.raises(SettingsError, match="--kv-engine"):
+        resolve({"arms": "f16", "engine": "sglang"}, {}, {}, {}, tmp_path)
+    settings = resolve({"arms": "f16,q8_0", "engine": "llamacpp"}, {}, {}, {}, tmp_path)
+    assert settings.engine == "llamacpp" and settings.depths == (4_000, 16_000)
+
+
+# llama-server's own lines (llama.cpp of llama-cpp-python 0.3.36, the tiny GGUF, q8_0 K and V)
+LLAMA_LOG = """\
+0.00.003.136 I cmn  common_param: common_params_print_info: build 0 (unknown) with GNU 12.2.0 for Linux x86_64
+0.00.027.463 I llama_init_from_model: enabling flash_attn since it is required for quantized V cache
+0.00.027.528 I llama_context: n_ctx                 = 20480
+0.00.027.598 I llama_context: flash_attn            = enabled
+0.00.028.271 I llama_kv_cache:        CPU KV buffer size =    21.25 MiB
+0.00.042.064 I llama_kv_cache: size =   21.25 MiB ( 20480 cells,   4 layers,  1/1 seqs), K (q8_0):   10.62 MiB, V (q8_0):   10.62 MiB
+"""
+
+
+def test_llamacpp_log_facts() -> None:
+    facts = parse_llamacpp_log(LLAMA_LOG)
+    assert facts["kv_cache_type_k"] == facts["kv_cache_type_v"] == facts["kv_cache_dtype"] == "q8_0"
+    assert facts["kv_cache_size_tokens"] == 20480 and facts["kv_cache_mib"] == 21.25 and facts["n_ctx"] == 20480
+    assert facts["flash_attn"] == "enabled" and facts["engine_version"] == "0 (unknown)"
+    mixed = parse_llamacpp_log(LLAMA_LOG.replace("V (q8_0)", "V (f16)"))
+    assert mixed["kv_cache_dtype"] == "k=q8_0,v=f16"
+    assert resolved_cache_dtype({"log": mixed}) == "k=q8_0,v=f16"  # refused against a declared q8_0
+
+
+def test_embedded_gguf_is_deterministic_and_cached(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    from pytest_kvcache.engines.gguf_model import tiny_gguf, write_gguf
+
+    path = tiny_gguf(embedded_model_path(), root=tmp_path)
+    assert tiny_gguf(embedded_model_path(), root=tmp_path) == path
+    again = tmp_path / "again.gguf"
+    write_gguf(embedded_model_path(), again)
+    assert again.read_bytes() == path.read_bytes()
+    reader = gguf.GGUFReader(str(path))
+    names = {t.name for t in reader.tensors}
+    assert {"token_embd.weight", "blk.3.ffn_down.weight", "output_norm.weight"} <= names
+    assert reader.fields["general.architecture"].contents() == "qwen3"
+
+
+def test_build_cache_key_is_stable(tmp_path: Path) -> None:
+    assert build_key() == build_key() and len(build_key()) == 16
+    assert cached_server(tmp_path) is None
+    binary = tmp_path / build_key() / "bin" / "llama-server"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    assert cached_server(tmp_path) == binary
