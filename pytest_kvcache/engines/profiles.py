@@ -46,6 +46,8 @@ class EngineProfile:
     #: generated token ids with their logprobs (vLLM's ``return_tokens_as_token_ids``, llama.cpp's ``id``):
     #: output agreement
     token_ids: bool = False
+    #: llama-server returns no logprobs at all for ``top_logprobs: 0``: asked for at least this many
+    min_top_logprobs: int = 0
     #: ``prompt_logprobs`` over token ids on ``/v1/completions``: the fidelity probe
     prompt_logprobs: bool = False
 
@@ -55,6 +57,8 @@ class EngineProfile:
         options = out.get("stream_options")
         if isinstance(options, Mapping) and self.dropped_stream_options:
             out["stream_options"] = {k: v for k, v in options.items() if k not in self.dropped_stream_options}
+        if out.get("logprobs") is True and int(out.get("top_logprobs") or 0) < self.min_top_logprobs:
+            out["top_logprobs"] = self.min_top_logprobs
         return out
 
     def missing_evidence(self) -> list[str]:
@@ -99,6 +103,7 @@ LLAMACPP = EngineProfile(
     evidence_paths=("/v1/models", "/props", "/slots", "/metrics"),
     exact_length=True,
     token_ids=True,
+    min_top_logprobs=1,
 )
 OPENAI = EngineProfile(
     kind="openai",

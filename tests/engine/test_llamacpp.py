@@ -77,17 +77,19 @@ def llama_argv(server: Path, tag: str, *args: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def llama_ab(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """f16 vs q8_0 KV on the tiny GGUF: short probes and exact-depth prefill at 1k and 4k, one gate."""
+    """f16 vs q8_0 KV on the tiny GGUF, 3 boots per arm (ABBA; a llama-server boot takes about a second):
+    short probes and exact-depth prefill at 1k and 4k, one gate decided on the CI over boots."""
     workdir = tmp_path_factory.mktemp("llama-ab")
     tag = f"kvtest-{uuid.uuid4().hex[:10]}"
     argv = llama_argv(
         llama_server,
         tag,
         "--kv-arms=f16,q8_0",
+        "--kv-replicates=3",
         "-m",
         "short or prefill",
         "--kv-warmups=1",
-        "--kv-runs=3",
+        "--kv-runs=2",
         "--kv-max-tokens=32",
         "--kv-depths=1k,4k",
         "--kv-depth-warmups=1",
@@ -112,7 +114,7 @@ def test_llama_ab_passes_its_gate_and_leaves_nothing_running(llama_ab: Run) -> N
 
 def test_llama_evidence_shows_each_arms_resolved_cache_types(llama_ab: Run) -> None:
     for arm in ("f16", "q8_0"):
-        evidence = llama_ab.evidence(arm)
+        evidence = llama_ab.evidence(f"{arm}.r1")
         assert evidence["engine_kind"] == "llamacpp"
         log = evidence["log"]
         assert log["kv_cache_type_k"] == log["kv_cache_type_v"] == arm  # from llama-server's own KV-cache line
@@ -121,22 +123,32 @@ def test_llama_evidence_shows_each_arms_resolved_cache_types(llama_ab: Run) -> N
         assert "/metrics" not in (evidence.get("errors") or {}) and evidence["metrics_families"]
         assert "--cache-type-k" in evidence["argv"] and arm in evidence["argv"]
     # q8_0 stores K and V in about half the bytes of f16 for the same cells
-    f16, q8 = llama_ab.evidence("f16")["log"], llama_ab.evidence("q8_0")["log"]
+    f16, q8 = llama_ab.evidence("f16.r1")["log"], llama_ab.evidence("q8_0.r1")["log"]
     assert q8["kv_cache_mib"] / q8["kv_cache_size_tokens"] < 0.6 * f16["kv_cache_mib"] / f16["kv_cache_size_tokens"]
 
 
 def test_llama_requests_carry_no_vllm_only_field_and_prefill_is_exact_and_cold(llama_ab: Run) -> None:
     records = llama_ab.records()
     short = [r for r in records if r["probe"] == "short" and r["phase"] == "measured"]
-    assert len(short) == 2 * 2 * 3 and all(r["sample"]["ok"] for r in short)
+    assert len(short) == 2 * 3 * 2 * 2 and all(r["sample"]["ok"] for r in short)  # arms × boots × shapes × runs
     assert all(r["sample"]["completion_tokens"] == 32 for r in short)  # ignore_eos: llama-server takes it
     prefill = [r for r in records if r["probe"] == "prefill"]
-    assert len(prefill) == 2 * 2 * (1 + 2)
+    assert len(prefill) == 2 * 3 * 2 * (1 + 2)  # arms × boots × depths × (warmup + runs)
     for r in prefill:
         assert r["sizing"]["method"] == "tokenize"  # /apply-template + /tokenize: no calibration request
         assert 0.99 * r["depth"] <= r["sample"]["prompt_tokens"] <= r["depth"], r["sample"]
         assert r["cold_proof"] == "usage" and r["sample"]["cached_tokens"] == 0  # cache_prompt: false
         assert not r.get("excluded_reason")
+
+
+def test_llama_output_agreement_has_token_ids(llama_ab: Run) -> None:
+    rows = [json.loads(line) for line in (llama_ab.folder / "agreement.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 3 * 2 * 2 and all(r["ok"] for r in rows), rows[:2]  # arms × boots × shapes × 2
+    # llama-server lists a token's logprob only once the text is whole UTF-8: a token that ends mid-character
+    # (frequent with random weights) is left out of the list, never a wrong id put in
+    assert all(24 <= len(r["ids"]) <= 32 for r in rows), [len(r["ids"]) for r in rows]
+    report = json.loads((llama_ab.folder / "report.json").read_text())
+    assert report["agreement"]["rows"], report["agreement"]
 
 
 def test_llama_report_names_both_arms_and_their_cache_types(llama_ab: Run) -> None:

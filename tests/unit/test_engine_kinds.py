@@ -37,6 +37,9 @@ def test_llamacpp_keeps_ignore_eos_and_drops_the_rest() -> None:
     assert sent["ignore_eos"] is True and "min_tokens" not in sent
     assert "continuous_usage_stats" not in sent["stream_options"]
     assert LLAMACPP.cold_fields == {"cache_prompt": False}
+    asked = LLAMACPP.adapt(agreement_payload("m", "hi", 8))
+    assert asked["logprobs"] is True and asked["top_logprobs"] == 1  # 0 gives no logprobs at all there
+    assert "return_tokens_as_token_ids" not in asked and "min_tokens" not in asked
 
 
 def test_missing_evidence_is_listed_per_kind() -> None:
