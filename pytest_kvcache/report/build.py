@@ -721,10 +721,13 @@ def spec_decode_section(
                 f"({accepted}/{drafted} draft tokens accepted, {100 * accepted / drafted if drafted else 0:.1f}%)"
             )
     setup = "; ".join(f"{arm} {config.get(arm) or 'not stated'}" for arm in arms)
+    scraped = any(r.get("engine") for r in records if r.get("phase") == "measured")
     line = (
         ("; ".join(parts) + f" — speculation: {setup}")
         if parts
         else "not enabled (no vllm:spec_decode_* counters moved)"
+        if scraped
+        else "not measured (no request had the engine's vLLM counters read around it)"
     )
     return {"rows": rows, "config": {arm: config.get(arm) for arm in arms}, "line": line}
 
