@@ -23,6 +23,7 @@ __all__ = [
     "default_engine_cmd",
     "embedded_model_path",
     "engine_profile",
+    "llama_server_cmd",
     "make_engine",
     "visible_devices",
 ]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_kvcache.engines import embedded_model_path
 from pytest_kvcache.engines.llamacpp_build import BuildError, cache_root, cached_server, ensure_server
 from pytest_kvcache.engines.registry import reap_orphans
 from pytest_kvcache.run.folder import read_records
@@ -196,3 +197,53 @@ def test_llama_ctrl_c_leaves_no_llama_server(llama_server: Path, tmp_path: Path)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()[-3000:]
     assert not llama_processes(tag)
     assert read_records(path)
+
+
+def test_llama_external_endpoint_is_profiled_as_llamacpp(llama_server: Path, tmp_path: Path) -> None:
+    """A llama-server started by hand, measured as an external endpoint: its requests are llama.cpp's, its
+    prefill is sized by its own tokenizer and proven cold; its log is not ours, so its cache type is
+    a warning, not a check."""
+    from pytest_kvcache.engines.gguf_model import tiny_gguf
+    from pytest_kvcache.engines.process import free_port, kill_group
+
+    port = free_port()
+    log = (tmp_path / "server.log").open("wb")
+    gguf = tiny_gguf(embedded_model_path())
+    server = subprocess.Popen(
+        [str(llama_server), "--model", str(gguf), "--ctx-size", "4096", "--port", str(port), "--cache-type-k", "q8_0"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--kv-launcher=external",
+            "--kv-engine=llamacpp",
+            "--kv-arms=q8_0",
+            f"--kv-endpoint=q8_0=http://127.0.0.1:{port}",
+            "-m",
+            "short or prefill",
+            "--kv-depths=1k",
+            "--kv-warmups=0",
+            "--kv-runs=2",
+            "--kv-max-tokens=16",
+        ]
+        proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    finally:
+        kill_group(server.pid, term_grace_s=5)
+        server.wait(timeout=10)
+        log.close()
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    run = tmp_path / ".kvcache" / "runs" / "latest"
+    records = read_records(run / "requests.jsonl")
+    prefill = [r for r in records if r["probe"] == "prefill"]
+    assert prefill and all(r["sizing"]["method"] == "tokenize" and r["cold_proof"] == "usage" for r in prefill)
+    assert all(not r.get("excluded_reason") for r in prefill)
+    evidence = json.loads((run / "arms" / "q8_0" / "evidence.json").read_text())
+    assert evidence["engine_kind"] == "llamacpp" and evidence["props"]["n_ctx"] == 4096
+    assert any("no cache dtype" in w for w in evidence["warnings"])

@@ -141,3 +141,29 @@ def test_build_cache_key_is_stable(tmp_path: Path) -> None:
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
     assert cached_server(tmp_path) == binary
+
+
+def test_no_llama_server_is_a_headline_not_a_traceback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pytest_kvcache.engines import EngineError, llama_server_cmd
+    from pytest_kvcache.engines import llamacpp_build as build
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: it would have to build
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)  # … with no cmake, no llama-server on PATH
+    with pytest.raises(EngineError) as info:
+        llama_server_cmd(Settings(arms=(), engine="llamacpp"), "f16")
+    assert info.value.headline == "f16: no llama-server: building llama-server needs cmake and a C++ compiler on " + (
+        "PATH (or give --kv-engine-cmd)"
+    )
+    assert llama_server_cmd(Settings(arms=(), engine="llamacpp", engine_cmd=("/x/llama-server",)), "f16") == (
+        "/x/llama-server",
+    )
+
+
+def test_a_tampered_sdist_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pytest_kvcache.engines.llamacpp_build import SDIST_ENV, BuildError, find_sdist
+
+    fake = tmp_path / "llama_cpp_python-0.3.36.tar.gz"
+    fake.write_bytes(b"not the sdist")
+    monkeypatch.setenv(SDIST_ENV, str(fake))
+    with pytest.raises(BuildError, match="sha256 is not the pinned"):
+        find_sdist(tmp_path, tmp_path / "build.log")
