@@ -247,3 +247,18 @@ def test_llama_external_endpoint_is_profiled_as_llamacpp(llama_server: Path, tmp
     evidence = json.loads((run / "arms" / "q8_0" / "evidence.json").read_text())
     assert evidence["engine_kind"] == "llamacpp" and evidence["props"]["n_ctx"] == 4096
     assert any("no cache dtype" in w for w in evidence["warnings"])
+
+
+def test_llama_resolved_cache_type_other_than_declared_is_refused(llama_server: Path, tmp_path: Path) -> None:
+    """An arm that declares q8_0 but whose args make llama-server keep V in f16 is refused at boot, with the
+    engine's own words, and leaves nothing running."""
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.pytest_kvcache.arms.mixed]\nkv_cache_dtype = "q8_0"\nargs = ["--cache-type-v", "f16"]\n'
+    )
+    tag = f"kvtest-{uuid.uuid4().hex[:10]}"
+    argv = llama_argv(llama_server, tag, "--kv-arms=mixed", "-m", "short", "--kv-runs=1", "--kv-warmups=0")
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "declared kv_cache_dtype q8_0 but the engine reports cache_dtype=k=q8_0,v=f16" in out, out[-3000:]
+    assert not llama_processes(tag)
