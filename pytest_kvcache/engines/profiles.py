@@ -37,9 +37,12 @@ class EngineProfile:
     tokens: TokenCounter = "local"
     #: what a fresh-prefill request adds so the server computes it from scratch (and can prove it)
     cold_fields: Mapping[str, Any] = field(default_factory=dict)
+    #: fields added to every request (llama.cpp: ``timings_per_token``, its per-chunk token count)
+    added_fields: Mapping[str, Any] = field(default_factory=dict)
     #: the evidence endpoints this server has (the others are not asked, and the report says so)
     evidence_paths: tuple[str, ...] = ("/v1/models",)
-    #: per-chunk ``usage.completion_tokens`` (vLLM's ``continuous_usage_stats``): the token clock
+    #: a per-chunk running token count (vLLM's ``continuous_usage_stats``, llama.cpp's ``timings.predicted_n``):
+    #: the token clock
     usage_clock: bool = False
     #: greedy decoding reaches exactly ``max_tokens`` (``ignore_eos``); without it a decode may stop early
     exact_length: bool = False
@@ -54,6 +57,8 @@ class EngineProfile:
     def adapt(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """``payload`` without the fields this server does not take."""
         out = {k: v for k, v in payload.items() if k not in self.dropped_fields}
+        if out.get("stream") is True:
+            out.update({k: v for k, v in self.added_fields.items() if k not in out})
         options = out.get("stream_options")
         if isinstance(options, Mapping) and self.dropped_stream_options:
             out["stream_options"] = {k: v for k, v in options.items() if k not in self.dropped_stream_options}
@@ -100,7 +105,9 @@ LLAMACPP = EngineProfile(
     dropped_stream_options=VLLM_ONLY_STREAM_OPTIONS,
     tokens="llamacpp",
     cold_fields={"cache_prompt": False},
+    added_fields={"timings_per_token": True},
     evidence_paths=("/v1/models", "/props", "/slots", "/metrics"),
+    usage_clock=True,
     exact_length=True,
     token_ids=True,
     min_top_logprobs=1,

@@ -35,6 +35,7 @@ def test_a_generic_server_gets_no_vllm_only_field() -> None:
 def test_llamacpp_keeps_ignore_eos_and_drops_the_rest() -> None:
     sent = LLAMACPP.adapt(GREEDY)
     assert sent["ignore_eos"] is True and "min_tokens" not in sent
+    assert sent["timings_per_token"] is True  # its per-chunk token count: the token clock
     assert "continuous_usage_stats" not in sent["stream_options"]
     assert LLAMACPP.cold_fields == {"cache_prompt": False}
     asked = LLAMACPP.adapt(agreement_payload("m", "hi", 8))
@@ -48,6 +49,7 @@ def test_missing_evidence_is_listed_per_kind() -> None:
     assert any("tokenizer endpoint" in m for m in OPENAI.missing_evidence())
     assert not any("/metrics" in m for m in LLAMACPP.missing_evidence())
     assert any("prompt logprobs" in m for m in LLAMACPP.missing_evidence())
+    assert not any("per-chunk" in m for m in LLAMACPP.missing_evidence())
 
 
 def test_llamacpp_logprob_entries_give_token_ids() -> None:
