@@ -169,3 +169,12 @@ def test_a_tampered_sdist_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     monkeypatch.setenv(SDIST_ENV, str(fake))
     with pytest.raises(BuildError, match="sha256 is not the pinned"):
         find_sdist(tmp_path, tmp_path / "build.log")
+
+
+def test_the_terminal_names_a_llamacpp_boot_as_llamacpp() -> None:
+    from pytest_kvcache.report.outputs.terminal import evidence_lines
+
+    log = parse_llamacpp_log(LLAMA_LOG)
+    (line,) = evidence_lines("q8_0", {"engine_kind": "llamacpp", "declared_kv_cache_dtype": "q8_0", "log": log})
+    assert "cache_dtype=q8_0" in line and "kv_cache=21.25 MiB" in line and "llama.cpp 0 (unknown)" in line
+    assert "vLLM" not in line
