@@ -1185,7 +1185,7 @@ def resolve(
                 raise SettingsError(f"--kv-model: llama.cpp serves a GGUF file; {model!r} is not a file")
         elif path.is_file():
             raise SettingsError(f"--kv-model: {model!r} is a file; give the model's folder (config.json and weights)")
-        if not path.is_dir():
+        elif not path.is_dir():
             raise SettingsError(f"--kv-model: model folder {model!r} does not exist")
         model = str(path.resolve())
 

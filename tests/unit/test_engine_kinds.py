@@ -97,6 +97,9 @@ def test_engine_option_is_checked(tmp_path: Path) -> None:
         resolve({"arms": "f16", "engine": "sglang"}, {}, {}, {}, tmp_path)
     settings = resolve({"arms": "f16,q8_0", "engine": "llamacpp"}, {}, {}, {}, tmp_path)
     assert settings.engine == "llamacpp" and settings.depths == (4_000, 16_000)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    settings = resolve({"arms": "q8_0", "engine": "llamacpp", "model": "./m.gguf"}, {}, {}, {}, tmp_path)
+    assert settings.model == str(tmp_path / "m.gguf") and not settings.embedded
 
 
 # llama-server's own lines (llama.cpp of llama-cpp-python 0.3.36, the tiny GGUF, q8_0 K and V)
@@ -178,3 +181,16 @@ def test_the_terminal_names_a_llamacpp_boot_as_llamacpp() -> None:
     (line,) = evidence_lines("q8_0", {"engine_kind": "llamacpp", "declared_kv_cache_dtype": "q8_0", "log": log})
     assert "cache_dtype=q8_0" in line and "kv_cache=21.25 MiB" in line and "llama.cpp 0 (unknown)" in line
     assert "vLLM" not in line
+
+
+def test_llama_server_failures_are_the_headline() -> None:
+    from pytest_kvcache.engines.base import salient_error
+
+    assert salient_error("# pytest-kvcache: llama-server …\nerror: invalid argument: --bogus\n") == (
+        "error: invalid argument: --bogus"
+    )
+    assert salient_error('error while handling argument "--cache-type-k": Unsupported cache type: x\n') == (
+        'error while handling argument "--cache-type-k": Unsupported cache type: x'
+    )
+    log = "0.00.019 I llama_model_loader: loaded\n0.00.020.1 E llama_model_load: error loading model: bad magic\n"
+    assert salient_error(log) == "llama_model_load: error loading model: bad magic"
