@@ -113,16 +113,24 @@ def build_llamacpp_args(settings: Settings, arm: Arm, model: str) -> tuple[list[
     return args, dict(arm.env)
 
 
-def llama_server_cmd(settings: Settings, boot_id: str) -> tuple[str, ...]:
-    """``--kv-engine-cmd``, else ``llama-server`` on PATH, else the cached build (built once when missing)."""
+def llama_server_cmd(settings: Settings, boot_id: str, log_path: Path | None = None) -> tuple[str, ...]:
+    """``--kv-engine-cmd``, else ``llama-server`` on PATH, else the cached build (built once when missing;
+    what it does is written to the boot's ``log_path``, which the run's progress line shows)."""
     if settings.engine_cmd:
         return settings.engine_cmd
     if found := shutil.which("llama-server"):
         return (found,)
     from pytest_kvcache.engines.llamacpp_build import BuildError, ensure_server
 
+    def say(message: str) -> None:
+        print(f"pytest-kvcache: {message}", file=sys.stderr)
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with log_path.open("a") as fh:
+                fh.write(f"# pytest-kvcache: {message} (once per machine; about 9 minutes on 2 cores)\n")
+
     try:
-        return (str(ensure_server(on_build=lambda msg: print(f"pytest-kvcache: {msg}", file=sys.stderr))),)
+        return (str(ensure_server(on_build=say)),)
     except BuildError as exc:
         headline, _, log_tail = str(exc).partition("\n")
         raise EngineError(f"{boot_id}: no llama-server: {headline}", log_tail) from None
@@ -178,7 +186,7 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
         if settings.engine == "llamacpp":
             model = llamacpp_model(settings, boot.boot_id)
             args, env_overrides = build_llamacpp_args(settings, boot.arm, model)
-            cmd = llama_server_cmd(settings, boot.boot_id)
+            cmd = llama_server_cmd(settings, boot.boot_id, log_path)
         elif settings.engine == "openai":  # any server: only the model and the user's own arguments
             model = settings.model or str(embedded_model_path())
             args, env_overrides = ["--model", model, *settings.engine_args, *boot.arm.args], dict(boot.arm.env)

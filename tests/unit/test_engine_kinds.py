@@ -3,6 +3,7 @@ the embedded GGUF and the build cache key."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,55 @@ def test_llama_server_failures_are_the_headline() -> None:
     )
     log = "0.00.019 I llama_model_loader: loaded\n0.00.020.1 E llama_model_load: error loading model: bad magic\n"
     assert salient_error(log) == "llama_model_load: error loading model: bad magic"
+
+
+def test_progress_shows_a_llama_server_build_and_its_startup(tmp_path: Path) -> None:
+    from pytest_kvcache.run.progress import engine_phase
+
+    log = tmp_path / "engine.log"
+    log.write_text("# pytest-kvcache: building llama-server (llama.cpp from llama-cpp-python 0.3.36) into /c\n")
+    assert (engine_phase(log) or "").startswith("# pytest-kvcache: building llama-server")
+    log.write_text(LLAMA_LOG)
+    assert "llama_kv_cache: size" in (engine_phase(log) or "")
+
+
+def test_ensure_server_builds_once_into_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The build's own steps (find the pinned sdist, extract its llama.cpp, configure, build, move the binary
+    in at the end), with a cmake that only writes the binary: a second call builds nothing."""
+    import hashlib
+    import io
+    import tarfile
+
+    from pytest_kvcache.engines import llamacpp_build as build
+
+    sdist = tmp_path / "dl" / build.SDIST_NAME
+    sdist.parent.mkdir()
+    with tarfile.open(sdist, "w:gz") as tar:
+        data = b"project(llama.cpp)\n"
+        info = tarfile.TarInfo(f"llama_cpp_python-{build.SDIST_VERSION}/vendor/llama.cpp/CMakeLists.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    monkeypatch.setattr(build, "SDIST_SHA256", hashlib.sha256(sdist.read_bytes()).hexdigest())
+    monkeypatch.setenv(build.SDIST_ENV, str(sdist))
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    cmake = bin_dir / "cmake"
+    cmake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        'if [ "$1" = "-S" ]; then test -f "$2/CMakeLists.txt"; exit $?; fi\n'
+        'mkdir -p "$2/bin" && printf "#!/bin/sh\\n" > "$2/bin/llama-server" && chmod +x "$2/bin/llama-server"\n'
+    )
+    cmake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    root = tmp_path / "cache"
+    said: list[str] = []
+    found = build.ensure_server(root, on_build=said.append)
+    assert found == root / build.build_key() / "bin" / "llama-server" and found.is_file()
+    assert len(said) == 1 and "building llama-server" in said[0]
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2 and "-DLLAMA_CURL=OFF" in lines[0] and "--target llama-server -j" in lines[1]
+    assert "built in" in (root / build.build_key() / "BUILD").read_text()
+    assert [p.name for p in root.iterdir() if p.is_dir()] == [build.build_key()]  # no leftover temporary folder
+    assert build.ensure_server(root, on_build=said.append) == found and len(said) == 1  # cached: nothing built
