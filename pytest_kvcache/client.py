@@ -4,7 +4,8 @@ It knows nothing of arms, probes or reports. Timing model (``docs/metrics.md``):
 
 * ``send`` — the instant the pre-encoded request is handed to the HTTP stack;
 * ``first`` — the first chunk whose running ``usage.completion_tokens`` reaches 1 (vLLM with
-  ``continuous_usage_stats``); from a server without per-chunk usage, the first chunk that carries
+  ``continuous_usage_stats``; llama-server's ``timings.predicted_n`` with ``timings_per_token``); from a
+  server without per-chunk counts, the first chunk that carries
   content, reasoning or a tool-call delta. A role-only chunk never counts;
 * ``last`` — the last chunk that raised the token count (or carried content, in the fallback);
 * ``end`` — the ``[DONE]`` line.
@@ -391,6 +392,9 @@ class Client:
                 if choice.get("finish_reason"):
                     sample.finish_reason = choice["finish_reason"]
                 running = (chunk.get("usage") or {}).get("completion_tokens")
+                timings = chunk.get("timings")
+                if not isinstance(running, int) and isinstance(timings, dict):
+                    running = timings.get("predicted_n")  # llama-server's running count (timings_per_token)
                 if isinstance(running, int) and running > count:
                     if first_usage is None:
                         first_usage = now

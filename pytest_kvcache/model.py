@@ -181,6 +181,12 @@ class LogFacts(TypedDict, total=False):
     compile_cache: str  # "hit" (graphs loaded from the compile cache), "miss" (compiled), "partial"
     init_engine_s: float  # "init engine (profile, create kv cache, warmup model) took … s"
     graph_capture_s: float  # "Graph capturing finished in … secs"
+    # llama.cpp (llama-server's log)
+    kv_cache_type_k: str  # "llama_kv_cache: size = … K (q8_0): … MiB, V (q8_0): … MiB"
+    kv_cache_type_v: str
+    kv_cache_mib: float
+    flash_attn: str  # "flash_attn = enabled|disabled|auto"
+    n_ctx: int
 
 
 class GpuCard(TypedDict, total=False):
@@ -247,6 +253,13 @@ class Evidence(TypedDict, total=False):
     log: LogFacts
     errors: dict[str, str]
     tokenize: str
+    # the server's kind (--kv-engine) and what it cannot show (EngineProfile.missing_evidence)
+    engine_kind: str
+    evidence_missing: list[str]
+    # llama.cpp's own endpoints: /props (build, context, slots, chat template) and /slots
+    props: dict[str, Json]
+    slots: list[Json]
+    metrics_families: list[str]  # a non-vLLM /metrics: which families it exposes
     # GPU state
     gpu_before: GpuSnapshot
     gpu_ready: GpuSnapshot

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from pytest_kvcache.config.engine_kinds import ENGINE_KINDS, LLAMACPP_ALIASES, LLAMACPP_CACHE_TYPES, EngineKind
 from pytest_kvcache.model import ArmData
 from pytest_kvcache.report.options import ReportOptions
 
@@ -236,7 +237,11 @@ def parse_gpu_groups(raw: str) -> tuple[str, ...]:
 class Settings:
     arms: tuple[Arm, ...]
     launcher: LauncherKind = "process"
-    model: str | None = None  # None: the embedded tiny CPU model
+    #: which kind of server every arm is (``--kv-engine``): request fields, token counting, evidence
+    engine: EngineKind = "vllm"
+    model: str | None = None  # None: the embedded tiny CPU model (a GGUF made from it for llama.cpp)
+    #: a local tokenizer folder for servers without a tokenizer endpoint (None: the model's, or the embedded one)
+    tokenizer: str | None = None
     engine_args: tuple[str, ...] = ()
     engine_cmd: tuple[str, ...] = ()
     endpoints: Mapping[str, str] = field(default_factory=dict)
@@ -337,7 +342,9 @@ class Settings:
         return {
             "arms": [a.to_dict() for a in self.arms],
             "launcher": self.launcher,
+            "engine": self.engine,
             "model": self.model,
+            "tokenizer": self.tokenizer,
             "embedded_model": self.embedded,
             "engine_args": list(self.engine_args),
             "engine_cmd": list(self.engine_cmd),
@@ -465,6 +472,17 @@ def _port(raw: str) -> int:
     if value > 65535:
         raise SettingsError(f"expected a TCP port (1-65535), got {raw!r}")
     return value
+
+
+def _tokenizer_dir(rootdir: Path) -> Callable[[Any], str]:
+    def parse(raw: Any) -> str:
+        path = Path(str(raw)).expanduser()
+        path = path if path.is_absolute() else rootdir / path
+        if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+            raise SettingsError(f"{raw!r} is not a tokenizer folder (no tokenizer.json or tokenizer_config.json)")
+        return str(path.resolve())
+
+    return parse
 
 
 def _choice(*choices: str) -> Callable[[str], str]:
@@ -812,6 +830,18 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec("launcher", "how each arm's engine is started: process (default), docker or external.", "KIND"),
     OptionSpec(
+        "engine",
+        "which server every arm is: vllm (default), llamacpp (llama-server; arms are its cache types f16, "
+        "q8_0, q4_0 …) or openai (any other OpenAI-compatible server: no vLLM-only request field is sent).",
+        "KIND",
+    ),
+    OptionSpec(
+        "tokenizer",
+        "local tokenizer folder (tokenizer.json + chat template) that counts prompt tokens for a server "
+        "without a tokenizer endpoint (--kv-engine=openai; default: --kv-model's folder, else the embedded model's).",
+        "DIR",
+    ),
+    OptionSpec(
         "model",
         "model path or id served by every arm (default: the embedded tiny CPU model, dummy weights).",
         "MODEL",
@@ -820,7 +850,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "engine_cmd",
         "command that starts the engine for the process launcher "
-        "(default: '<this python> -m vllm.entrypoints.openai.api_server').",
+        "(default: '<this python> -m vllm.entrypoints.openai.api_server'; for llamacpp: llama-server on PATH, "
+        "else one built once from the llama-cpp-python sdist's llama.cpp and cached).",
         "CMD",
     ),
     OptionSpec(
@@ -1077,8 +1108,10 @@ def _named_arm(name: str, table: Mapping[str, Any]) -> Arm:
     )
 
 
-def resolve_arm(name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
-    """Resolve one typed arm name: named arm > alias > raw vLLM dtype."""
+def resolve_arm(name: str, named: Mapping[str, Mapping[str, Any]], engine: EngineKind = "vllm") -> Arm:
+    """Resolve one typed arm name: named arm > alias > raw dtype (vLLM's, or llama.cpp's cache types)."""
+    if engine == "llamacpp":
+        return _llamacpp_arm(name, named)
     if name in named:
         return _named_arm(name, named[name])
     if name in ALIASES:
@@ -1089,14 +1122,38 @@ def resolve_arm(name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
     raise SettingsError(f"unknown arm {name!r}; valid arms: {', '.join(valid)}")
 
 
-def resolve_arms(names: Sequence[str], named: Mapping[str, Mapping[str, Any]]) -> tuple[Arm, ...]:
+def _llamacpp_arm(name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
+    """A llama.cpp arm: its ``kv_cache_dtype`` is a ``--cache-type-k/-v`` value (f16 when unset)."""
+    if name in named:
+        table = dict(named[name])
+        raw = table.pop("kv_cache_dtype", None)
+        arm = _named_arm(name, table)
+        if raw is None:
+            return replace(arm, kv_cache_dtype="f16")
+        if not isinstance(raw, str) or LLAMACPP_ALIASES.get(raw, raw) not in LLAMACPP_CACHE_TYPES:
+            raise SettingsError(
+                f"[tool.pytest_kvcache.arms.{name}]: unknown llama.cpp kv_cache_dtype {raw!r}; "
+                f"valid: {', '.join(LLAMACPP_CACHE_TYPES)}"
+            )
+        return replace(arm, kv_cache_dtype=LLAMACPP_ALIASES.get(raw, raw))
+    if name in LLAMACPP_ALIASES:
+        return Arm(name=name, kv_cache_dtype=LLAMACPP_ALIASES[name], source="alias", typed_as=name)
+    if name in LLAMACPP_CACHE_TYPES:
+        return Arm(name=name, kv_cache_dtype=name, source="dtype", typed_as=name)
+    valid = [*sorted(named), *LLAMACPP_ALIASES, *LLAMACPP_CACHE_TYPES]
+    raise SettingsError(f"unknown llama.cpp arm {name!r}; valid arms: {', '.join(valid)}")
+
+
+def resolve_arms(
+    names: Sequence[str], named: Mapping[str, Mapping[str, Any]], engine: EngineKind = "vllm"
+) -> tuple[Arm, ...]:
     """Resolve the arm list; a repeated name is an A/A comparison (``fp8,fp8`` → ``fp8``, ``fp8.2``)."""
     arms: list[Arm] = []
     seen: dict[str, int] = {}
     for name in names:
         if not ARM_NAME.match(name):
             raise SettingsError(f"arm name {name!r} must be letters, digits, '-' or '_'")
-        arm = resolve_arm(name, named)
+        arm = resolve_arm(name, named, engine)
         seen[name] = seen.get(name, 0) + 1
         if seen[name] > 1:
             arm = replace(arm, name=f"{name}.{seen[name]}")
@@ -1191,17 +1248,25 @@ def resolve(
     names = get("arms", lambda raw: _names(joined(raw)), ())
     if not names:
         return Settings(arms=())
-    arms = resolve_arms(names, named_arms)
+    engine = get("engine", _choice(*ENGINE_KINDS), "vllm")
+    arms = resolve_arms(names, named_arms, engine)
 
     launcher = get("launcher", _choice("process", "docker", "external"), "process")
+    if engine != "vllm" and launcher == "docker":
+        raise SettingsError(f"--kv-engine={engine} runs with the process or external launcher, not docker")
+    if engine == "openai" and launcher == "process" and not get("engine_cmd", lambda raw: raw, None):
+        raise SettingsError("--kv-engine=openai with the process launcher needs --kv-engine-cmd (the server to start)")
     model = get("model", lambda raw: str(raw).strip(), None) or None
     if model is not None and looks_like_path(model):
         path = Path(model).expanduser()
         if not path.is_absolute():
             path = (rootdir / path) if not path.exists() else path.resolve()
-        if path.is_file():
+        if engine == "llamacpp":
+            if not path.is_file():
+                raise SettingsError(f"--kv-model: llama.cpp serves a GGUF file; {model!r} is not a file")
+        elif path.is_file():
             raise SettingsError(f"--kv-model: {model!r} is a file; give the model's folder (config.json and weights)")
-        if not path.is_dir():
+        elif not path.is_dir():
             raise SettingsError(f"--kv-model: model folder {model!r} does not exist")
         model = str(path.resolve())
 
@@ -1228,7 +1293,7 @@ def resolve(
                 f"(missing for: {', '.join(without)})"
             )
 
-    if model is None and launcher != "external":
+    if model is None and launcher != "external" and engine == "vllm":
         gpu_only = [a for a in arms if a.kv_cache_dtype is not None and a.kv_cache_dtype not in CPU_KV_CACHE_DTYPES]
         if gpu_only:
             listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in gpu_only)
@@ -1278,7 +1343,9 @@ def resolve(
     return Settings(
         arms=arms,
         launcher=launcher,
+        engine=engine,
         model=model,
+        tokenizer=get("tokenizer", _tokenizer_dir(rootdir), None),
         engine_args=engine_args,
         engine_cmd=engine_cmd,
         endpoints=endpoints,

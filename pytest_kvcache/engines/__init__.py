@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from importlib import resources
 from pathlib import Path
@@ -11,14 +12,18 @@ from pytest_kvcache.config.settings import Arm, Boot, Settings
 from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.external import ExternalEngine
 from pytest_kvcache.engines.process import HOST, ProcessEngine, free_port
+from pytest_kvcache.engines.profiles import EngineProfile, profile
 from pytest_kvcache.engines.registry import EngineRegistry
 
 __all__ = [
     "Engine",
     "EngineError",
     "build_engine_args",
+    "build_llamacpp_args",
     "default_engine_cmd",
     "embedded_model_path",
+    "engine_profile",
+    "llama_server_cmd",
     "make_engine",
     "visible_devices",
 ]
@@ -35,6 +40,18 @@ CONTAINER_MODEL = "/model"
 CONTAINER_VLLM_CACHE = "/root/.cache/vllm"
 #: What measurement needs from every engine: cached-token counts in ``usage``.
 MEASUREMENT_ARGS: tuple[str, ...] = ("--enable-prompt-tokens-details",)
+
+
+#: llama-server for the embedded tiny GGUF: a context that holds the CPU default's deepest prefill (16K) and
+#: its output on each of the server's slots.
+LLAMACPP_EMBEDDED_ARGS: tuple[str, ...] = ("--ctx-size", "20480", "--parallel", "1", "--alias", "tiny-qwen3")
+#: What measurement needs from llama-server: /metrics and /slots answered, no web UI, and a log that states
+#: the KV cache it made (verbosity 4: the default 3 hides the ``llama_kv_cache: size = …`` line).
+LLAMACPP_MEASUREMENT_ARGS: tuple[str, ...] = ("--metrics", "--slots", "--no-webui")
+
+
+def engine_profile(settings: Settings) -> EngineProfile:
+    return profile(settings.engine)
 
 
 def embedded_model_path() -> Path:
@@ -74,6 +91,61 @@ def build_engine_args(settings: Settings, arm: Arm, model: str) -> tuple[list[st
         env["VLLM_CACHE_ROOT"] = settings.compile_cache
     env.update(dict(arm.env))
     return args, env
+
+
+def build_llamacpp_args(settings: Settings, arm: Arm, model: str) -> tuple[list[str], dict[str, str]]:
+    """llama-server's arguments (without command, host and port) and env overrides for one arm: model,
+    embedded defaults, measurement needs, the arm's cache type for K and V, ``--kv-engine-args``, the arm's
+    own args (later ones win in llama.cpp's parser, so users can override anything we add)."""
+    user_args = (*settings.engine_args, *arm.args)
+    args: list[str] = ["--model", model]
+    if settings.embedded:
+        args += LLAMACPP_EMBEDDED_ARGS
+    if not _has_flag(user_args, "--log-verbosity") and not _has_flag(user_args, "-lv"):
+        args += ["--log-verbosity", "4"]
+    args += [a for a in LLAMACPP_MEASUREMENT_ARGS[:3] if not _has_flag(user_args, a)]
+    if arm.kv_cache_dtype is not None:
+        if not (_has_flag(user_args, "--cache-type-k") or _has_flag(user_args, "-ctk")):
+            args += ["--cache-type-k", arm.kv_cache_dtype]
+        if not (_has_flag(user_args, "--cache-type-v") or _has_flag(user_args, "-ctv")):
+            args += ["--cache-type-v", arm.kv_cache_dtype]
+    args += user_args
+    return args, dict(arm.env)
+
+
+def llama_server_cmd(settings: Settings, boot_id: str, log_path: Path | None = None) -> tuple[str, ...]:
+    """``--kv-engine-cmd``, else ``llama-server`` on PATH, else the cached build (built once when missing;
+    what it does is written to the boot's ``log_path``, which the run's progress line shows)."""
+    if settings.engine_cmd:
+        return settings.engine_cmd
+    if found := shutil.which("llama-server"):
+        return (found,)
+    from pytest_kvcache.engines.llamacpp_build import BuildError, ensure_server
+
+    def say(message: str) -> None:
+        print(f"pytest-kvcache: {message}", file=sys.stderr)
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with log_path.open("a") as fh:
+                fh.write(f"# pytest-kvcache: {message} (once per machine; about 9 minutes on 2 cores)\n")
+
+    try:
+        return (str(ensure_server(on_build=say)),)
+    except BuildError as exc:
+        headline, _, log_tail = str(exc).partition("\n")
+        raise EngineError(f"{boot_id}: no llama-server: {headline}", log_tail) from None
+
+
+def llamacpp_model(settings: Settings, boot_id: str) -> str:
+    """``--kv-model`` (a GGUF file), else the embedded tiny model written as GGUF (cached)."""
+    if settings.model is not None:
+        return settings.model
+    from pytest_kvcache.engines.gguf_model import GgufError, tiny_gguf
+
+    try:
+        return str(tiny_gguf(embedded_model_path()))
+    except (GgufError, OSError) as exc:
+        raise EngineError(f"{boot_id}: cannot write the embedded model as GGUF: {exc}") from None
 
 
 def visible_devices(settings: Settings, arm: Arm, lane: int = 0) -> str | None:
@@ -121,13 +193,22 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
             startup_timeout_s=settings.startup_timeout_s,
         )
     if settings.launcher == "process":
-        model = settings.model or str(embedded_model_path())
-        args, env_overrides = build_engine_args(settings, boot.arm, model)
+        if settings.engine == "llamacpp":
+            model = llamacpp_model(settings, boot.boot_id)
+            args, env_overrides = build_llamacpp_args(settings, boot.arm, model)
+            cmd = llama_server_cmd(settings, boot.boot_id, log_path)
+        elif settings.engine == "openai":  # any server: only the model and the user's own arguments
+            model = settings.model or str(embedded_model_path())
+            args, env_overrides = ["--model", model, *settings.engine_args, *boot.arm.args], dict(boot.arm.env)
+            cmd = settings.engine_cmd
+        else:
+            model = settings.model or str(embedded_model_path())
+            args, env_overrides = build_engine_args(settings, boot.arm, model)
+            cmd = settings.engine_cmd or default_engine_cmd()
         cards = settings.lane_cards(boot.lane)
         if cards is not None:  # this lane's GPU group (pytest-xdist): its engines see only those cards
             env_overrides["CUDA_VISIBLE_DEVICES"] = cards
         port = lane_port(settings, boot.lane)
-        cmd = settings.engine_cmd or default_engine_cmd()
         argv = [*cmd, *args, "--host", HOST, "--port", str(port)]
         return ProcessEngine(
             boot.boot_id,

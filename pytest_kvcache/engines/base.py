@@ -75,6 +75,10 @@ INTERPRETER = re.compile(
 )
 
 
+#: llama-server's own failures: its argument parser (``error: invalid argument: --x``) and error-level log
+#: lines (``0.00.027.463 E llama_model_load: error loading model: …``).
+LLAMA_ERROR = re.compile(r"^(?:error\b[^:]*: .+|[\d.]+ E\s+(?P<text>\S.*))$")
+
 GENERIC_ERRORS = ("see root cause above", "engine core initialization failed", "please check the stack trace")
 
 
@@ -87,6 +91,8 @@ def salient_error(log_text: str) -> str | None:
     for line in log_text.splitlines():
         if found := INTERPRETER.match(line.strip()):
             return found.group("cause") or found.group("open") or found.group("nomod")
+        if found := LLAMA_ERROR.match(line.strip()):
+            return (found.group("text") or found.group(0)).strip()
         if m := SALIENT.match(LOG_PREFIX.sub("", line.strip())):
             text = m.group(0).strip()
             if any(g in text.lower() for g in GENERIC_ERRORS):

@@ -10,6 +10,7 @@ from typing import Any, cast
 import httpx
 
 from pytest_kvcache import metrics
+from pytest_kvcache.engines.profiles import VLLM, EngineProfile
 from pytest_kvcache.model import Evidence, LogFacts
 
 BACKEND = re.compile(r"Using (\S+) attention backend out of potential backends: \[([^\]]*)\]")
@@ -65,6 +66,38 @@ def parse_log(text: str) -> LogFacts:
     return cast(LogFacts, found)
 
 
+# llama-server (with --log-verbosity 4; the default 3 hides these): "llama_kv_cache: size =   21.25 MiB ( 20480
+# cells,   4 layers,  1/1 seqs), K (q8_0):   10.62 MiB, V (q8_0):   10.62 MiB"; "llama_context: flash_attn
+# = enabled"; "llama_context: n_ctx                 = 20480"; "common_params_print_info: build 0 (unknown) with …"
+LLAMA_KV = re.compile(
+    r"llama_kv_cache(?:_unified)?: size =\s*([\d.]+) MiB \(\s*(\d+) cells.*?K \((\w+)\):.*?V \((\w+)\):"
+)
+LLAMA_FLASH = re.compile(r"flash_attn\s*=\s*(?:\w+\s*->\s*)?(\w+)")
+LLAMA_N_CTX = re.compile(r"llama_context: n_ctx\s*=\s*(\d+)")
+LLAMA_BUILD = re.compile(r"\bbuild:? (\d+ \([^)]*\)) with")
+
+
+def parse_llamacpp_log(text: str) -> LogFacts:
+    """The facts llama-server's log states: the resolved K and V cache types, the cache's cells and size."""
+    found: dict[str, Any] = {}
+    for line in text.splitlines():
+        if m := LLAMA_KV.search(line):
+            k, v = m.group(3), m.group(4)
+            found["kv_cache_type_k"], found["kv_cache_type_v"] = k, v
+            found["kv_cache_dtype"] = k if k == v else f"k={k},v={v}"
+            found["kv_cache_mib"] = float(m.group(1))
+            found["kv_cache_size_tokens"] = int(m.group(2))
+            found["kv_cache_device"] = "CPU" if "CPU" in line else found.get("kv_cache_device", "?")
+        elif m := LLAMA_N_CTX.search(line):
+            found["n_ctx"] = int(m.group(1))
+        elif "flash_attn" in line and (m := LLAMA_FLASH.search(line)):
+            found["flash_attn"] = m.group(1)
+        elif m := LLAMA_BUILD.search(line):
+            found["engine_version"] = m.group(1)
+    found.pop("kv_cache_device", None)  # the size line does not name the device reliably
+    return cast(LogFacts, found)
+
+
 def speculative(evidence: Evidence) -> str | None:
     """The speculative-decoding setup a boot resolved, in words: ``none``, ``ngram, 3 tokens``,
     ``mtp, 3 tokens, model /m`` — from the engine's config line, else its non-default args; None when
@@ -104,16 +137,21 @@ def _get(client: httpx.Client, path: str) -> tuple[Any, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def collect(url: str, log_path: Path | None, timeout_s: float = 10.0) -> Evidence:
-    """Ask the server what it is. Never raises: a missing endpoint is recorded as an error string."""
-    evidence: dict[str, Any] = {"url": url}
+def collect(url: str, log_path: Path | None, timeout_s: float = 10.0, profile: EngineProfile = VLLM) -> Evidence:
+    """Ask the server what it is, on the endpoints its profile has. Never raises: a missing endpoint is
+    recorded as an error string, and what this kind of server cannot show is listed in ``evidence_missing``."""
+    evidence: dict[str, Any] = {"url": url, "engine_kind": profile.kind}
     errors: dict[str, str] = {}
+    paths = profile.evidence_paths
     with httpx.Client(base_url=url, timeout=timeout_s) as client:
-        version, err = _get(client, "/version")
-        if err:
-            errors["/version"] = err
-        elif isinstance(version, dict):
-            evidence["engine_version"] = version.get("version")
+        if "/version" in paths:
+            version, err = _get(client, "/version")
+            if err:
+                errors["/version"] = err
+            elif isinstance(version, dict):
+                evidence["engine_version"] = version.get("version")
+        if "/props" in paths:
+            _llamacpp_props(client, evidence, errors)
         models, err = _get(client, "/v1/models")
         if err:
             errors["/v1/models"] = err
@@ -121,11 +159,15 @@ def collect(url: str, log_path: Path | None, timeout_s: float = 10.0) -> Evidenc
             first = models["data"][0]
             evidence["served_model"] = first.get("id")
             evidence["model_root"] = first.get("root")
-            evidence["max_model_len"] = first.get("max_model_len")
+            evidence["max_model_len"] = first.get("max_model_len") or evidence.get("max_model_len")
             evidence["models"] = [m.get("id") for m in models["data"]]
-        text, err = _get(client, "/metrics")
+        text, err = _get(client, "/metrics") if "/metrics" in paths else (None, None)
         if err:
             errors["/metrics"] = err
+        elif isinstance(text, str) and profile.kind != "vllm":
+            evidence["metrics_families"] = sorted(
+                {line.split("{")[0].split()[0] for line in text.splitlines() if line and not line.startswith("#")}
+            )
         elif isinstance(text, str):
             try:
                 scraped = metrics.parse(text)
@@ -137,10 +179,36 @@ def collect(url: str, log_path: Path | None, timeout_s: float = 10.0) -> Evidenc
                 if cache is None:
                     errors["/metrics"] = f"no {metrics.CACHE_CONFIG_INFO} sample"
     if log_path is not None and log_path.exists():
-        evidence["log"] = parse_log(log_path.read_text(encoding="utf-8", errors="replace"))
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+        evidence["log"] = parse_llamacpp_log(text) if profile.kind == "llamacpp" else parse_log(text)
+    if missing := profile.missing_evidence():
+        evidence["evidence_missing"] = missing
     if errors:
         evidence["errors"] = errors
     return cast(Evidence, evidence)
+
+
+def _llamacpp_props(client: httpx.Client, evidence: dict[str, Any], errors: dict[str, str]) -> None:
+    """llama-server's ``/props`` (build, slots, context per slot) and ``/slots`` (what each slot holds)."""
+    props, err = _get(client, "/props")
+    if err:
+        errors["/props"] = err
+    elif isinstance(props, dict):
+        settings = props.get("default_generation_settings") or {}
+        evidence["props"] = {
+            "build_info": props.get("build_info"),
+            "model_path": props.get("model_path"),
+            "total_slots": props.get("total_slots"),
+            "n_ctx": settings.get("n_ctx") if isinstance(settings, dict) else None,
+        }
+        evidence["engine_version"] = props.get("build_info")
+        if isinstance(settings, dict) and isinstance(settings.get("n_ctx"), int):
+            evidence["max_model_len"] = settings["n_ctx"]  # the context one request may fill (per slot)
+    slots, err = _get(client, "/slots")
+    if err:
+        errors["/slots"] = err
+    elif isinstance(slots, list):
+        evidence["slots"] = [{"id": s.get("id"), "n_ctx": s.get("n_ctx")} for s in slots if isinstance(s, dict)]
 
 
 def resolved_cache_dtype(evidence: Evidence) -> str | None:

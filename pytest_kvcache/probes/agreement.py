@@ -66,6 +66,8 @@ def parse_response(body: Any) -> Tokens:
     logprobs: list[float] = []
     for i, entry in enumerate(content):
         token_id = _token_id(entry.get("token") if isinstance(entry, dict) else None)
+        if token_id is None and isinstance(entry, dict) and isinstance(entry.get("id"), int):
+            token_id = entry["id"]  # llama-server gives every logprob entry its token id
         if token_id is None:
             raise ValueError(f"token {i} is not 'token_id:N' (the server ignored return_tokens_as_token_ids)")
         logprob = entry.get("logprob")

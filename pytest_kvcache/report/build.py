@@ -374,6 +374,18 @@ def arm_entries(run: RunData, arms: Sequence[str]) -> list[ArmEntry]:
     return entries
 
 
+def missing_evidence_notes(entries: Sequence[ArmEntry]) -> list[str]:
+    """What each arm's kind of server cannot show (``--kv-engine``), one line per distinct list."""
+    by_list: dict[tuple[str, str], list[str]] = {}
+    for entry in entries:
+        first: Evidence = next(iter(entry["evidence"].values()), Evidence())
+        missing = first.get("evidence_missing") or []
+        if missing:
+            key = (str(first.get("engine_kind") or "?"), "; ".join(missing))
+            by_list.setdefault(key, []).append(entry["name"])
+    return [f"evidence missing for {', '.join(n)} ({kind} server): {listed}" for (kind, listed), n in by_list.items()]
+
+
 def gpu_summary(evidence: Evidence) -> GpuSummary:
     """Per card: power cap before/after the arm, VRAM when ready and before stopping; or why none."""
     before, after = evidence.get("gpu_before") or {}, evidence.get("gpu_after") or {}
@@ -845,10 +857,13 @@ def spec_decode_section(
                 f"({accepted}/{drafted} draft tokens accepted, {100 * accepted / drafted if drafted else 0:.1f}%)"
             )
     setup = "; ".join(f"{arm} {config.get(arm) or 'not stated'}" for arm in arms)
+    scraped = any(r.get("engine") for r in records if r.get("phase") == "measured")
     line = (
         ("; ".join(parts) + f" — speculation: {setup}")
         if parts
         else "not enabled (no vllm:spec_decode_* counters moved)"
+        if scraped
+        else "not measured (no request had the engine's vLLM counters read around it)"
     )
     return {"rows": rows, "config": {arm: config.get(arm) for arm in arms}, "line": line}
 
@@ -902,6 +917,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
     agreed = agreement_report(run, arms)
     entries = arm_entries(run, arms)
     blocks = block_entries(run)
+    notes += missing_evidence_notes(entries)
     report: Report = {
         "report_version": REPORT_VERSION,
         "run_id": run.meta.get("run_id"),

@@ -31,6 +31,9 @@ CAPACITY = (
     "cache_config.kv_cache_max_concurrency",
     "log.kv_cache_size_tokens",
 )
+#: Names of what an arm's KV dtype sets by itself on other engines (llama-server's ``--cache-type-k/-v`` and
+#: the types and size its log states): declared by ``kv_cache_dtype``.
+DTYPE_NAMES = frozenset({"cache_type_k", "cache_type_v", "kv_cache_type_k", "kv_cache_type_v", "kv_cache_mib"})
 #: Knobs that size the KV cache: declaring one also explains a capacity difference.
 MEMORY_KNOBS = frozenset(
     {
@@ -153,6 +156,8 @@ def _explained(path: str, knobs: set[str], dtype_differs: bool) -> bool:
     if knob_name(last) in knobs:
         return True
     if path == "cache_config.cache_dtype" and "kv_cache_dtype" in knobs:
+        return True
+    if knob_name(last) in DTYPE_NAMES and "kv_cache_dtype" in knobs:
         return True
     if path in CAPACITY and (dtype_differs or knobs & MEMORY_KNOBS):
         return True

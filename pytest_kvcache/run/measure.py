@@ -16,6 +16,7 @@ from pytest_kvcache import metrics
 from pytest_kvcache.client import Client, Sample
 from pytest_kvcache.config.settings import Arm, Boot
 from pytest_kvcache.engines.base import Engine, tail
+from pytest_kvcache.engines.profiles import VLLM, EngineProfile
 from pytest_kvcache.model import Evidence, Json
 
 #: Failures that may mean the engine died; ``DEATH_GRACE_S`` is how long its exit may lag the socket.
@@ -37,6 +38,8 @@ class Server:
     model: str
     evidence: Evidence
     engine: Engine
+    #: what this kind of server takes (``--kv-engine``): every request passes through ``profile.adapt``
+    profile: EngineProfile = VLLM
 
     @property
     def name(self) -> str:
@@ -67,14 +70,17 @@ class ArmClient:
     def __init__(self, client: Client, server: Server) -> None:
         self.client = client
         self.server = server
-        self._no_metrics = False
+        # the engine counters read around each request (prefix-cache hits …) are vLLM's own names
+        self._no_metrics = server.profile.kind != "vllm"
 
     @property
     def base_url(self) -> str:
         return self.client.base_url
 
     def stream_chat(self, payload: Payload, *, keep_text: bool = False, prompt_tokens: int | None = None) -> Sample:
-        sample = self.client.stream_chat(payload, keep_text=keep_text, prompt_tokens=prompt_tokens)
+        sample = self.client.stream_chat(
+            self.server.profile.adapt(payload), keep_text=keep_text, prompt_tokens=prompt_tokens
+        )
         if not sample.ok and sample.error_kind in TRANSPORT_FAILURES:
             alive_after(self.server.engine)  # a dying engine closes its sockets a moment before it is gone
         if not sample.ok and not self.server.engine.alive():
@@ -130,7 +136,9 @@ class ArmClient:
         before = self.scrape()
         start = time.perf_counter()
         try:
-            body_out = self.client.post_json(path, body, min(timeout_s, self.client.read_timeout_s))
+            body_out = self.client.post_json(
+                path, self.server.profile.adapt(body), min(timeout_s, self.client.read_timeout_s)
+            )
         except (httpx.HTTPError, ValueError):
             if not alive_after(self.server.engine):
                 headline, log_tail = death_notice(self.server)

@@ -29,7 +29,8 @@ BOOT_TICK_S = 10.0
 PHASE = re.compile(
     r"(non-default args|Initializing a V1 LLM engine|Loading model|Loading weights|Model loading took"
     r"|torch\.compile|Compiling a graph|Capturing CUDA graphs|KV cache|init engine"
-    r"|Starting vLLM server|Started server process|Application startup)",
+    r"|Starting vLLM server|Started server process|Application startup"
+    r"|building llama-server|load_model: loading model|llama_kv_cache: size|model loaded)",
     re.IGNORECASE,
 )
 LOG_PREFIX = re.compile(r"^\([^)]*\)\s+(?:[A-Z]+\s+[\d-]+\s+[\d:.]+\s+\[[^\]]*\]\s+)?")

@@ -31,7 +31,7 @@ import httpx
 
 from pytest_kvcache.client import Client, Sample
 from pytest_kvcache.config.settings import Boot, Settings
-from pytest_kvcache.engines import embedded_model_path, visible_devices
+from pytest_kvcache.engines import embedded_model_path, engine_profile, visible_devices
 from pytest_kvcache.engines.base import Engine, EngineError, salient_error, tail
 from pytest_kvcache.engines.evidence import collect, resolved_cache_dtype
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
@@ -370,7 +370,7 @@ class Run:
             self.engines[boot.boot_id] = engine
             engine.start()
             evidence.update(cast(Evidence, engine.describe()))
-            evidence.update(collect(engine.url, engine.log_path))
+            evidence.update(collect(engine.url, engine.log_path, profile=engine_profile(self.settings)))
             if self.settings.launcher == "external":
                 self._check_served_model(boot, evidence)
             from pytest_kvcache.gpu.snapshot import memory_used_mib
@@ -401,7 +401,15 @@ class Run:
         folder.write(f"arms/{boot.boot_id}/evidence.json", evidence)
         self.write_meta(status="running")
         model = evidence.get("served_model") or self.settings.model or str(embedded_model_path())
-        return Server(url=engine.url, arm=boot.arm, boot=boot, model=model, evidence=evidence, engine=engine)
+        return Server(
+            url=engine.url,
+            arm=boot.arm,
+            boot=boot,
+            model=model,
+            evidence=evidence,
+            engine=engine,
+            profile=engine_profile(self.settings),
+        )
 
     def _check_served_model(self, boot: Boot, evidence: Evidence) -> None:
         """An external server must serve the ``--kv-model`` asked for: never measure another model silently."""
@@ -614,6 +622,12 @@ class Run:
         evidence = self.evidence.get(boot_id) or {}
         if not due or engine is None or self.interrupted or not engine.alive():
             return
+        profile = engine_profile(self.settings)
+        if not profile.token_ids:
+            evidence.setdefault("warnings", []).append(
+                f"output agreement skipped: a {profile.title} gives no generated token ids"
+            )
+            return
         arm = evidence.get("arm") or {}
         client = Client(
             engine.url, request_timeout_s=self.settings.request_timeout_s, stall_timeout_s=self.settings.stall_timeout_s
@@ -631,7 +645,7 @@ class Run:
                         "test": test,
                     }
                     try:
-                        body = client.post_json("/v1/chat/completions", payload, timeout)
+                        body = client.post_json("/v1/chat/completions", profile.adapt(payload), timeout)
                         tokens = parse_response(body)
                         entry["ok"], entry["ids"], entry["logprobs"] = True, list(tokens.ids), list(tokens.logprobs)
                     except (httpx.HTTPError, ValueError) as exc:

@@ -50,7 +50,7 @@ import time
 import traceback
 import uuid
 import zlib
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
@@ -391,7 +391,10 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         status = 200
         try:
-            if path in ("/health", "/ping"):
+            if path in owner.disabled_paths:
+                status = 404
+                self._send_json(404, {"detail": "Not Found"})
+            elif path in ("/health", "/ping"):
                 self._send_body(200, b"", "application/json")
             elif path == "/version":
                 self._send_json(200, {"version": "0.0.0-streamserver"})
@@ -432,6 +435,13 @@ class _Handler(BaseHTTPRequestHandler):
             record.status = 400
             self._finish(record, "http_error")
             return
+        options = body.get("stream_options")
+        sent = set(body) | (set(options) if isinstance(options, dict) else set())
+        if unsupported := sorted(sent & self._owner.rejected_fields):
+            self._send_error_json(400, f"unsupported request field(s): {', '.join(unsupported)}")
+            record.status = 400
+            self._finish(record, "http_error")
+            return
         if path == "/tokenize":
             tokens = _toy_tokenize(body)
             owner = self._owner
@@ -462,7 +472,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._finish(record, "http_error")
             return
         if owner.count_prompt_tokens:
-            prompt_tokens = len(_toy_tokenize(body))
+            counter = owner.prompt_counter
+            prompt_tokens = counter(body) if counter is not None else len(_toy_tokenize(body))
             schedule = replace(
                 schedule, prompt_tokens=prompt_tokens, cached_tokens=min(schedule.cached_tokens, prompt_tokens)
             )
@@ -975,7 +986,15 @@ class StreamServer:
         enforce_max_model_len: bool = False,
         advertise_max_model_len: bool = True,
         logprob_shift: float = 0.0,
+        rejected_fields: frozenset[str] = frozenset(),
+        prompt_counter: Callable[[dict[str, Any]], int] | None = None,
     ) -> None:
+        #: Request fields (top level or in ``stream_options``) answered with HTTP 400, as a strict server
+        #: that does not take them would: a test then fails whenever the plugin sends one.
+        self.rejected_fields = rejected_fields
+        #: Counts a chat request's ``usage.prompt_tokens`` (with ``count_prompt_tokens``) instead of the toy
+        #: tokenizer, e.g. with the model's real tokenizer and chat template.
+        self.prompt_counter = prompt_counter
         #: How far ``prompt_logprobs`` move from the deterministic base values (see ``_Run``).
         self.logprob_shift = logprob_shift
         #: Answer a chat request whose prompt (toy-tokenized) plus ``max_tokens`` exceeds ``max_model_len``

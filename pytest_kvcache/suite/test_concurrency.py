@@ -27,7 +27,9 @@ def test_concurrency(
 
     def trial_(phase: str, trial: int) -> bool:
         payloads = [
-            stream_payload(kv_server.model, st.seed, streams, phase, trial, j, st.concurrency_max_tokens)
+            kv_server.profile.adapt(
+                stream_payload(kv_server.model, st.seed, streams, phase, trial, j, st.concurrency_max_tokens)
+            )
             for j in range(streams)
         ]
         samples = run_trial(make_client, payloads, st.request_timeout_s)

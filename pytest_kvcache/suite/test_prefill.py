@@ -12,7 +12,7 @@ import pytest
 from pytest_kvcache.client import Sample
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.plugin import Recorder
-from pytest_kvcache.probes import prefill
+from pytest_kvcache.probes import prefill, tokens
 from pytest_kvcache.probes.agentic import prompt_sha256
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
 from pytest_kvcache.probes.short import chat_payload
@@ -22,10 +22,13 @@ Messages = list[dict[str, Any]]
 
 
 def _token_counter(
-    kv_client: ArmClient, kv_server: Server, depth: int, seed: int
+    kv_client: ArmClient, kv_server: Server, kv_settings: Settings
 ) -> tuple[Callable[[Messages], int], str]:
-    """/tokenize when the server has it; else calibration requests (their own salts) and say so."""
+    """The server's own count where its profile has one (vLLM's ``/tokenize``; llama.cpp's
+    ``/apply-template`` + ``/tokenize``); the model's tokenizer here for a generic server; calibration
+    requests (their own salts) only when neither answers, and the evidence says so."""
     model = kv_server.model
+    kind = kv_server.profile.tokens
 
     def tokenize(messages: Messages) -> int:
         try:
@@ -33,11 +36,26 @@ def _token_counter(
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             raise prefill.SizingError(f"/tokenize failed: {type(exc).__name__}: {exc}") from None
 
-    try:
-        tokenize(prefill.messages_for("probe"))
-        return tokenize, "tokenize"
-    except prefill.SizingError as exc:
-        kv_server.evidence["tokenize"] = f"unavailable ({type(exc).__name__}: {exc}); prefill sized by calibration"
+    def llamacpp(messages: Messages) -> int:
+        try:
+            prompt = kv_client.post_json("/apply-template", {"messages": messages})["prompt"]
+            body = {"content": prompt, "add_special": True, "parse_special": True}
+            return len(kv_client.post_json("/tokenize", body)["tokens"])
+        except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+            raise prefill.SizingError(f"/apply-template + /tokenize failed: {type(exc).__name__}: {exc}") from None
+
+    if kind == "local":
+        try:
+            return tokens.local_counter(tokens.tokenizer_dir(kv_settings)), "local"
+        except tokens.TokenizerError as exc:
+            kv_server.evidence["tokenize"] = f"no local tokenizer ({exc}); prefill sized by calibration"
+    else:
+        counter = llamacpp if kind == "llamacpp" else tokenize
+        try:
+            counter(prefill.messages_for("probe"))
+            return counter, "tokenize"
+        except prefill.SizingError as exc:
+            kv_server.evidence["tokenize"] = f"unavailable ({type(exc).__name__}: {exc}); prefill sized by calibration"
 
     def calibrate(messages: Messages) -> int:
         sample = kv_client.stream_chat(chat_payload(model, messages, "greedy", 1))
@@ -64,16 +82,18 @@ def test_prefill(
             f"depth {kv_depth} + {prefill.MAX_TOKENS} output tokens exceeds {kv_server.name}'s max_model_len {max_len}"
         )
     block_size = int((kv_server.evidence.get("cache_config") or {}).get("block_size") or 16)
-    count, method = _token_counter(kv_client, kv_server, kv_depth, kv_settings.seed)
+    count, method = _token_counter(kv_client, kv_server, kv_settings)
     seed = kv_settings.seed
 
     def send(phase: str, index: int) -> tuple[Sample, dict[str, object]]:
         salt = prefill.salt_for(seed, "prefill", kv_depth, phase, index)
         sizing_salt = (
-            salt if method == "tokenize" else prefill.salt_for(seed, "prefill-calibration", kv_depth, phase, index)
+            salt if method != "calibrated" else prefill.salt_for(seed, "prefill-calibration", kv_depth, phase, index)
         )
         sized = prefill.size_prompt(kv_depth, sizing_salt, count)
-        payload = chat_payload(kv_server.model, sized.messages(salt), "greedy", prefill.MAX_TOKENS)
+        payload = chat_payload(
+            kv_server.model, sized.messages(salt), "greedy", prefill.MAX_TOKENS, **kv_server.profile.cold_fields
+        )
         sample, engine = kv_client.measure(payload, prompt_tokens=sized.tokens)
         flags, excluded, proof = prefill.cold_check(
             sample.cached_tokens, engine, block_size, allow_unproven=kv_settings.allow_unproven_cold

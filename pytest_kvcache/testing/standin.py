@@ -23,7 +23,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
+from pytest_kvcache.engines.profiles import VLLM_ONLY_FIELDS, VLLM_ONLY_STREAM_OPTIONS
 from pytest_kvcache.selfcheck.stream import Schedule, StreamServer
 
 #: The module to run with ``python -m`` (what `engine_cmd` runs, and what finds leaked stand-ins in ``ps``).
@@ -70,11 +73,45 @@ def parse(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="refuse prompts over --max-model-len with HTTP 400 and do not advertise max_model_len in /v1/models",
     )
+    parser.add_argument(
+        "--standin-generic",
+        action="store_true",
+        help="a generic OpenAI server: no /tokenize, /metrics or /version, no vLLM log lines, and HTTP 400 for "
+        "any vLLM-only request field (ignore_eos, min_tokens, continuous_usage_stats, …)",
+    )
+    parser.add_argument(
+        "--standin-tokenizer",
+        default=None,
+        metavar="DIR",
+        help="count usage.prompt_tokens with this folder's tokenizer and chat template (transformers)",
+    )
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--standin-ttft", type=float, default=0.02)
     parser.add_argument("--standin-itl", type=float, default=0.002)
     args, _unknown = parser.parse_known_args(argv)
     return args
+
+
+#: What a generic OpenAI server (``--standin-generic``) lacks of vLLM's endpoints.
+GENERIC_MISSING = frozenset({"/tokenize", "/metrics", "/version"})
+
+
+def _chat_counter(folder: str) -> Callable[[dict[str, Any]], int]:
+    """``usage.prompt_tokens`` of a request as a server with this model's tokenizer and template counts it."""
+    from transformers import AutoTokenizer
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(folder)
+
+    def count(body: dict[str, Any]) -> int:
+        ids: Any
+        if isinstance(body.get("messages"), list):
+            ids = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        else:
+            ids = tokenizer(str(body.get("prompt", "")))["input_ids"]
+        return len(ids)
+
+    return count
 
 
 def log(message: str, level: str = "INFO", who: str = "APIServer") -> None:
@@ -94,14 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.standin_spawn_child:
         child = [a for a in raw if a != "--standin-spawn-child"]
         subprocess.Popen([sys.executable, "-m", MODULE, *child, "--standin-sleeper"], stdin=subprocess.DEVNULL)
-    log(f"non-default args: {{'model': {args.model!r}, 'kv_cache_dtype': {args.kv_cache_dtype!r}}}")
+    if not args.standin_generic:
+        log(f"non-default args: {{'model': {args.model!r}, 'kv_cache_dtype': {args.kv_cache_dtype!r}}}")
     if args.standin_exit_at_start is not None:
         log("ValueError: standin told to fail at start", "ERROR", "EngineCore")
         return int(args.standin_exit_at_start)
     time.sleep(args.standin_startup_delay)
     dtype = args.standin_report_dtype or args.kv_cache_dtype
-    log(f"Initializing a V1 LLM engine (v0.0.0-standin) with config: model={args.model!r}, kv_cache_dtype={dtype}")
-    log("CPU KV cache size: 65,536 tokens")
+    if not args.standin_generic:
+        log(f"Initializing a V1 LLM engine (v0.0.0-standin) with config: model={args.model!r}, kv_cache_dtype={dtype}")
+        log("CPU KV cache size: 65,536 tokens")
     labels = {
         "block_size": "16",
         "cache_dtype": dtype,
@@ -118,7 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=args.max_model_len,
         cache_config_labels=labels,
         count_prompt_tokens=True,
-        disabled_paths=frozenset({"/tokenize"}) if args.standin_no_tokenize else frozenset(),
+        disabled_paths=(
+            GENERIC_MISSING
+            if args.standin_generic
+            else frozenset({"/tokenize"})
+            if args.standin_no_tokenize
+            else frozenset()
+        ),
+        rejected_fields=VLLM_ONLY_FIELDS | VLLM_ONLY_STREAM_OPTIONS if args.standin_generic else frozenset(),
+        prompt_counter=_chat_counter(args.standin_tokenizer) if args.standin_tokenizer else None,
         unstreamed_delay_s=args.standin_unstreamed_delay,
         enforce_max_model_len=args.standin_short_context,
         advertise_max_model_len=not args.standin_short_context,

@@ -473,3 +473,17 @@ def test_adaptive_sampling_stops_at_the_cap_and_says_so() -> None:
     outcome = fake_loop([50, 150] * 10, Adaptive("decode_tps", 1, 6))
     assert outcome.sampling is not None and outcome.sampling["n"] == 6
     assert outcome.sampling["reason"].startswith("cap reached: 6 request(s)")
+
+
+def test_llamacpp_cache_types_declared_by_the_dtype_are_not_confounds() -> None:
+    def llama(name: str, dtype: str) -> dict[str, Any]:
+        ev = evidence(name, {"name": name, "kv_cache_dtype": dtype})
+        ev["argv"] = ["llama-server", "--model", "/m.gguf", "--cache-type-k", dtype, "--cache-type-v", dtype]
+        return ev
+
+    a, b = llama("f16", "f16"), llama("q8_0", "q8_0")
+    found = confounds.find([a, b])
+    assert found["status"] == "clean", found["confounds"]
+    assert {d["path"] for d in found["declared"]} == {"argv.--cache-type-k", "argv.--cache-type-v"}
+    b["argv"] += ["--threads", "1"]  # anything else still is one
+    assert [c["path"] for c in confounds.find([a, b])["confounds"]] == ["argv.--threads"]

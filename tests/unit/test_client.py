@@ -176,3 +176,46 @@ def test_the_first_token_limit_grows_with_the_prompt_within_the_request_timeout(
     assert client.first_token_limit_s(90_000) == 120 + 90_000 / 500  # the seed's deepest prefill: 300 s
     assert client.first_token_limit_s(10_000_000) == 600
     assert Client("http://127.0.0.1:9", stall_timeout_s=7).first_token_limit_s(90_000) == 7  # off by default
+
+
+def test_llama_server_timings_are_a_token_clock() -> None:
+    """llama-server (``timings_per_token``) counts generated tokens in each chunk's ``timings.predicted_n``; a
+    token whose text is held back (mid-UTF-8 character) still moves the count: chunks as it sends them."""
+    import json
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]}]
+    for n, text in enumerate(["a", "", "b", "c"], start=1):
+        chunks.append({"choices": [{"index": 0, "delta": {"content": text}}], "timings": {"predicted_n": n}})
+    usage = {"completion_tokens": 4, "prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}
+    chunks.append({"choices": [], "usage": usage, "timings": {"predicted_n": 4}})
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for chunk in chunks:
+                time.sleep(0.01)
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with Client(f"http://127.0.0.1:{server.server_address[1]}", stall_timeout_s=5.0) as client:
+            sample = client.stream_chat(payload(4))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert sample.ok and sample.token_clock == "usage" and sample.token_chunks == 4
+    assert sample.completion_tokens == 4 and sample.first_chunk_tokens == 1
+    assert "content_clock" not in sample.measures()[1]

@@ -47,15 +47,27 @@ def evidence_lines(boot_id: str, evidence: Evidence) -> list[str]:
     log = evidence.get("log") or {}
     ready = evidence.get("ready_s")
     declared = evidence.get("declared_kv_cache_dtype") or "auto"
-    parts = [
-        f"declared {declared} → cache_dtype={resolved_cache_dtype(evidence)}",
-        f"kv_cache_size_tokens={kv_capacity_tokens(evidence)}",
-        f"block_size={cache.get('block_size', '?')}",
-        f"prefix_caching={cache.get('enable_prefix_caching', '?')}",
-        f"vLLM {evidence.get('engine_version') or log.get('engine_version') or '?'}",
-        f"max_model_len={evidence.get('max_model_len')}",
-        f"attention={log.get('attention_backend', 'not logged')}",
-    ]
+    version = evidence.get("engine_version") or log.get("engine_version") or "?"
+    if evidence.get("engine_kind") in ("llamacpp", "openai"):
+        kind = "llama.cpp" if evidence.get("engine_kind") == "llamacpp" else "OpenAI-compatible server"
+        parts = [
+            f"declared {declared} → cache_dtype={resolved_cache_dtype(evidence)}",
+            f"kv_cache_size_tokens={kv_capacity_tokens(evidence)}",
+            *([f"kv_cache={log['kv_cache_mib']:g} MiB"] if log.get("kv_cache_mib") is not None else []),
+            *([f"flash_attn={log['flash_attn']}"] if log.get("flash_attn") else []),
+            f"{kind} {version}",
+            f"max_model_len={evidence.get('max_model_len')}",
+        ]
+    else:
+        parts = [
+            f"declared {declared} → cache_dtype={resolved_cache_dtype(evidence)}",
+            f"kv_cache_size_tokens={kv_capacity_tokens(evidence)}",
+            f"block_size={cache.get('block_size', '?')}",
+            f"prefix_caching={cache.get('enable_prefix_caching', '?')}",
+            f"vLLM {version}",
+            f"max_model_len={evidence.get('max_model_len')}",
+            f"attention={log.get('attention_backend', 'not logged')}",
+        ]
     if ready is not None:
         parts.append(f"ready in {ready:.1f} s")
     if log.get("compile_cache") or log.get("compile_s") is not None:
