@@ -222,9 +222,15 @@ def test_two_workers_boot_counterbalanced_blocks_side_by_side(replicates_run: Ru
     a, b = run.evidence("auto.r1"), run.evidence(f"{SECOND_ARM}.r2")  # the lanes: side by side
     assert a["started_unix_s"] < b["stopped_unix_s"] and b["started_unix_s"] < a["stopped_unix_s"]
     all_boots = [*lanes["lane 0"], *lanes["lane 1"]]
-    assert {(r["boot"], r["point"]) for r in report["boot_results"] if r["probe"] == "short"} == {
+    short = [r for r in run.records() if r["probe"] == "short" and r["phase"] == "measured"]
+    assert {(r["boot"], r["shape"]) for r in short if r["ok"]} == {
         (b, shape) for b in all_boots for shape in ("narrative", "code")
     }
+    # Two vLLM engines, two workers and their clients on 2 cores starve each other's streams: the tokens
+    # of a short decode often arrive in one burst, and the client voids its decode_tps rather than report a
+    # speed it did not see (each voided sample says so). TTFT is measured on every sample.
+    assert all(r["metrics"]["ttft_s"] is not None for r in short)
+    assert all(r["metrics"]["decode_tps"] is not None or "decode_window_short" in r["flags"] for r in short)
     assert report["confounds"]["status"] == "clean", report["confounds"]["confounds"]
     rows = {(r["kind"], r["arm"], r["shape"]): r for r in report["agreement"]["rows"]}
     across = rows[("across boots", "auto", "code")]  # the same arm booted twice, on two lanes: auto vs auto
