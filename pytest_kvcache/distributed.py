@@ -86,6 +86,21 @@ def check(settings: Settings, role: Role) -> None:
             raise SettingsError("--kv-gpus and --kv-gpu-groups both choose the containers' cards: give one")
 
 
+def check_shared_cards(settings: Settings, role: Role, count: int | None) -> None:
+    """Local workers without ``--kv-gpu-groups`` would boot their engines on the same cards at the same
+    time. vLLM sizes its KV cache from the memory it finds free while it starts, so two engines starting
+    side by side on one card starve each other (on an H200 one of them found 0.06 GiB for its KV cache and
+    exited: docs/results/h200-scale-out-one-card). ``count``: the GPUs NVML sees here (None: no NVML)."""
+    engines_see_cards = settings.launcher == "process" or (settings.launcher == "docker" and bool(settings.gpus))
+    if role.lanes > 1 and count and not settings.gpu_groups and engines_see_cards:
+        raise SettingsError(
+            f"{role.lanes} pytest-xdist workers on this host would boot engines side by side on the same "
+            f"{count} GPU(s): vLLM sizes its KV cache from the memory free while it starts, so they starve each "
+            f"other; give each worker its own cards with --kv-gpu-groups (e.g. "
+            f"{';'.join(str(i) for i in range(min(count, role.lanes)))}), or run without -n"
+        )
+
+
 def check_lane_cards(settings: Settings, lane: int, count: int | None, host: str) -> None:
     """A worker's host must have its lane's cards (``count``: the cards NVML sees, None without NVML)."""
     cards = settings.lane_cards(lane)

@@ -168,8 +168,11 @@ def pytest_configure(config: pytest.Config) -> None:
                 distributed.check(settings, role)
                 if role.kind == "worker" or distributed.all_local(config):
                     host = "this host" if role.kind == "controller" else f"worker host {platform.node()}"
+                    count = distributed.nvml_count()
+                    if role.kind == "controller":
+                        distributed.check_shared_cards(settings, role, count)
                     for lane in [role.lane] if role.kind == "worker" else range(role.lanes):
-                        distributed.check_lane_cards(settings, lane, distributed.nvml_count(), host)
+                        distributed.check_lane_cards(settings, lane, count, host)
         except SettingsError as exc:
             raise pytest.UsageError(f"pytest-kvcache: {exc}") from None
     if role is None and settings.gpu_groups:

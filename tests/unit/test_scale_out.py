@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_kvcache import stats
+from pytest_kvcache import distributed, stats
 from pytest_kvcache.config.settings import Arm, SettingsError, boot_order, lane_order, parse_gpu_groups, resolve
 from pytest_kvcache.distributed import Role, boot_of_nodeid, check, check_lane_cards
 from pytest_kvcache.engines import make_engine, visible_devices
@@ -117,6 +117,20 @@ def test_distributed_usage_errors(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="has no NVML"):
         check_lane_cards(grouped, 0, None, "cpu-host")
     check_lane_cards(grouped, 1, 4, "gpu-host")
+
+
+def test_local_workers_may_not_share_a_gpu(tmp_path: Path) -> None:
+    """Two engines starting side by side on one card starve each other's KV cache (measured on an H200):
+    local workers on a host with GPUs need --kv-gpu-groups; CPU hosts and containers without cards may share."""
+    two = Role("controller", 2)
+    shared = replace(_settings(tmp_path, replicates="2"), lanes=2)
+    with pytest.raises(SettingsError, match=r"same 1 GPU\(s\).*--kv-gpu-groups \(e.g. 0\)"):
+        distributed.check_shared_cards(shared, two, 1)
+    with pytest.raises(SettingsError, match=r"e.g. 0;1\)"):
+        distributed.check_shared_cards(shared, two, 8)
+    distributed.check_shared_cards(shared, two, None)  # no NVML: CPU lanes share the host, as tested here
+    distributed.check_shared_cards(replace(shared, gpu_groups=("0", "1")), two, 2)
+    distributed.check_shared_cards(replace(shared, launcher="docker", image="img"), two, 2)  # no --kv-gpus
 
 
 def test_a_test_id_names_its_boot() -> None:
