@@ -17,6 +17,7 @@ import pytest
 
 from pytest_kvcache.config.hostcpu import fp8_kv_unsupported_reason
 from pytest_kvcache.run.folder import read_records
+from tests.procs import live_processes
 
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed (bash scripts/setup.sh installs its CPU build)", allow_module_level=True)
@@ -35,18 +36,7 @@ def default_sigint() -> None:
 
 def vllm_processes(tag: str) -> list[int]:
     """Live vLLM server processes (any of the group) whose arguments include ``tag``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if "vllm.entrypoints.openai.api_server" in argv[:3] and tag in argv and state != "Z":
-            found.append(int(entry.name))
-    return found
+    return live_processes(lambda argv: "vllm.entrypoints.openai.api_server" in argv[:3] and tag in argv)
 
 
 @dataclass

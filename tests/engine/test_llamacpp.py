@@ -22,6 +22,7 @@ from pytest_kvcache.engines.llamacpp_build import BuildError, cache_root, cached
 from pytest_kvcache.engines.registry import reap_orphans
 from pytest_kvcache.run.folder import read_records
 from tests.engine.conftest import Run, default_sigint
+from tests.procs import live_processes
 
 pytestmark = pytest.mark.engine
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -56,18 +57,7 @@ def llama_server() -> Path:
 
 def llama_processes(tag: str) -> list[int]:
     """Live llama-server processes whose arguments include ``tag``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if argv and argv[0].endswith("llama-server") and tag in argv and state != "Z":
-            found.append(int(entry.name))
-    return found
+    return live_processes(lambda argv: bool(argv) and argv[0].endswith("llama-server") and tag in argv)
 
 
 def llama_argv(server: Path | None, tag: str, *args: str) -> list[str]:

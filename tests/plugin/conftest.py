@@ -13,6 +13,8 @@ import numpy
 import pandas
 import pytest
 
+from tests.procs import live_processes
+
 matplotlib.use("Agg")
 import matplotlib.pyplot
 
@@ -28,18 +30,7 @@ STANDIN = standin.engine_cmd()
 
 def processes_with(tag: str) -> list[int]:
     """Live stand-in engine processes whose arguments include ``tag`` (pytest's own argv is not one)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode().split("\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if standin.MODULE in argv[:3] and tag in argv and state != "Z":
-            found.append(int(entry.name))
-    return found
+    return live_processes(lambda argv: standin.MODULE in argv[:3] and tag in argv)
 
 
 @pytest.fixture
