@@ -65,7 +65,7 @@ def check(settings: Settings, role: Role) -> None:
             "external endpoints are one server per arm: pytest-xdist (-n/--tx) would measure the same servers "
             "from several workers at once; run without -n"
         )
-    if settings.rounds < role.lanes:
+    if settings.replicates < role.lanes:
         raise SettingsError(
             f"{role.lanes} pytest-xdist workers each run whole blocks (one boot of every arm): "
             f"--kv-replicates={settings.replicates} leaves a worker idle; use --kv-replicates={role.lanes} or more"
@@ -125,6 +125,7 @@ class KvSession(Protocol):
 
     settings: Settings
     run: Any
+    usage_error: str | None
 
     def planned_remote(self, tests_per_boot: Mapping[str, int]) -> None: ...
 
@@ -170,12 +171,9 @@ class BlockScheduling:
     time, in the Latin-square order of ``settings.lane_order``; tests that belong to no boot go to the
     first worker. A worker's lane is ``workerinput["kvcache_lane"]`` (``Controller.pytest_configure_node``)."""
 
-    def __init__(self, config: pytest.Config, session: KvSession, log: Any = None) -> None:
-        from xdist.workermanage import parse_tx_spec_config
-
-        self.config = config
+    def __init__(self, session: KvSession, *, numnodes: int) -> None:
         self.session = session
-        self.numnodes = len(parse_tx_spec_config(config))
+        self.numnodes = numnodes
         self.node2collection: dict[Any, list[str]] = {}
         self.node2pending: dict[Any, list[int]] = {}
         self.collection: list[str] | None = None
@@ -197,7 +195,7 @@ class BlockScheduling:
     def tests_finished(self) -> bool:
         if not self.collection_is_completed or self.collection is None:
             return False
-        if self.loose or any(self.queues.get(self.lane_of(n)) for n in self.node2pending):
+        if self.loose or any(self.queues.values()):  # a lane whose worker died waits for its replacement
             return False
         return not any(self.node2pending.values())
 
@@ -296,25 +294,31 @@ class BlockScheduling:
 
     def _next(self, node: Any) -> None:
         """Keep ``node`` fed: a worker must know its next test (or that none comes) before it runs its last
-        one, so once one test or none is left, send the next work — loose tests (first worker), else its
-        lane's next block — or shut it down."""
-        if node.shutting_down or self.collection is None or len(self.node2pending[node]) > 1:
+        one, so while one test or none is left, send the next work — loose tests (first worker), then its
+        lane's next block — and once nothing is left, shut it down."""
+        if self.collection is None:
             return
-        if self.loose and self.lane_of(node) == 0:
-            items, self.loose = self.loose, []
-            self._send(node, items)
-            return
-        queue = self.queues.get(self.lane_of(node), [])
-        while queue:
-            block = queue.pop(0)
-            reason = self.session.block_skip_reason(block.number) if block.extra else None
-            if reason:
+        while not node.shutting_down and len(self.node2pending[node]) <= 1:
+            if self.loose and self.lane_of(node) == 0:
+                items, self.loose = self.loose, []
+                self._send(node, items)
                 continue
+            block = self._next_block(self.lane_of(node))
+            if block is None:
+                if not self.loose:
+                    node.shutdown()
+                return
             self.sent[node].append(block)
             self._send(node, block.items)
-            return
-        if not self.loose:
-            node.shutdown()
+
+    def _next_block(self, lane: int) -> Block | None:
+        """The lane's next block, skipping adaptive blocks the controller decides are not needed."""
+        queue = self.queues.get(lane, [])
+        while queue:
+            block = queue.pop(0)
+            if not (block.extra and self.session.block_skip_reason(block.number)):
+                return block
+        return None
 
     def _send(self, node: Any, items: list[int]) -> None:
         self.node2pending[node].extend(items)
@@ -339,15 +343,26 @@ class Controller:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> BlockScheduling:
-        return BlockScheduling(config, self.session, log)
+        from xdist.workermanage import parse_tx_spec_config
 
-    @pytest.hookimpl
+        return BlockScheduling(self.session, numnodes=len(parse_tx_spec_config(config)))
+
+    @pytest.hookimpl(tryfirst=True)  # before pytest-xdist prints the worker's traceback
     def pytest_testnodedown(self, node: Any, error: object) -> None:
         lane = self.assigned.get(node.gateway.id)
         if lane is None:
             return
-        events = (getattr(node, "workeroutput", None) or {}).get(EVENTS_KEY) or []
+        # popped: pytest-xdist tells of a worker's keyboard-interrupt exit twice (finished, then down)
+        events = (getattr(node, "workeroutput", None) or {}).pop(EVENTS_KEY, None) or []
         self.session.forwarded(lane, events)
+        if error is not None and not hasattr(node, "workerinfo"):
+            # died before it was ready: a usage error on its host (its cards, its settings) ends the run,
+            # or pytest-xdist would start its replacement for ever
+            said = [line.strip() for line in str(error).splitlines() if "pytest-kvcache: " in line]
+            if said:
+                text = said[-1][said[-1].index("pytest-kvcache: ") :]
+                self.session.usage_error = f"worker {node.gateway.id}: {text}"
+                pytest.exit(self.session.usage_error, returncode=pytest.ExitCode.USAGE_ERROR)
         if error is not None:
             self.free_lanes.append(lane)
             self.session.worker_died(lane, node.gateway.id, str(error))

@@ -408,7 +408,8 @@ class CrossoverRow(TypedDict, total=False):
     ci_low: float | None
     ci_high: float | None
     statement: str
-    #: "boots" (boots resampled within lanes, as the deltas' CIs) or "within-boot" (samples within points).
+    #: "boots" (whole boots resampled, paired by block under pytest-xdist, as the deltas' CIs) or
+    #: "within-boot" (samples within points).
     ci_method: str
 
 

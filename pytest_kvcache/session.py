@@ -94,6 +94,8 @@ class KvSession:
     _machine_info: Json = None
     _depth_planned: bool = False
     _fidelity_planned: bool = False
+    #: A pytest-xdist worker refused the run on its host (exit 4): no report of an empty run.
+    usage_error: str | None = None
 
     def __post_init__(self) -> None:
         from pytest_kvcache.run.forward import ForwardingListener, Outbox
@@ -272,6 +274,9 @@ class KvSession:
         path = self.run.folder.path
         if self.run.role == "controller":
             self.reap_workers()
+        if self.usage_error is not None:
+            self.run.close(status="usage error")
+            return
         self.run.close(status="interrupted" if self.run.interrupted else "finished")
         if self.run.interrupted or self.run.role == "worker":
             return  # Ctrl-C means now: the records are on disk, and kvcache-report builds the report later
@@ -377,11 +382,16 @@ class KvSession:
 
     def block_lost(self, lane: int, block: int | None, worker: str, tests: Sequence[str]) -> None:
         """A worker died in a block: the block's boots that had tests left are lost (the report names them)."""
+        from pytest_kvcache.distributed import boot_of_nodeid
+
         info = self.run.lanes_info.setdefault(lane, {})
-        boots = sorted({t.split("[", 1)[1].split("-", 1)[0].rstrip("]") for t in tests if "[" in t})
-        info.setdefault("lost", []).append(
-            {"block": block, "worker": worker, "tests_not_run": len(tests), "boots": boots}
-        )
+        planned = self.settings.boots()
+        boots = sorted({b.boot_id for t in tests if (b := boot_of_nodeid(t, planned)) is not None})
+        died = [d for d in info.get("died", []) if d.get("worker") == worker]
+        lost = {"block": block, "worker": worker, "tests_not_run": len(tests), "boots": boots}
+        if died:  # pytest-xdist says a worker is down before the scheduler gives up its tests
+            lost["error"] = died[-1]["error"]
+        info.setdefault("lost", []).append(lost)
         for entry in self.run.plan:
             if entry.get("boot") in boots:
                 entry["lost"] = f"worker {worker} died in block {block} with {len(tests)} test(s) of the block left"
@@ -389,11 +399,7 @@ class KvSession:
         self.run.write_meta(status="running")
 
     def worker_died(self, lane: int, worker: str, error: str) -> None:
-        info = self.run.lanes_info.setdefault(lane, {})
-        info.setdefault("died", []).append({"worker": worker, "error": error})
-        for lost in info.get("lost", []):
-            if lost.get("worker") == worker:
-                lost["error"] = error
+        self.run.lanes_info.setdefault(lane, {}).setdefault("died", []).append({"worker": worker, "error": error})
         self.reap_workers()
         self.run.write_meta(status="running")
 
@@ -401,10 +407,15 @@ class KvSession:
         self.run.problems.append(f"lane {lane}: {text}")
 
     def reap_workers(self) -> None:
-        """Stop engines that dead local workers left running (their registries, under ``workers/``)."""
+        """Stop engines that dead local workers left running: process groups in their registries (under
+        ``workers/``), and containers labelled with a pytest process that is gone."""
         from pytest_kvcache.engines.registry import reap_orphans
 
         self.run.reaped += reap_orphans(self.settings.report_dir / "workers")
+        if self.settings.launcher == "docker":
+            from pytest_kvcache.run.run import reap_dead_containers
+
+            self.run.reaped += reap_dead_containers()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter

@@ -106,13 +106,13 @@ def _boot_level_means(
     return float(np.mean([a.mean() for a in arrays])), resampled
 
 
-def _by_stratum(
-    groups: Sequence[Sequence[float]], strata: Sequence[object] | None
+def _by_block(
+    groups: Sequence[Sequence[float]], blocks: Sequence[object] | None
 ) -> dict[object, list[Sequence[float]]]:
-    """Boots (non-empty sample groups) per stratum, in first-seen order; no strata: one stratum."""
-    labels: Sequence[object] = strata if strata is not None else [None] * len(groups)
+    """Boots (non-empty sample groups) per block label, in first-seen order."""
+    labels: Sequence[object] = blocks if blocks is not None else [None] * len(groups)
     if len(labels) != len(groups):
-        raise ValueError("one stratum label per boot")
+        raise ValueError("one block label per boot")
     out: dict[object, list[Sequence[float]]] = {}
     for label, group in zip(labels, groups, strict=True):
         if len(group):
@@ -124,8 +124,8 @@ def ratio_ci_boots(
     base: Sequence[Sequence[float]],
     arm: Sequence[Sequence[float]],
     *,
-    base_strata: Sequence[object] | None = None,
-    arm_strata: Sequence[object] | None = None,
+    base_blocks: Sequence[object] | None = None,
+    arm_blocks: Sequence[object] | None = None,
     n_boot: int = BOOTSTRAP_SAMPLES,
     confidence: float = CONFIDENCE,
     seed: int = 0,
@@ -136,36 +136,63 @@ def ratio_ci_boots(
     once, however many samples it holds, and the CI covers boot-to-boot variation as well as the noise
     within a boot. Boots without samples are ignored; fewer than 2 boots on a side gives no CI.
 
-    ``base_strata``/``arm_strata`` (one label per boot) name where each boot ran — its lane (pytest-xdist
-    worker, GPU group, host). With more than one stratum the ratio is taken within each stratum and
-    averaged, weighted by the stratum's boots, and the bootstrap resamples boots *within* strata: a lane
-    that is faster for every arm moves neither the ratio nor its CI. Strata holding only one side are
-    left out. One stratum (or none given) is exactly the unstratified estimate.
+    ``base_blocks``/``arm_blocks`` (one label per boot) name the block each boot ran in under pytest-xdist —
+    one boot of every arm, back to back on one lane. With more than one block the comparison is paired
+    by block: each block's ratio (arm boot mean / baseline boot mean, both on the same lane) and their
+    mean, the bootstrap resampling whole blocks, then samples within each boot. A lane faster for every
+    arm moves no block's ratio, so neither the estimate nor its CI; and since every block is a unit the CI
+    still covers boot-to-boot variation, however few blocks a lane ran. Blocks that lack one side (a
+    boot that failed, a worker that died) are left out. Without blocks (a plain run) the boots of each
+    arm are resampled on their own, as always.
     """
-    by_base, by_arm = _by_stratum(base, base_strata), _by_stratum(arm, arm_strata)
-    strata = [s for s in by_base if s in by_arm]
-    if not strata:
+    by_base, by_arm = _by_block(base, base_blocks), _by_block(arm, arm_blocks)
+    paired = [b for b in by_base if b in by_arm]
+    if base_blocks is not None and len(set(base_blocks)) > 1 and paired:
+        return _block_ratio_ci(
+            [(by_base[b], by_arm[b]) for b in paired], n_boot=n_boot, confidence=confidence, seed=seed
+        )
+    b = [x for x in base if len(x)]
+    a = [x for x in arm if len(x)]
+    if not b or not a:
         return None, None, None
     rng = _rng(seed)
-    weights: list[float] = []
-    ratios: list[float] = []
-    resampled: list[np.ndarray] = []
-    for stratum in strata:
-        b, a = by_base[stratum], by_arm[stratum]
-        base_mean, base_boot = _boot_level_means(b, rng, n_boot)
-        arm_mean, arm_boot = _boot_level_means(a, rng, n_boot)
+    base_mean, base_boot = _boot_level_means(b, rng, n_boot)
+    arm_mean, arm_boot = _boot_level_means(a, rng, n_boot)
+    if base_mean == 0:
+        return None, None, None
+    ratio = arm_mean / base_mean
+    if len(b) < 2 or len(a) < 2:
+        return ratio, None, None
+    boot = arm_boot / base_boot
+    boot = boot[np.isfinite(boot)]
+    lo, hi = _percentiles(boot, confidence)
+    return ratio, lo, hi
+
+
+def _block_ratio_ci(
+    blocks: Sequence[tuple[Sequence[Sequence[float]], Sequence[Sequence[float]]]],
+    *,
+    n_boot: int,
+    confidence: float,
+    seed: int,
+) -> tuple[float | None, float | None, float | None]:
+    """Mean of per-block ratios and its bootstrap CI: blocks resampled, then samples within each boot."""
+    rng = _rng(seed)
+    observed: list[float] = []
+    resampled: list[np.ndarray] = []  # per block: n_boot resampled ratios
+    for base, arm in blocks:
+        base_mean, base_boot = _boot_level_means(base, rng, n_boot)
+        arm_mean, arm_boot = _boot_level_means(arm, rng, n_boot)
         if base_mean == 0:
             return None, None, None
-        weights.append((len(b) + len(a)) / 2)
-        ratios.append(arm_mean / base_mean)
+        observed.append(arm_mean / base_mean)
         resampled.append(arm_boot / base_boot)
-    w = np.asarray(weights) / sum(weights)
-    ratio = float(np.dot(w, ratios))
-    boots_base = sum(len(by_base[s]) for s in strata)
-    boots_arm = sum(len(by_arm[s]) for s in strata)
-    if boots_base < 2 or boots_arm < 2:
+    ratio = float(np.mean(observed))
+    if len(blocks) < 2:
         return ratio, None, None
-    boot = np.tensordot(w, np.stack(resampled), axes=1)
+    table = np.stack(resampled)  # blocks × n_boot
+    picks = rng.integers(0, len(blocks), size=(n_boot, len(blocks)))
+    boot = table[picks, np.arange(n_boot)[:, None]].mean(axis=1)
     boot = boot[np.isfinite(boot)]
     lo, hi = _percentiles(boot, confidence)
     return ratio, lo, hi
@@ -287,74 +314,84 @@ def crossover_boots(
     base: BootCurve,
     arm: BootCurve,
     *,
-    strata: Mapping[str, object] | None = None,
+    blocks: Mapping[str, object] | None = None,
     n_boot: int = 1000,
     confidence: float = CONFIDENCE,
     seed: int = 0,
 ) -> dict[str, Any]:
     """:func:`crossover` with the boot as the resampling unit, as every delta's CI over boots.
 
-    ``base[i]``/``arm[i]`` map each boot to its samples at ``xs[i]``; ``strata`` maps a boot to its lane.
-    Each resample picks boots with replacement within each lane — the same boots at every point of the
-    curve, since a boot is one engine measured along the whole curve — then resamples each picked boot's
-    samples; the ratio at a point is the per-lane ratio of boot-level means, averaged over lanes weighted
-    by boots (as :func:`ratio_ci_boots`).
+    ``base[i]``/``arm[i]`` map each boot to its samples at ``xs[i]``. A boot is one engine measured along
+    the whole curve, so a resample picks boots (the same boots at every point), then resamples each picked
+    boot's samples. ``blocks`` maps a boot to its pytest-xdist block: with more than one block the curve is
+    paired by block, as :func:`ratio_ci_boots` — the ratio at a point is the mean of the blocks' ratios,
+    and whole blocks are resampled; without, each arm's boots are resampled on their own.
     """
-    strata = strata or {}
+    blocks = blocks or {}
     usable = [
         i for i in range(len(xs)) if any(len(v) for v in base[i].values()) and any(len(v) for v in arm[i].values())
     ]
     if len(usable) < 2:
         return _crossing_summary(None, [], n_boot, confidence, len(usable))
     at = [float(xs[i]) for i in usable]
-    sides = []
-    for curve in (base, arm):
+
+    def arrays(curve: BootCurve) -> tuple[list[str], list[dict[str, np.ndarray]]]:
         boots = sorted({b for i in usable for b, v in curve[i].items() if len(v)})
-        lanes: dict[object, list[str]] = {}
-        for b in boots:
-            lanes.setdefault(strata.get(b), []).append(b)
-        arrays = [{b: np.asarray(curve[i].get(b, ()), dtype=float) for b in boots} for i in usable]
-        sides.append((lanes, arrays))
-    (base_lanes, base_arrays), (arm_lanes, arm_arrays) = sides
-    shared = [lane for lane in base_lanes if lane in arm_lanes]
-    if not shared:
-        return _crossing_summary(None, [], n_boot, confidence, len(usable))
-    weights = np.asarray([(len(base_lanes[s]) + len(arm_lanes[s])) / 2 for s in shared], dtype=float)
+        return boots, [{b: np.asarray(curve[i].get(b, ()), dtype=float) for b in boots} for i in usable]
 
-    def side_mean(arrays: dict[str, np.ndarray], picked: Sequence[str], rng: np.random.Generator | None) -> float:
-        means = []
-        for b in picked:
-            v = arrays[b]
-            if v.size:
-                means.append(float(v[rng.integers(0, v.size, v.size)].mean()) if rng is not None else float(v.mean()))
-        return float(np.mean(means)) if means else float("nan")
+    (base_boots, base_at), (arm_boots, arm_at) = arrays(base), arrays(arm)
 
-    def curve_ratios(picks: Mapping[tuple[int, object], Sequence[str]], rng: np.random.Generator | None) -> list[float]:
+    def mean_of(values: np.ndarray, rng: np.random.Generator | None) -> float:
+        if not values.size:
+            return float("nan")
+        return float(values[rng.integers(0, values.size, values.size)].mean() if rng is not None else values.mean())
+
+    labels = {blocks.get(b) for b in (*base_boots, *arm_boots)}
+    pairs = [
+        ([b for b in base_boots if blocks.get(b) == k], [a for a in arm_boots if blocks.get(a) == k])
+        for k in sorted(labels, key=str)
+    ]
+    pairs = [(b, a) for b, a in pairs if b and a]
+    by_block = len(labels) > 1 and bool(pairs)
+
+    def curve_ratios(
+        picked: Sequence[tuple[Sequence[str], Sequence[str]]], rng: np.random.Generator | None
+    ) -> list[float]:
         ratios = []
         for p in range(len(usable)):
-            per_lane = []
-            for s in shared:
-                b = side_mean(base_arrays[p], picks[(0, s)], rng)
-                a = side_mean(arm_arrays[p], picks[(1, s)], rng)
-                per_lane.append(a / b if b else float("nan"))
-            values = np.asarray(per_lane)
-            ok = np.isfinite(values)
-            ratios.append(float(np.dot(weights[ok], values[ok]) / weights[ok].sum()) if ok.any() else float("nan"))
+            if by_block:  # the mean of the picked blocks' ratios
+                per = [
+                    np.nanmean([mean_of(arm_at[p][a], rng) for a in arm_boots_])
+                    / np.nanmean([mean_of(base_at[p][b], rng) for b in base_boots_])
+                    for base_boots_, arm_boots_ in picked
+                ]
+                values = np.asarray(per)
+                ratios.append(float(np.nanmean(values)) if np.isfinite(values).any() else float("nan"))
+            else:
+                base_boots_, arm_boots_ = picked[0]
+                b = np.nanmean([mean_of(base_at[p][x], rng) for x in base_boots_])
+                a = np.nanmean([mean_of(arm_at[p][x], rng) for x in arm_boots_])
+                ratios.append(float(a / b) if b else float("nan"))
         return ratios
 
-    observed = {(0, s): base_lanes[s] for s in shared} | {(1, s): arm_lanes[s] for s in shared}
-    estimate = _first_crossing(at, curve_ratios(observed, None))
-    rng = _rng(seed)
-    found = []
-    for _ in range(n_boot):
-        picks: dict[tuple[int, object], Sequence[str]] = {}
-        for side, lanes in ((0, base_lanes), (1, arm_lanes)):
-            for s in shared:
-                members = lanes[s]
-                picks[(side, s)] = [members[k] for k in rng.integers(0, len(members), len(members))]
-        ratios = curve_ratios(picks, rng)
-        if all(np.isfinite(ratios)):
-            c = _first_crossing(at, ratios)
-            if c is not None:
-                found.append(c)
+    with np.errstate(all="ignore"):
+        observed = pairs if by_block else [(base_boots, arm_boots)]
+        estimate = _first_crossing(at, curve_ratios(observed, None))
+        rng = _rng(seed)
+        found = []
+        for _ in range(n_boot):
+            if by_block:
+                picked = [pairs[k] for k in rng.integers(0, len(pairs), len(pairs))]
+            else:
+                picked = [
+                    (
+                        [base_boots[k] for k in rng.integers(0, len(base_boots), len(base_boots))],
+                        [arm_boots[k] for k in rng.integers(0, len(arm_boots), len(arm_boots))],
+                    )
+                ]
+            ratios = curve_ratios(picked, rng)
+            if all(np.isfinite(ratios)):
+                c = _first_crossing(at, ratios)
+                if c is not None:
+                    found.append(c)
     return _crossing_summary(estimate, found, n_boot, confidence, len(usable))

@@ -140,13 +140,16 @@ def rounds_check(
     target_pct: float,
     seed: int,
     gates: Sequence[str] = (),
+    blocks: Mapping[str, int] | None = None,
 ) -> tuple[bool, dict[str, object] | None]:
     """Is another round (block) of boots unnecessary? One rule for every probe — short, prefill, agentic,
-    concurrency, a user's — on the same CIs as the report (boots resampled within lanes):
+    concurrency, a user's — on the same CIs as the report (paired by block under pytest-xdist: ``blocks``
+    maps each boot to its block):
 
     - a delta judged by a ratio gate against the baseline (``<= +10%``, ``ARM >= BASELINE * F``) is settled
-      when every such gate on it is decided (its CI wholly on one side of the threshold) — however wide,
-      and not before, however narrow: the gate's margin is the target;
+      when every such gate on it is decided on a CI over boots (wholly on one side of the threshold) —
+      however wide, and not before, however narrow: the gate's margin is the target (a within-boot CI never
+      decides a gate in the report, so it decides nothing here either);
     - any other delta of a probe's primary metric is settled when its CI half-width ≤ ``target_pct``;
     - a delta without a CI is not settled.
 
@@ -165,9 +168,12 @@ def rounds_check(
         if gate.kind == "baseline" or (gate.kind == "between" and arms and gate.other == arms[0]):
             ratio_gates.append(gate)
     gated = {(g.probe, g.metric) for g in ratio_gates}
+    data = frame(records, specs)
+    if blocks and "boot" in data:
+        data["block"] = [blocks.get(str(b), 0) for b in data["boot"]]
     rows = [
         r
-        for r in delta_rows(frame(records, specs), arms, specs, seed)
+        for r in delta_rows(data, arms, specs, seed)
         if spec_of(r["probe"], specs).primary_metric == r["metric"] or (r["probe"], r["metric"]) in gated
     ]
     if not rows:
@@ -184,8 +190,11 @@ def rounds_check(
             and (g.kind == "baseline" or g.arm == row["arm"])
         ]
         if on_it:
+            over_boots = row.get("ci_method") == "boots"
             open_ = [
-                g for g in on_it if judge(g.op, row.get("ci_low"), row.get("ci_high"), g.threshold) == "inconclusive"
+                g
+                for g in on_it
+                if not over_boots or judge(g.op, row.get("ci_low"), row.get("ci_high"), g.threshold) == "inconclusive"
             ]
             judged.append((not open_, width, row, open_[0].text if open_ else None))
         elif spec_of(row["probe"], specs).primary_metric == row["metric"]:
@@ -232,10 +241,8 @@ def crossover_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: 
     if data.empty or len(arms) < 2:
         return rows
     key = "unit" if "unit" in data else "boot"
-    strata = (
-        {str(u): s for u, s in zip(data[key], data["stratum"], strict=True)}
-        if "stratum" in data and key in data
-        else {}
+    blocks = (
+        {str(u): s for u, s in zip(data[key], data["block"], strict=True)} if "block" in data and key in data else {}
     )
     for spec in sorted(specs.values(), key=lambda s: (s.order, s.name)):
         for metric in spec.curve:
@@ -248,8 +255,8 @@ def crossover_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: 
                 arm_vals = [curve[_nearest(curve, x)] for x in xs]
                 base_vals = [base[x] for x in xs]
                 boots = min(len(set().union(*base_vals)), len(set().union(*arm_vals)))
-                if boots >= MIN_BOOTS_FOR_BOOT_CI:  # the same unit as every delta's CI: boots, within lanes
-                    found = stats.crossover_boots(xs, base_vals, arm_vals, strata=strata, seed=seed)
+                if boots >= MIN_BOOTS_FOR_BOOT_CI:  # the same unit as every delta's CI: boots (blocks)
+                    found = stats.crossover_boots(xs, base_vals, arm_vals, blocks=blocks, seed=seed)
                 else:
                     found = stats.crossover(
                         xs, [_pooled(b) for b in base_vals], [_pooled(a) for a in arm_vals], seed=seed
@@ -546,8 +553,8 @@ def ci_statement(
 ) -> CiStatement:
     """How many boots each arm had, and what the report's CIs therefore cover. Against external endpoints
     (``launcher`` "external") nothing is booted: replicates are repeats against one server per arm, one
-    resampling unit, and the sentence says so. With ``blocks`` (pytest-xdist) boots are resampled within
-    their lanes, and each lane's order is given."""
+    resampling unit, and the sentence says so. With ``blocks`` (pytest-xdist) comparisons are paired by
+    block, and each lane's order is given."""
     ran = [b for b in boots if b["status"] in ("ready", "stopped")]
     per_arm = {arm: sum(1 for b in ran if b["arm"] == arm) for arm in arms}
     fewest = min(per_arm.values()) if per_arm else 0
@@ -566,8 +573,8 @@ def ci_statement(
     lanes = sorted({b["lane"] for b in blocks})
     if fewest >= MIN_BOOTS_FOR_BOOT_CI and len(lanes) > 1:
         text = (
-            f"CIs are computed over boots, resampled within each of {len(lanes)} lanes (hierarchical bootstrap: "
-            f"boots within a lane, then samples within a boot; each lane's ratio weighted by its boots); "
+            f"CIs are computed over boots, paired by block across {len(lanes)} lanes (each block's ratio of its "
+            f"arms' boot means, both on one lane; hierarchical bootstrap: blocks, then samples within a boot); "
             f"boots per arm: {counts}."
         )
     elif fewest >= MIN_BOOTS_FOR_BOOT_CI:

@@ -165,8 +165,8 @@ def by_boot(group: pd.DataFrame, metric: str) -> list[list[float]]:
 
 
 def by_boot_strata(group: pd.DataFrame, metric: str) -> tuple[list[list[float]], list[object]]:
-    """:func:`by_boot`, and each unit's stratum: its lane (``stratum`` column, set by the loader from the
-    boot plan of a pytest-xdist run), or 0 for every unit."""
+    """:func:`by_boot`, and each unit's block: the ``block`` column (set by the loader from the boot plan of
+    a pytest-xdist run: one boot of every arm on one lane), or 0 for every unit."""
     key = "unit" if "unit" in group else "boot"
     if group.empty or key not in group:
         return [], []
@@ -176,7 +176,7 @@ def by_boot_strata(group: pd.DataFrame, metric: str) -> tuple[list[list[float]],
         found = values(g, metric)
         if found:
             groups.append(found)
-            strata.append(g["stratum"].iloc[0] if "stratum" in g else 0)
+            strata.append(g["block"].iloc[0] if "block" in g else 0)
     return groups, strata
 
 
@@ -184,8 +184,8 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
     """Ratio other/base of one metric at one point, its CI and verdict.
 
     With ``MIN_BOOTS_FOR_BOOT_CI`` boots or more on both sides the boot is the unit: ratio of boot-level
-    means with a hierarchical bootstrap (``ci_method`` "boots"), stratified by lane in a pytest-xdist run
-    (boots are resampled within their lane, see ``stats.ratio_ci_boots``). Otherwise samples are pooled, paired where
+    means with a hierarchical bootstrap (``ci_method`` "boots"); in a pytest-xdist run paired by block (the
+    blocks' ratios, whole blocks resampled, see ``stats.ratio_ci_boots``). Otherwise samples are pooled, paired where
     requests pair up, and the CI covers only the noise within a boot ("within-boot").
     """
     bv, av = values(base, metric), values(other, metric)
@@ -196,7 +196,7 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
     if len(base_boots) >= MIN_BOOTS_FOR_BOOT_CI and len(arm_boots) >= MIN_BOOTS_FOR_BOOT_CI:
         method = "boots"
         ratio, lo, hi = stats.ratio_ci_boots(
-            base_boots, arm_boots, base_strata=base_strata, arm_strata=arm_strata, seed=seed
+            base_boots, arm_boots, base_blocks=base_strata, arm_blocks=arm_strata, seed=seed
         )
         base_value = float(np.mean([np.mean(b) for b in base_boots]))
         arm_value = float(np.mean([np.mean(a) for a in arm_boots]))

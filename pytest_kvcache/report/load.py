@@ -88,15 +88,15 @@ class RunData:
             # The unit CIs resample: a boot; against external endpoints one server per arm, however many
             # "boots" (repeats) were planned.
             data["unit"] = data["arm"] if self.settings.get("launcher") == "external" else data["boot"]
-            # The stratum boots are resampled within: the lane each boot ran on (pytest-xdist), else one.
-            lanes = self.lanes
-            data["stratum"] = [lanes.get(str(b), 0) for b in data["boot"]]
+            # The block each boot ran in (pytest-xdist: comparisons pair by block), else one for all.
+            blocks = self.blocks
+            data["block"] = [blocks.get(str(b), 0) for b in data["boot"]]
         return data
 
     @cached_property
-    def lanes(self) -> dict[str, int]:
-        """Each planned boot's lane (pytest-xdist worker and its GPU group); 0 in a single-process run."""
-        return {str(p.get("boot")): int(p.get("lane") or 0) for p in self.meta.get("plan") or []}
+    def blocks(self) -> dict[str, int]:
+        """Each planned boot's block in a pytest-xdist run (one boot of every arm on one lane); 0 otherwise."""
+        return {str(p.get("boot")): int(p.get("block") or 0) for p in self.meta.get("plan") or []}
 
 
 def _json_file(path: Path, what: str) -> Any:

@@ -553,8 +553,9 @@ class Run:
 
                 arms = [a.name for a in self.settings.arms]
                 specs = probe_registry.resolve()
+                blocks = {b.boot_id: b.block for b in self.settings.boots()} if self.settings.lanes > 1 else None
                 done_ci, widest = rounds_check(
-                    self.records, arms, specs, target, self.settings.seed, self.settings.gates
+                    self.records, arms, specs, target, self.settings.seed, self.settings.gates, blocks
                 )
                 width = widest.get("half_width_pct") if widest else None
                 where = (

@@ -243,3 +243,28 @@ def test_workers_over_an_ssh_gateway_land_their_records_on_the_controller(
     assert [b["status"] for b in report["blocks"]] == ["complete", "complete"]
     assert all(json.loads((folder / "lanes" / str(n) / "run.json").read_text())["role"] == "worker" for n in (0, 1))
     assert not processes_with(tag)
+
+
+def test_a_host_without_its_cards_is_a_usage_error_from_its_ssh_worker(
+    pytester: pytest.Pytester, standin_args: list[str], sshd: Path
+) -> None:
+    """Over ssh only the worker can look at its host's cards: a group its host lacks ends the run with exit 4
+    and the worker's headline (no traceback, no endless restarts of the worker)."""
+    remote = pytester.path / "remote"
+    remote.mkdir()
+    (remote / "conftest.py").write_text("")
+    spec = f"2*ssh=kvtest//ssh_config={sshd}//python={sys.executable}//chdir={remote}"
+    result = pytester.runpytest_subprocess(
+        "-d",
+        "--tx",
+        spec,
+        "--kv-arms=auto,float16",
+        "--kv-replicates=2",
+        "--kv-gpu-groups=0;1",
+        *standin_args,
+        timeout=120,
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    text = result.stdout.str() + result.stderr.str()
+    assert "worker gw0: pytest-kvcache: --kv-gpu-groups gives lane 0 cards 0, but worker host" in text
+    assert "has no NVML to find them" in text and "Traceback" not in text
