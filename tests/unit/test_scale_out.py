@@ -178,7 +178,7 @@ def test_block_paired_cis_cover_boot_to_boot_variation() -> None:
     """Coverage of the block-paired 95% CI when arms are equal and boots vary by 5% (the seed kit's
     ~2.8% and more), lanes 10% apart: with 6 blocks on 3 lanes the CI held the true ratio in 168 of 200
     seeded trials (84%; a percentile bootstrap over 6 units is a little narrow) — a CI that resampled boots
-    only within lanes covered 4–78% in the same kind of setups."""
+    only within lanes covered 12–80% in such setups (benchmarks/ci_coverage.py and docs/scale-out.md)."""
     rng = np.random.default_rng(11)
     trials, covered = 200, 0
     for t in range(trials):
