@@ -169,7 +169,7 @@ class Block:
 class BlockScheduling:
     """pytest-xdist scheduler: each lane's blocks go to the worker that owns the lane, one whole block at a
     time, in the Latin-square order of ``settings.lane_order``; tests that belong to no boot go to the
-    first worker. A worker's lane is ``workerinput["kvcache_lane"]`` (``Controller.pytest_configure_node``)."""
+    first worker free. A worker's lane is ``workerinput["kvcache_lane"]`` (``Controller.pytest_configure_node``)."""
 
     def __init__(self, session: KvSession, *, numnodes: int) -> None:
         self.session = session
@@ -246,6 +246,8 @@ class BlockScheduling:
         assert self.collection is not None
         crashed = self.collection[pending[0]]
         lane = self.lane_of(node)
+        in_blocks = {i for block in blocks for i in block.items}
+        self.loose[:0] = [i for i in pending[1:] if i not in in_blocks]  # tests of no boot: run elsewhere
         for block in reversed(blocks):
             if all(i in pending for i in block.items) and pending[0] not in block.items:
                 self.queues.setdefault(lane, []).insert(0, block)  # never started: runs on the next worker
@@ -294,19 +296,18 @@ class BlockScheduling:
 
     def _next(self, node: Any) -> None:
         """Keep ``node`` fed: a worker must know its next test (or that none comes) before it runs its last
-        one, so while one test or none is left, send the next work — loose tests (first worker), then its
-        lane's next block — and once nothing is left, shut it down."""
+        one, so while one test or none is left, send the next work — loose tests, then its lane's next
+        block — and once nothing is left, shut it down."""
         if self.collection is None:
             return
         while not node.shutting_down and len(self.node2pending[node]) <= 1:
-            if self.loose and self.lane_of(node) == 0:
+            if self.loose:  # tests of no boot need no engine: the first worker free takes them
                 items, self.loose = self.loose, []
                 self._send(node, items)
                 continue
             block = self._next_block(self.lane_of(node))
             if block is None:
-                if not self.loose:
-                    node.shutdown()
+                node.shutdown()
                 return
             self.sent[node].append(block)
             self._send(node, block.items)

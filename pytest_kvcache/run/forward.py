@@ -96,7 +96,9 @@ class ForwardingListener:
         self.outbox.listener("boot_starting", boot=boot.boot_id, log_path=str(log_path))
 
     def boot_ready(self, boot: Boot, evidence: Evidence) -> None:
-        self.outbox.listener("boot_ready", boot=boot.boot_id)
+        # what the ready line shows: the evidence file itself is written (and travels) just after
+        shown = {k: v for k, v in evidence.items() if k in ("ready_s", "cache_config")}
+        self.outbox.listener("boot_ready", boot=boot.boot_id, evidence=shown)
 
     def boot_failed(self, boot: Boot, headline: str) -> None:
         self.outbox.listener("boot_failed", boot=boot.boot_id, headline=headline)

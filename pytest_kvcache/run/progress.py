@@ -112,8 +112,9 @@ class Progress:
         self.boots_total = 0
         self.boots_done = 0
         self.boot_s = 0.0  # time spent booting so far (launch to ready or failure)
-        self._boot_started: float | None = None
-        self._booting: threading.Event | None = None
+        # per booting engine (pytest-xdist lanes boot side by side): when it started, and its watcher
+        self._boot_started: dict[str, float] = {}
+        self._booting: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ what the plugin tells
@@ -136,9 +137,10 @@ class Progress:
             return None
         elapsed = self.clock() - self.started
         per_boot = self.boot_s / self.boots_done
-        per_test = max(elapsed - self.boot_s, 0.0) / self.tests_done
+        lanes = max(1, self.settings.lanes)  # pytest-xdist lanes work side by side
+        per_test = max(elapsed * lanes - self.boot_s, 0.0) / self.tests_done
         left = max(self.boots_total - self.boots_done, 0) * per_boot + (self.tests_total - self.tests_done) * per_test
-        return fmt_s(left)
+        return fmt_s(left / lanes)
 
     # ------------------------------------------------------------------ RunListener
 
@@ -150,9 +152,10 @@ class Progress:
         of = f" ({position}/{self.boots_total})" if self.boots_total else ""
         self._line(f"kvcache: {boot.boot_id}{of} launching …")
         stop = threading.Event()
-        self._booting = stop
+        self._stop_watch(boot.boot_id)
+        self._booting[boot.boot_id] = stop
         started = self.clock()
-        self._boot_started = started
+        self._boot_started[boot.boot_id] = started
 
         def watch() -> None:
             while not stop.wait(self.tick_s):
@@ -164,15 +167,15 @@ class Progress:
 
         threading.Thread(target=watch, name=f"kvcache-boot-{boot.boot_id}", daemon=True).start()
 
-    def _boot_ended(self) -> None:
-        self._stop_watch()
+    def _boot_ended(self, boot_id: str) -> None:
+        self._stop_watch(boot_id)
         self.boots_done += 1
-        if self._boot_started is not None:
-            self.boot_s += self.clock() - self._boot_started
-            self._boot_started = None
+        started = self._boot_started.pop(boot_id, None)
+        if started is not None:
+            self.boot_s += self.clock() - started
 
     def boot_ready(self, boot: Boot, evidence: Evidence) -> None:
-        self._boot_ended()
+        self._boot_ended(boot.boot_id)
         ready = evidence.get("ready_s")
         cache = evidence.get("cache_config") or {}
         what = ", ".join(
@@ -189,7 +192,7 @@ class Progress:
         self._line(f"kvcache: {boot.boot_id} ready{after}{details}")
 
     def boot_failed(self, boot: Boot, headline: str) -> None:
-        self._boot_ended()
+        self._boot_ended(boot.boot_id)
         self._line(f"kvcache: {boot.boot_id} FAILED: {headline.splitlines()[0]}")
 
     def recorded(self, record: Record, of: int | None) -> None:
@@ -226,14 +229,15 @@ class Progress:
             self._line(text)
 
     def closed(self) -> None:
-        self._stop_watch()
+        for boot_id in list(self._booting):
+            self._stop_watch(boot_id)
 
     # ------------------------------------------------------------------ helpers
 
-    def _stop_watch(self) -> None:
-        if self._booting is not None:
-            self._booting.set()
-            self._booting = None
+    def _stop_watch(self, boot_id: str) -> None:
+        stop = self._booting.pop(boot_id, None)
+        if stop is not None:
+            stop.set()
 
     def _line(self, text: str) -> None:
         if self.mode == "off":

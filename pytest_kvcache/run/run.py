@@ -530,7 +530,8 @@ class Run:
             if method == "boot_starting":
                 listener.boot_starting(boot, Path(str(arguments.get("log_path"))))
             elif method == "boot_ready":
-                listener.boot_ready(boot, self.evidence.get(boot.boot_id) or cast(Evidence, {}))
+                shown = arguments.get("evidence") or self.evidence.get(boot.boot_id) or {}
+                listener.boot_ready(boot, cast(Evidence, shown))
             elif method == "boot_failed":
                 listener.boot_failed(boot, str(arguments.get("headline")))
 

@@ -68,3 +68,28 @@ def test_figures_and_the_eta() -> None:
         5,
     )  # type: ignore[arg-type]
     assert out.lines[-1] == "kvcache: short@code a 2/5 ttft 80 ms 93 decode tok/s"
+
+
+def test_two_lanes_boot_side_by_side_and_the_eta_counts_them_once() -> None:
+    """pytest-xdist lanes: two boots start together and each ends on its own line with its own time; the
+    boot time counts once per boot and the work left is shared by the lanes."""
+    now = [0.0]
+    out = Lines()
+    progress = Progress(out, Settings(arms=(), lanes=2), mode="lines", clock=lambda: now[0])
+    progress.planned({"a.r1": 3, "b.r1": 3, "b.r2": 3, "a.r2": 3})
+    a, b = (Boot(arm=Arm(name=n, kv_cache_dtype=None), index=i, replicate=1, replicates=2) for i, n in enumerate("ab"))
+    progress.boot_starting(a, Path("/nonexistent.log"))
+    progress.boot_starting(b, Path("/nonexistent.log"))
+    now[0] = 40.0
+    progress.boot_ready(b, {"ready_s": 40.0})
+    now[0] = 60.0
+    progress.boot_ready(a, {"ready_s": 60.0})
+    assert out.lines[-2:] == ["kvcache: b.r1 ready after 40.0 s", "kvcache: a.r1 ready after 60.0 s"]
+    assert progress.boot_s == 100.0 and not progress._booting
+    now[0] = 90.0
+    progress.test_done("test_short[a.r1-code]")
+    # 2 boots left at 50 s + 11 tests at (90 s × 2 lanes − 100 s of boots) / 1 test, shared by 2 lanes
+    assert (
+        out.lines[-1]
+        == f"kvcache: 1/12 probe tests done (test_short[a.r1-code]); run ETA {(2 * 50 + 11 * 80) / 2 / 60:.0f} min"
+    )
