@@ -1114,12 +1114,19 @@ def resolve_arm(name: str, named: Mapping[str, Mapping[str, Any]], engine: Engin
         return _llamacpp_arm(name, named)
     if name in named:
         return _named_arm(name, named[name])
-    if name in ALIASES:
-        return Arm(name=name, kv_cache_dtype=ALIASES[name], source="alias", typed_as=name)
-    if name in KV_CACHE_DTYPES:
+    return _typed_arm(name, named, ALIASES, KV_CACHE_DTYPES, "arm")
+
+
+def _typed_arm(
+    name: str, named: Mapping[str, object], aliases: Mapping[str, str], dtypes: Sequence[str], what: str
+) -> Arm:
+    """An alias or a raw cache dtype of the engine, or a usage error that lists every valid arm."""
+    if name in aliases:
+        return Arm(name=name, kv_cache_dtype=aliases[name], source="alias", typed_as=name)
+    if name in dtypes:
         return Arm(name=name, kv_cache_dtype=name, source="dtype", typed_as=name)
-    valid = [*sorted(named), *ALIASES, *KV_CACHE_DTYPES]
-    raise SettingsError(f"unknown arm {name!r}; valid arms: {', '.join(valid)}")
+    valid = [*sorted(named), *aliases, *dtypes]
+    raise SettingsError(f"unknown {what} {name!r}; valid arms: {', '.join(valid)}")
 
 
 def _llamacpp_arm(name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
@@ -1136,12 +1143,7 @@ def _llamacpp_arm(name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
                 f"valid: {', '.join(LLAMACPP_CACHE_TYPES)}"
             )
         return replace(arm, kv_cache_dtype=LLAMACPP_ALIASES.get(raw, raw))
-    if name in LLAMACPP_ALIASES:
-        return Arm(name=name, kv_cache_dtype=LLAMACPP_ALIASES[name], source="alias", typed_as=name)
-    if name in LLAMACPP_CACHE_TYPES:
-        return Arm(name=name, kv_cache_dtype=name, source="dtype", typed_as=name)
-    valid = [*sorted(named), *LLAMACPP_ALIASES, *LLAMACPP_CACHE_TYPES]
-    raise SettingsError(f"unknown llama.cpp arm {name!r}; valid arms: {', '.join(valid)}")
+    return _typed_arm(name, named, LLAMACPP_ALIASES, LLAMACPP_CACHE_TYPES, "llama.cpp arm")
 
 
 def resolve_arms(

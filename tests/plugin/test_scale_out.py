@@ -212,6 +212,14 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         log.close()
 
 
+def _ssh_workers(pytester: pytest.Pytester, sshd: Path) -> tuple[Path, str]:
+    """A folder for two ssh workers to run in (``chdir``), and their ``--tx`` spec through the test's sshd."""
+    remote = pytester.path / "remote"
+    remote.mkdir()
+    (remote / "conftest.py").write_text("")
+    return remote, f"2*ssh=kvtest//ssh_config={sshd}//python={sys.executable}//chdir={remote}"
+
+
 def test_workers_over_an_ssh_gateway_land_their_records_on_the_controller(
     pytester: pytest.Pytester, standin_args: list[str], sshd: Path, tag: str
 ) -> None:
@@ -219,11 +227,8 @@ def test_workers_over_an_ssh_gateway_land_their_records_on_the_controller(
     their records, evidence and engine logs travel back over the gateway into the controller's run folder.
     (Both hosts are this machine; the workers write their own folders under a folder of their own, so what
     the controller has came over the channel.)"""
-    remote = pytester.path / "remote"
-    remote.mkdir()
-    (remote / "conftest.py").write_text("")
-    store = pytester.path / "store"
-    spec = f"2*ssh=kvtest//ssh_config={sshd}//python={sys.executable}//chdir={remote}//env:PYTEST_KVCACHE_STORE={store}"
+    remote, spec = _ssh_workers(pytester, sshd)
+    spec += f"//env:PYTEST_KVCACHE_STORE={pytester.path / 'store'}"
     result = pytester.runpytest_subprocess(
         "-d",
         "--tx",
@@ -250,10 +255,7 @@ def test_a_host_without_its_cards_is_a_usage_error_from_its_ssh_worker(
 ) -> None:
     """Over ssh only the worker can look at its host's cards: a group its host lacks ends the run with exit 4
     and the worker's headline (no traceback, no endless restarts of the worker)."""
-    remote = pytester.path / "remote"
-    remote.mkdir()
-    (remote / "conftest.py").write_text("")
-    spec = f"2*ssh=kvtest//ssh_config={sshd}//python={sys.executable}//chdir={remote}"
+    _, spec = _ssh_workers(pytester, sshd)
     result = pytester.runpytest_subprocess(
         "-d",
         "--tx",
