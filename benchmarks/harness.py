@@ -1,19 +1,23 @@
 """Benchmark the measuring client against the calibrated stream: accuracy, overhead, chunk-rate ceiling, client stacks.
 
-Run ``python benchmarks/harness.py [--quick] [--markdown] [--json FILE]``. The calibrated
-`~pytest_kvcache.selfcheck.stream.StreamServer` runs in a child process (`ServerProcess`: its threads do not share
-the client's GIL; both read CLOCK_MONOTONIC, so its recorded send times and the client's receive times are on
-one clock). Every figure compares what a client saw with what the server recorded it sent
-(`pytest_kvcache.selfcheck.check.compare`):
+Run ``python benchmarks/harness.py [--quick] [--markdown] [--json FILE] [--servers N]``. The calibrated
+`~pytest_kvcache.selfcheck.stream.StreamServer` runs in child processes (`ServerPool`: one or more
+`ServerProcess` sharing a port), so its threads do not share the client's GIL; both read CLOCK_MONOTONIC, so
+its recorded send times and the client's receive times are on one clock. Every figure compares what a client
+saw with what the server recorded it sent (`pytest_kvcache.selfcheck.check.compare`):
 
 * accuracy: TTFT error (client TTFT minus the server's arrival → first-token-sent time) and decode-TPS error
   (``(n − 1) / (last − first)`` on the client against the same over the server's send times), median and p95
   over requests, in %; client CPU per streamed chunk (client process CPU time / SSE chunks parsed);
 * chunk-rate sweep: 1 stream and 32 concurrent streams, the inter-token time shrinking until the per-stream
   decode-TPS error passes 2%: the highest aggregate chunk rate (server send rate) still within 2%;
-* client stacks: the same streams read by our client (stdlib http.client, a thread per stream), httpx (a
-  thread per stream: the client's transport before 2026-11-30), httpx with asyncio,
-  aiohttp with asyncio (and uvloop), the openai SDK with a thread per stream and with asyncio.
+* many-stream sweep: 32, 64, 128 and 256 streams, the aggregate rate growing from 8,000 chunks/s, for the
+  single-stream client with a thread per stream, aiohttp on uvloop, and the many-stream client
+  (`pytest_kvcache.fanout`) with one and more worker processes, with each row's client load (CPU share,
+  event-loop lag, schedule delay, the saturation flag);
+* client stacks: the same streams read by our client (stdlib http.client, a thread per stream), our
+  many-stream client, httpx (a thread per stream: the client's transport before 2026-11-30), httpx with
+  asyncio, aiohttp with asyncio (and uvloop), the openai SDK with a thread per stream and with asyncio.
 
 Every stack applies the same token clock as `pytest_kvcache.client.Client`: parse each ``data:`` line as
 JSON, the first and last chunk that raised ``usage.completion_tokens`` (the openai SDK parses into its own
@@ -41,8 +45,9 @@ import openai
 import pandas as pd
 
 from pytest_kvcache.client import Client
+from pytest_kvcache.fanout import ClientLoad, Fanout
 from pytest_kvcache.selfcheck.check import (
-    ServerProcess,
+    ServerPool,
     StreamTiming,
     chat_payload,
     compare,
@@ -118,7 +123,8 @@ def _tags(streams: int, per_stream: int, prefix: str) -> list[list[str]]:
 # after another over one connection), after one warm-up request per stream, and returns what it saw and the
 # client process's CPU seconds over the measured part.
 
-StackResult = tuple[list[Seen], float]
+#: (what the stack saw, client CPU seconds over the measured part, extra figures of the row)
+StackResult = tuple[list[Seen], float, dict[str, Any]]
 
 
 def _threaded(tags: list[list[str]], worker: Callable[[list[str], threading.Barrier], list[Seen]]) -> StackResult:
@@ -136,7 +142,7 @@ def _threaded(tags: list[list[str]], worker: Callable[[list[str], threading.Barr
     cpu0 = time.process_time()
     for thread in threads:
         thread.join()
-    return [s for r in results for s in r], time.process_time() - cpu0
+    return [s for r in results for s in r], time.process_time() - cpu0, {}
 
 
 def stack_ours(url: str, schedule: Schedule, tags: list[list[str]]) -> StackResult:
@@ -260,7 +266,7 @@ def _run_async(
             await asyncio.gather(*(one(s, chat_payload(2, f"warm-{m[0]}")) for m in tags))
             cpu0 = time.process_time()
             results = await asyncio.gather(*(stream(m) for m in tags))
-            return [x for r in results for x in r], time.process_time() - cpu0
+            return [x for r in results for x in r], time.process_time() - cpu0, {}
 
     if uvloop:
         import uvloop as uv
@@ -342,10 +348,66 @@ def stack_openai_async(url: str, schedule: Schedule, tags: list[list[str]]) -> S
     return _run_async(schedule, tags, one, session)
 
 
+def stack_fanout(processes: int) -> Callable[[str, Schedule, list[list[str]]], StackResult]:
+    """`pytest_kvcache.fanout.Fanout`: ``processes`` worker processes, one event loop each; the k-th requests
+    of every stream form one trial (all sent at once). CPU: the workers' CPU over the trial's window plus their
+    parsing after it; the row's ``hot_cpu_per_chunk_us`` is the window's alone."""
+
+    def stack(url: str, schedule: Schedule, tags: list[list[str]]) -> StackResult:
+        seen: list[Seen] = []
+        loads: list[ClientLoad] = []
+        with Fanout(
+            url, processes=processes, headers=schedule.to_header(), request_timeout_s=120, stall_timeout_s=60
+        ) as fanout:
+            fanout.trial([chat_payload(2, f"warm-{m[0]}") for m in tags])
+            for j in range(max(len(m) for m in tags)):
+                batch = [m[j] for m in tags if j < len(m)]
+                trial = fanout.trial([_payload(schedule, tag) for tag in batch])
+                loads.append(trial.load)
+                for tag, sample in zip(batch, trial.samples, strict=True):
+                    one = Seen(tag, sample.send_perf_s, chunks=sample.chunks, tokens=sample.completion_tokens or 0)
+                    if sample.ok and sample.first_token_s is not None and sample.last_token_s is not None:
+                        one.first = sample.send_perf_s + sample.first_token_s
+                        one.last = sample.send_perf_s + sample.last_token_s
+                    else:
+                        one.error = f"{sample.error_kind}: {sample.error}"
+                    seen.append(one)
+        hot = sum(load.cpu_s for load in loads)
+        parse = sum(load.parse_cpu_s for load in loads)
+        chunks = sum(load.chunks for load in loads)
+        extra = {
+            "hot_cpu_per_chunk_us": 1e6 * hot / chunks if chunks else float("nan"),
+            "parse_cpu_per_chunk_us": 1e6 * parse / chunks if chunks else float("nan"),
+            "proc_cpu_share_max_pct": 100 * max(load.cpu_share_max for load in loads),
+            "loop_lag_p99_ms": 1e3 * max(load.loop_lag_p99_s for load in loads),
+            "schedule_delay_max_ms": 1e3 * max(load.schedule_delay_max_s for load in loads),
+            "saturated": any(load.saturated for load in loads),
+            "saturation": "; ".join(sorted({r for load in loads for r in load.reasons})) or None,
+            # the cores the workers used over the trials' windows (all processes together)
+            "client_cpu_pct": 100 * hot / sum(load.wall_s for load in loads) if loads else float("nan"),
+        }
+        return seen, hot + parse, extra
+
+    return stack
+
+
+def fanout_name(processes: int) -> str:
+    return f"ours: fanout, {processes} process{'es' if processes > 1 else ''}"
+
+
 #: The stacks of the accuracy table and the chunk-rate sweep (the full stack table measures all of them).
 DEFAULT_COMPARED = ";".join(
-    ("ours: http.client, thread/stream", "httpx, thread/stream", "aiohttp, uvloop", "stdlib http.client, thread/stream")
+    (
+        "ours: http.client, thread/stream",
+        fanout_name(1),
+        "httpx, thread/stream",
+        "aiohttp, uvloop",
+        "stdlib http.client, thread/stream",
+    )
 )
+#: The stacks of the many-stream sweep: the single-stream client with a thread per stream (the concurrency probe's
+#: path until 2026-12-02), the best other stack, and the many-stream path.
+DEFAULT_MANY = ";".join(("ours: http.client, thread/stream", "aiohttp, uvloop", fanout_name(1), fanout_name(2)))
 
 STACKS: dict[str, Callable[[str, Schedule, list[list[str]]], StackResult]] = {
     "ours: http.client, thread/stream": stack_ours,
@@ -356,20 +418,22 @@ STACKS: dict[str, Callable[[str, Schedule, list[list[str]]], StackResult]] = {
     "openai SDK, thread/stream": stack_openai_threads,
     "openai SDK, asyncio": stack_openai_async,
     "stdlib http.client, thread/stream": stack_http_client,
+    **{fanout_name(k): stack_fanout(k) for k in (1, 2, 4, 8)},
 }
 
 
 # ------------------------------------------------------------------------------------------ measuring
 
 
-def measure(server: ServerProcess, stack: str, schedule: Schedule, streams: int, per_stream: int) -> dict[str, Any]:
+def measure(server: ServerPool, stack: str, schedule: Schedule, streams: int, per_stream: int) -> dict[str, Any]:
     """Run one stack on one schedule; one row of figures (errors in %, CPU in µs per chunk)."""
     tags = _tags(streams, per_stream, f"{stack[:5]}-{time.perf_counter_ns()}")
     server.clear()
     server_cpu0 = server.cpu_s()
     wall0 = time.perf_counter()
+    extra: dict[str, Any] = {}
     try:
-        seen, cpu_s = STACKS[stack](server.url, schedule, tags)
+        seen, cpu_s, extra = STACKS[stack](server.url, schedule, tags)
         failure = None
     except Exception as exc:  # a stack that breaks is a row that says so
         seen, cpu_s, failure = [], 0.0, f"{type(exc).__name__}: {exc}"
@@ -416,6 +480,7 @@ def measure(server: ServerProcess, stack: str, schedule: Schedule, streams: int,
         "server_cpu_pct": 100.0 * server_cpu / wall if wall > 0 else float("nan"),
         "failed": len(errors) + (0 if failure is None else 1),
         "failure": failure or (errors[0] if errors else None),
+        **extra,
     }
 
 
@@ -427,7 +492,7 @@ def _tokens_for(itl_s: float, seconds: float) -> int:
     return int(min(4000, max(100, seconds / itl_s)))
 
 
-def accuracy(server: ServerProcess, stacks: list[str], quick: bool) -> list[dict[str, Any]]:
+def accuracy(server: ServerPool, stacks: list[str], quick: bool) -> list[dict[str, Any]]:
     """The two reference schedules, one stream, requests one after another."""
     per = 4 if quick else 12
     rows = []
@@ -445,7 +510,7 @@ def _stack_list(text: str) -> list[str]:
     return names
 
 
-def sweep(server: ServerProcess, stack: str, streams: int, quick: bool) -> list[dict[str, Any]]:
+def sweep(server: ServerPool, stack: str, streams: int, quick: bool) -> list[dict[str, Any]]:
     """Shrink the inter-token time until a row is distorted (`undistorted`, median error) twice in a row.
 
     Both attempts are kept (``attempt`` 1 and 2); `ceiling` counts a rate if either attempt was undistorted.
@@ -473,6 +538,28 @@ def sweep(server: ServerProcess, stack: str, streams: int, quick: bool) -> list[
     return rows
 
 
+MANY_RATES = (8000, 16000, 24000, 32000, 48000, 64000, 80000, 96000, 128000, 160000, 200000, 256000, 320000)
+
+
+def sweep_many(server: ServerPool, stack: str, streams: int, quick: bool) -> list[dict[str, Any]]:
+    """`sweep` for many streams: the aggregate rate grows from 8,000 chunks/s until a row is distorted twice."""
+    seconds = 0.5 if quick else 1.0
+    rows = []
+    for rate in MANY_RATES:
+        itl = streams / rate
+        schedule = Schedule(ttft_s=0.02, itl_s=itl, completion_tokens=int(min(4000, max(40, seconds / itl))))
+        row = measure(server, stack, schedule, streams, 1)
+        row["attempt"] = 1
+        if not undistorted(row, "tps_err_med_pct"):
+            rows.append(row)
+            row = measure(server, stack, schedule, streams, 1)
+            row["attempt"] = 2
+        rows.append(row)
+        if not undistorted(row, "tps_err_med_pct"):
+            break
+    return rows
+
+
 def undistorted(row: dict[str, Any], column: str) -> bool:
     """No failure, the ``column`` decode-TPS error within 2%, and the server kept the rate within 2%.
 
@@ -491,7 +578,7 @@ def ceiling(rows: list[dict[str, Any]], column: str) -> float:
     return max(ok) if ok else float("nan")
 
 
-def compare_stacks(server: ServerProcess, quick: bool, itl32_ms: float) -> list[dict[str, Any]]:
+def compare_stacks(server: ServerPool, quick: bool, itl32_ms: float) -> list[dict[str, Any]]:
     """Every stack on one stream (TTFT 20 ms / ITL 0.5 ms) and on 32 streams (ITL ``itl32_ms``)."""
     rows = []
     one = Schedule(ttft_s=0.02, itl_s=0.0005, completion_tokens=1000 if not quick else 500)
@@ -511,6 +598,10 @@ COLUMNS = {
     "sweep": ["stack", "streams", "attempt", "itl_ms", "tokens", "n", "target_chunks_per_s", "agg_chunks_per_s",
               "rate_kept_pct", "tps_err_med_pct", "tps_err_p95_pct", "ttft_err_med_ms", "cpu_per_chunk_us",
               "client_cpu_pct", "server_cpu_pct", "server_late_med_us"],
+    "many": ["stack", "streams", "attempt", "itl_ms", "tokens", "n", "target_chunks_per_s", "agg_chunks_per_s",
+             "rate_kept_pct", "tps_err_med_pct", "tps_err_p95_pct", "ttft_err_med_ms", "cpu_per_chunk_us",
+             "hot_cpu_per_chunk_us", "client_cpu_pct", "proc_cpu_share_max_pct", "loop_lag_p99_ms",
+             "schedule_delay_max_ms", "saturated", "server_cpu_pct", "server_late_med_us"],
     "stacks": ["stack", "streams", "itl_ms", "n", "ttft_err_med_ms", "ttft_err_med_pct", "tps_err_med_pct",
                "tps_err_p95_pct", "cpu_per_chunk_us", "rate_kept_pct", "client_cpu_pct", "server_late_med_us",
                "failed"],
@@ -518,7 +609,7 @@ COLUMNS = {
 
 
 def table(rows: list[dict[str, Any]], columns: list[str], markdown: bool) -> str:
-    frame = pd.DataFrame(rows)[columns]
+    frame = pd.DataFrame(rows).reindex(columns=columns)
     if not markdown:
         return frame.to_string(index=False, float_format=lambda x: f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}")
     return markdown_table(frame)
@@ -543,7 +634,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print markdown tables")
     parser.add_argument("--json", metavar="FILE", help="also write every row as JSON")
     parser.add_argument(
-        "--only", choices=["accuracy", "sweep", "stacks"], action="append", help="run only these parts (repeatable)"
+        "--only",
+        choices=["accuracy", "sweep", "many", "stacks"],
+        action="append",
+        help="run only these parts (repeatable)",
+    )
+    parser.add_argument("--many-stacks", default=DEFAULT_MANY, help="';'-separated stacks for the many-stream sweep")
+    parser.add_argument(
+        "--many-streams", default="32,64,128,256", help="','-separated stream counts of the many-stream sweep"
+    )
+    parser.add_argument(
+        "--servers",
+        type=int,
+        default=1,
+        help="calibrated-stream server processes sharing one port (SO_REUSEPORT); more than one where the "
+        "server, not the client, would bound the many-stream sweep",
     )
     parser.add_argument(
         "--accuracy-stacks",
@@ -557,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--itl32-ms", type=float, default=4.0, help="inter-token time of the 32-stream stack rows")
     args = parser.parse_args(argv)
-    parts = args.only or ["accuracy", "sweep", "stacks"]
+    parts = args.only or ["accuracy", "sweep", "many", "stacks"]
     result: dict[str, Any] = {"machine": machine_facts(), "quick": args.quick, "argv": sys.argv}
     started = time.perf_counter()
     check = run_self_check(quick=True)
@@ -569,7 +674,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{check['metrics']['decode_tps_error_pct']['median']:.3f}%, {check['duration_s']:.1f} s\n",
         flush=True,
     )
-    with ServerProcess() as server:
+    result["servers"] = args.servers
+    with ServerPool(args.servers) as server:
         if "accuracy" in parts:
             result["accuracy"] = accuracy(server, _stack_list(args.accuracy_stacks), args.quick)
             print("## Accuracy: one stream, against the server's send times\n")
@@ -592,6 +698,24 @@ def main(argv: list[str] | None = None) -> int:
             result["sweep"], result["ceilings"] = rows, ceilings
             print("## Chunk-rate sweep\n")
             print(table(rows, COLUMNS["sweep"], args.markdown), "\n")
+            print(table(ceilings, list(ceilings[0]), args.markdown), "\n", flush=True)
+        if "many" in parts:
+            rows, ceilings = [], []
+            for stack in _stack_list(args.many_stacks):
+                for streams in (int(n) for n in args.many_streams.split(",")):
+                    part = sweep_many(server, stack, streams, args.quick)
+                    rows += part
+                    ceilings.append(
+                        {
+                            "stack": stack,
+                            "streams": streams,
+                            "max_chunks_per_s_med_le_2pct": ceiling(part, "tps_err_med_pct"),
+                            "max_chunks_per_s_p95_le_2pct": ceiling(part, "tps_err_p95_pct"),
+                        }
+                    )
+                    print(table(part, COLUMNS["many"], args.markdown), "\n", flush=True)
+            result["many"], result["many_ceilings"] = rows, ceilings
+            print("## Many streams\n")
             print(table(ceilings, list(ceilings[0]), args.markdown), "\n", flush=True)
         if "stacks" in parts:
             result["stacks"] = compare_stacks(server, args.quick, args.itl32_ms)

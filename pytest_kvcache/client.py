@@ -135,11 +135,16 @@ class Sample:
 
 
 def _error_message(response: http.client.HTTPResponse) -> str:
-    body = response.read(4000).decode("utf-8", "replace")
+    return error_text(response.read(4000), str(response.reason))
+
+
+def error_text(body_bytes: bytes, reason: str = "") -> str:
+    """The message of an HTTP error body (OpenAI's ``{"error": {"message": …}}`` and its variants)."""
+    body = body_bytes[:4000].decode("utf-8", "replace")
     try:
         parsed = json.loads(body)
     except json.JSONDecodeError:
-        return body.strip() or str(response.reason)
+        return body.strip() or reason
     if isinstance(parsed, dict):
         err = parsed.get("error", parsed)
         if isinstance(err, dict) and err.get("message"):
@@ -149,6 +154,56 @@ def _error_message(response: http.client.HTTPResponse) -> str:
         if parsed.get("message"):
             return str(parsed["message"])
     return body.strip()
+
+
+def prompt_size(body: bytes, prompt_tokens: int | None) -> tuple[int, bool]:
+    """A request's prompt tokens for its first-token limit, and whether they were estimated from its size."""
+    if prompt_tokens is None:
+        return int(len(body) / CHARS_PER_TOKEN), True
+    return prompt_tokens, False
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long a measured stream may take: in all, before its first byte, and between chunks."""
+
+    request_timeout_s: float = 600.0
+    stall_timeout_s: float = 120.0
+    connect_timeout_s: float = 10.0
+    #: Before the first byte, a request may wait ``first_token_floor_s + prompt tokens / min_prefill_tps``
+    #: (vLLM sends nothing until prefill ends); None: the stall timeout applies from the start.
+    first_token_floor_s: float | None = None
+    min_prefill_tps: float = 500.0
+
+    @property
+    def read_timeout_s(self) -> float:
+        return min(self.stall_timeout_s, self.request_timeout_s)
+
+    def first_token_limit_s(self, prompt_tokens: int) -> float:
+        """How long a request of ``prompt_tokens`` may wait for its first byte (never less than the stall
+        timeout, never more than the request timeout)."""
+        if self.first_token_floor_s is None:
+            return self.read_timeout_s
+        limit = self.first_token_floor_s + prompt_tokens / self.min_prefill_tps
+        return min(max(limit, self.read_timeout_s), self.request_timeout_s)
+
+    def first_token_failure(self, sample: Sample, limit: float, tokens: int, estimated: bool) -> Sample:
+        """Fail ``sample`` for a first byte that did not come within ``limit``."""
+        if self.first_token_floor_s is None or limit <= self.read_timeout_s:
+            return sample.fail("stall", f"no response for {self.read_timeout_s:g} s (--kv-stall-timeout)")
+        about = "~" if estimated else ""
+        return sample.fail(
+            "first_token_timeout",
+            f"no first byte within the first-token limit of {limit:.4g} s (--kv-first-token-floor "
+            f"{self.first_token_floor_s:g} s + {about}{tokens:,} prompt tokens / --kv-min-prefill-tps "
+            f"{self.min_prefill_tps:g}); raise either for deeper or slower prefills",
+        )
+
+    def stall_failure(self, sample: Sample) -> Sample:
+        return sample.fail("stall", f"no chunk for {self.read_timeout_s:g} s (--kv-stall-timeout)")
+
+    def timeout_failure(self, sample: Sample) -> Sample:
+        return sample.fail("timeout", f"request took longer than {self.request_timeout_s:g} s")
 
 
 class Client:
@@ -169,14 +224,19 @@ class Client:
         min_prefill_tps: float = 500.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.limits = Limits(
+            request_timeout_s=request_timeout_s,
+            stall_timeout_s=stall_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            first_token_floor_s=first_token_floor_s,
+            min_prefill_tps=min_prefill_tps,
+        )
         self.request_timeout_s = request_timeout_s
         self.stall_timeout_s = stall_timeout_s
-        #: Before the first byte, a request may wait ``first_token_floor_s + prompt tokens / min_prefill_tps``
-        #: (vLLM sends nothing until prefill ends); None: the stall timeout applies from the start.
         self.first_token_floor_s = first_token_floor_s
         self.min_prefill_tps = min_prefill_tps
         self.connect_timeout_s = connect_timeout_s
-        self.read_timeout_s = min(stall_timeout_s, request_timeout_s)
+        self.read_timeout_s = self.limits.read_timeout_s
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         parts = urlsplit(self.base_url)
         self._https = parts.scheme == "https"
@@ -253,23 +313,8 @@ class Client:
         raise AssertionError("unreachable")
 
     def first_token_limit_s(self, prompt_tokens: int) -> float:
-        """How long a request of ``prompt_tokens`` may wait for its first byte (never less than the stall
-        timeout, never more than the request timeout)."""
-        if self.first_token_floor_s is None:
-            return self.read_timeout_s
-        limit = self.first_token_floor_s + prompt_tokens / self.min_prefill_tps
-        return min(max(limit, self.read_timeout_s), self.request_timeout_s)
-
-    def _first_token_failure(self, sample: Sample, limit: float, tokens: int, estimated: bool) -> Sample:
-        if self.first_token_floor_s is None or limit <= self.read_timeout_s:
-            return sample.fail("stall", f"no response for {self.read_timeout_s:g} s (--kv-stall-timeout)")
-        about = "~" if estimated else ""
-        return sample.fail(
-            "first_token_timeout",
-            f"no first byte within the first-token limit of {limit:.4g} s (--kv-first-token-floor "
-            f"{self.first_token_floor_s:g} s + {about}{tokens:,} prompt tokens / --kv-min-prefill-tps "
-            f"{self.min_prefill_tps:g}); raise either for deeper or slower prefills",
-        )
+        """See `Limits.first_token_limit_s`."""
+        return self.limits.first_token_limit_s(prompt_tokens)
 
     def stream_chat(
         self, payload: Mapping[str, Any], *, keep_text: bool = False, prompt_tokens: int | None = None
@@ -281,8 +326,7 @@ class Client:
         between chunks.
         """
         body = json.dumps(payload).encode()
-        estimated = prompt_tokens is None
-        tokens = int(len(body) / CHARS_PER_TOKEN) if prompt_tokens is None else prompt_tokens
+        tokens, estimated = prompt_size(body, prompt_tokens)
         first_limit = self.first_token_limit_s(tokens)
         sample = Sample(send_unix_s=time.time())
         t0 = sample.send_perf_s = time.perf_counter()
@@ -295,7 +339,7 @@ class Client:
                 return sample.fail("connection_error", f"cannot connect to {self.base_url}: {exc}")
             except TimeoutError:
                 self._drop_connection()
-                return self._first_token_failure(sample, first_limit, tokens, estimated)
+                return self.limits.first_token_failure(sample, first_limit, tokens, estimated)
             sample.http_status = response.status
             if response.status >= 400:
                 sample.end_s = time.perf_counter() - t0
@@ -310,8 +354,8 @@ class Client:
         except TimeoutError:
             self._drop_connection()
             if not first_byte[0]:
-                return self._first_token_failure(sample, first_limit, tokens, estimated)
-            return sample.fail("stall", f"no chunk for {self.read_timeout_s:g} s (--kv-stall-timeout)")
+                return self.limits.first_token_failure(sample, first_limit, tokens, estimated)
+            return self.limits.stall_failure(sample)
         except (http.client.IncompleteRead, http.client.HTTPException, ConnectionError) as exc:
             self._drop_connection()
             sample.end_s = time.perf_counter() - t0
@@ -327,15 +371,7 @@ class Client:
     def _read_stream(
         self, response: http.client.HTTPResponse, sample: Sample, t0: float, keep_text: bool, first_byte: list[bool]
     ) -> None:
-        count = 0
-        first_usage: float | None = None
-        last_usage: float | None = None
-        first_content: float | None = None
-        last_content: float | None = None
-        usage: dict[str, Any] | None = None
-        done = False
-        text: list[str] = []
-        tool_calls: dict[int, dict[str, Any]] = {}
+        clock = TokenClock(sample, keep_text)
         while raw := response.readline():
             now = time.perf_counter() - t0
             if not first_byte[0]:
@@ -344,71 +380,109 @@ class Client:
                     self._conn.sock.settimeout(self.read_timeout_s)
             if now > self.request_timeout_s:
                 sample.end_s = now
-                sample.fail("timeout", f"request took longer than {self.request_timeout_s:g} s")
+                self.limits.timeout_failure(sample)
                 return
-            if not raw.startswith(b"data:"):
-                continue
-            data = raw[5:].strip().decode("utf-8", "replace")
-            if data == "[DONE]":
-                sample.end_s = now
-                done = True
+            if clock.line(raw, now):
                 break
-            try:
-                chunk = json.loads(data)
-            except json.JSONDecodeError:
-                sample.end_s = now
-                sample.fail("malformed_json", f"chunk {sample.chunks + 1} is not JSON: {data[:120]!r}")
-                return
-            sample.chunks += 1
-            if not isinstance(chunk, dict):
-                sample.fail("malformed_json", f"chunk {sample.chunks} is not an object: {data[:120]!r}")
-                return
-            if "error" in chunk and "choices" not in chunk:
-                err = chunk["error"]
-                message = err.get("message", err) if isinstance(err, dict) else err
-                sample.end_s = now
-                sample.fail("server_error", f"server sent an error event: {message}")
-                return
-            choices = chunk.get("choices") or []
-            if isinstance(chunk.get("usage"), dict):
-                usage = chunk["usage"]
-            if choices:
-                choice = choices[0]
-                delta = choice.get("delta") or {}
-                content = delta.get("content") or ""
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-                calls = delta.get("tool_calls") or []
-                if content or reasoning or calls:
-                    first_content = now if first_content is None else first_content
-                    last_content = now
-                    sample.content_chars += len(content)
-                    if keep_text:
-                        text.append(content)
-                        for call in calls:
-                            slot = tool_calls.setdefault(int(call.get("index", 0)), {"name": "", "arguments": ""})
-                            fn = call.get("function") or {}
-                            slot["name"] += fn.get("name") or ""
-                            slot["arguments"] += fn.get("arguments") or ""
-                if choice.get("finish_reason"):
-                    sample.finish_reason = choice["finish_reason"]
-                running = (chunk.get("usage") or {}).get("completion_tokens")
-                timings = chunk.get("timings")
-                if not isinstance(running, int) and isinstance(timings, dict):
-                    running = timings.get("predicted_n")  # llama-server's running count (timings_per_token)
-                if isinstance(running, int) and running > count:
-                    if first_usage is None:
-                        first_usage = now
-                        sample.first_chunk_tokens = running
-                    last_usage = now
-                    count = running
-                    sample.token_chunks += 1
-        if keep_text:
-            sample.text = "".join(text)
-            sample.tool_calls = [tool_calls[i] for i in sorted(tool_calls)]
-        if not done:
-            sample.end_s = time.perf_counter() - t0
+        clock.finish(time.perf_counter() - t0)
+
+
+class TokenClock:
+    """The timing model of a stream, fed its SSE lines with the time each arrived; fills a `Sample`.
+
+    The single-stream `Client` feeds it line by line as it reads; the many-stream path
+    (`pytest_kvcache.fanout`) stamps bytes as they arrive and feeds the lines after the measured window. Both
+    therefore time and fail a stream the same way.
+    """
+
+    def __init__(self, sample: Sample, keep_text: bool = False) -> None:
+        self.sample = sample
+        self.keep_text = keep_text
+        self.count = 0
+        self.first_usage: float | None = None
+        self.last_usage: float | None = None
+        self.first_content: float | None = None
+        self.last_content: float | None = None
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self.text: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+
+    def line(self, raw: bytes, now: float) -> bool:
+        """One line of the body, arrived ``now`` seconds after send. True: stop reading (``[DONE]`` or a
+        failure already recorded on the sample)."""
+        sample = self.sample
+        if not raw.startswith(b"data:"):
+            return False
+        data = raw[5:].strip().decode("utf-8", "replace")
+        if data == "[DONE]":
+            sample.end_s = now
+            self.done = True
+            return True
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError:
+            sample.end_s = now
+            sample.fail("malformed_json", f"chunk {sample.chunks + 1} is not JSON: {data[:120]!r}")
+            return True
+        sample.chunks += 1
+        if not isinstance(chunk, dict):
+            sample.fail("malformed_json", f"chunk {sample.chunks} is not an object: {data[:120]!r}")
+            return True
+        if "error" in chunk and "choices" not in chunk:
+            err = chunk["error"]
+            message = err.get("message", err) if isinstance(err, dict) else err
+            sample.end_s = now
+            sample.fail("server_error", f"server sent an error event: {message}")
+            return True
+        choices = chunk.get("choices") or []
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        if choices:
+            choice = choices[0]
+            delta = choice.get("delta") or {}
+            content = delta.get("content") or ""
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+            calls = delta.get("tool_calls") or []
+            if content or reasoning or calls:
+                self.first_content = now if self.first_content is None else self.first_content
+                self.last_content = now
+                sample.content_chars += len(content)
+                if self.keep_text:
+                    self.text.append(content)
+                    for call in calls:
+                        slot = self.tool_calls.setdefault(int(call.get("index", 0)), {"name": "", "arguments": ""})
+                        fn = call.get("function") or {}
+                        slot["name"] += fn.get("name") or ""
+                        slot["arguments"] += fn.get("arguments") or ""
+            if choice.get("finish_reason"):
+                sample.finish_reason = choice["finish_reason"]
+            running = (chunk.get("usage") or {}).get("completion_tokens")
+            timings = chunk.get("timings")
+            if not isinstance(running, int) and isinstance(timings, dict):
+                running = timings.get("predicted_n")  # llama-server's running count (timings_per_token)
+            if isinstance(running, int) and running > self.count:
+                if self.first_usage is None:
+                    self.first_usage = now
+                    sample.first_chunk_tokens = running
+                self.last_usage = now
+                self.count = running
+                sample.token_chunks += 1
+        return False
+
+    def finish(self, ended_s: float) -> None:
+        """The body ended ``ended_s`` after send (or the reading stopped): settle the sample."""
+        sample = self.sample
+        if self.keep_text:
+            sample.text = "".join(self.text)
+            sample.tool_calls = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        if sample.error_kind is not None:
+            return
+        if not self.done:
+            sample.end_s = ended_s
             sample.fail("dropped", f"stream ended without [DONE] after {sample.chunks} chunks")
             return
+        usage = self.usage
         if usage is None:
             sample.fail("missing_usage", "the stream carried no usage (token counts)")
             return
@@ -419,12 +493,12 @@ class Client:
         if not sample.completion_tokens:
             sample.fail("zero_tokens", "the server reported 0 completion tokens")
             return
-        if first_usage is not None:
+        if self.first_usage is not None:
             sample.token_clock = "usage"
-            sample.first_token_s, sample.last_token_s = first_usage, last_usage
-        elif first_content is not None:
+            sample.first_token_s, sample.last_token_s = self.first_usage, self.last_usage
+        elif self.first_content is not None:
             sample.token_clock = "content"
-            sample.first_token_s, sample.last_token_s = first_content, last_content
+            sample.first_token_s, sample.last_token_s = self.first_content, self.last_content
         else:
             sample.fail("no_token_clock", "no chunk carried per-chunk usage or content: first token not observable")
             return

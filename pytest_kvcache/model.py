@@ -84,6 +84,8 @@ class Record(TypedDict, total=False):
     tool_call: dict[str, Json]
     streams: int
     concurrency: int
+    #: the many-stream client's load over the trial (concurrency probe; `pytest_kvcache.fanout.ClientLoad`)
+    client: dict[str, Json]
 
 
 class AgreementRecord(TypedDict, total=False):

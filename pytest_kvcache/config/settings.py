@@ -297,6 +297,12 @@ class Settings:
     self_check: SelfCheck = "quick"
     concurrency: tuple[int, ...] = (1, 4, 16)
     concurrency_max_tokens: int = 128
+    #: worker processes of the many-stream client (`pytest_kvcache.fanout`); None: one per 64 streams
+    client_procs: int | None = None
+    #: a trial whose client process used more than this % of a core is saturated (None: not judged)
+    client_max_cpu_pct: float | None = 85.0
+    #: a trial whose client event loop lagged more than this (p99) is saturated (None: not judged)
+    client_max_lag_ms: float | None = 5.0
     fidelity_depths: tuple[int, ...] = FIDELITY_DEPTHS
     fidelity_texts: tuple[str, ...] = FIDELITY_TEXTS
     fidelity_top_k: int = 5
@@ -396,6 +402,9 @@ class Settings:
             "self_check": self.self_check,
             "concurrency": list(self.concurrency),
             "concurrency_max_tokens": self.concurrency_max_tokens,
+            "client_procs": self.client_procs,
+            "client_max_cpu_pct": self.client_max_cpu_pct,
+            "client_max_lag_ms": self.client_max_lag_ms,
             "fidelity_depths": list(self.fidelity_depths),
             "fidelity_texts": list(self.fidelity_texts),
             "fidelity_top_k": self.fidelity_top_k,
@@ -629,6 +638,24 @@ def _pct(raw: Any) -> float:
     if not 0 < value < 100:
         raise SettingsError(f"expected a percentage between 0 and 100, got {raw!r}")
     return value
+
+
+def _procs(raw: Any) -> int | None:
+    text = str(raw).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise SettingsError(f"expected a number of processes or 'auto', got {raw!r}") from None
+    if not 1 <= value <= 256:
+        raise SettingsError(f"expected 1 to 256 client processes, got {raw!r}")
+    return value
+
+
+def _positive_or_off(raw: Any) -> float | None:
+    text = str(raw).strip().lower()
+    return None if text == "off" else _positive_float(text)
 
 
 def _pct_or_off(raw: Any) -> float | None:
@@ -1023,6 +1050,24 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("concurrency", "simultaneous streams per level of the concurrency probe (default 1,4,16).", "N1,N2"),
     OptionSpec("concurrency_max_tokens", "max_tokens of each concurrency-probe stream (default 128).", "N"),
     OptionSpec(
+        "client_procs",
+        "worker processes (one event loop each) that read the concurrency probe's streams (default auto: one per "
+        "64 streams, at most half the cores).",
+        "N|auto",
+    ),
+    OptionSpec(
+        "client_max_cpu",
+        "a concurrency trial whose client process used more than this share of a core is saturated: its figures "
+        "are the client's, and are excluded (default 85%; 'off').",
+        "PCT|off",
+    ),
+    OptionSpec(
+        "client_max_lag_ms",
+        "a concurrency trial whose client event loop lagged more than this (99th percentile) is saturated and "
+        "excluded (default 5; 'off').",
+        "MS|off",
+    ),
+    OptionSpec(
         "fidelity_depths",
         "depths at which the fidelity probe compares prompt logprobs with the baseline arm, 'k' = 1000 "
         "(default 1k,8k,32k; 1k,4k on the embedded CPU default).",
@@ -1408,6 +1453,9 @@ def resolve(
         self_check="off" if no_check else "full" if full_check else "quick",
         concurrency=get("concurrency", _levels, (1, 4, 16)),
         concurrency_max_tokens=get("concurrency_max_tokens", lambda raw: _count(1)(str(raw)), 128),
+        client_procs=get("client_procs", _procs, None),
+        client_max_cpu_pct=get("client_max_cpu", _pct_or_off, 85.0),
+        client_max_lag_ms=get("client_max_lag_ms", _positive_or_off, 5.0),
         fidelity_depths=get("fidelity_depths", _depths, CPU_FIDELITY_DEPTHS if cpu_default else FIDELITY_DEPTHS),
         fidelity_texts=get("fidelity_texts", _texts, FIDELITY_TEXTS),
         fidelity_top_k=get("fidelity_topk", lambda raw: _count(0)(str(raw)), 5),

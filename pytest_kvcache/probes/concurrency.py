@@ -1,21 +1,22 @@
 """Concurrency probe: N simultaneous streams per trial, each its own salted prompt.
 
-Each stream runs on its own thread with its own measuring client (connected before the start barrier,
-so connection set-up is outside every timing), and the threads are released together. The analysis
-derives per trial the aggregate TPS (all streams' tokens over the span from the first send to the last
-``[DONE]``), the median per-stream decode TPS and the p95 TTFT (``analysis.concurrency_trials``).
+The streams of a trial are read by the many-stream client (`pytest_kvcache.fanout.Fanout`: worker processes,
+one event loop each, connections opened before the trial, every request sent at the trial's start). The
+report derives per trial the aggregate TPS (all streams' tokens over the span from the first send to the
+last ``[DONE]``), the median per-stream decode TPS and the p95 TTFT (``report.frame.trial_rows``). A trial
+whose client was saturated (`pytest_kvcache.fanout.ClientLoad`) is kept in the records and excluded from the
+figures: its timings are the client's.
 
 Plain Python: no pytest.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import math
 from typing import Any
 
-from pytest_kvcache.client import Client, Sample
+from pytest_kvcache.client import Sample
+from pytest_kvcache.fanout import ClientLoad, Fanout, Saturation, Trial
 from pytest_kvcache.probes.prefill import salt_for
 from pytest_kvcache.probes.short import SHAPES, chat_payload
 
@@ -46,23 +47,19 @@ def aggregate_tps(samples: list[Sample]) -> float | None:
     return tokens / (end - start) if end > start else None
 
 
-def run_trial(make_client: Callable[[], Client], payloads: list[dict[str, Any]], timeout_s: float) -> list[Sample]:
-    """Stream every payload at once, one thread and client per stream; samples in payload order."""
-    clients = [make_client() for _ in payloads]
-    try:
-        for client in clients:  # connect (and keep alive) before the barrier
-            client.get_json("/v1/models")
-        barrier = threading.Barrier(len(payloads))
+def saturation(max_cpu_pct: float | None, max_lag_ms: float | None) -> Saturation:
+    """The probe's saturation bounds (``--kv-client-max-cpu``, ``--kv-client-max-lag-ms``; None: not judged)."""
+    return Saturation(
+        max_cpu_share=math.inf if max_cpu_pct is None else max_cpu_pct / 100.0,
+        max_loop_lag_s=math.inf if max_lag_ms is None else max_lag_ms / 1000.0,
+    )
 
-        def one(i: int) -> Sample:
-            try:
-                barrier.wait(timeout=timeout_s)
-            except threading.BrokenBarrierError:
-                return Sample().fail("connection_error", "the streams could not start together")
-            return clients[i].stream_chat(payloads[i])
 
-        with ThreadPoolExecutor(max_workers=len(payloads), thread_name_prefix="kv-stream") as pool:
-            return list(pool.map(one, range(len(payloads))))
-    finally:
-        for client in clients:
-            client.close()
+def run_trial(fanout: Fanout, payloads: list[dict[str, Any]]) -> Trial:
+    """Stream every payload at once; samples in payload order, and the client's load."""
+    return fanout.trial(payloads)
+
+
+def excluded_reason(load: ClientLoad) -> str | None:
+    """Why a trial's figures are not the engine's: the client was saturated."""
+    return "client_saturated: " + "; ".join(load.reasons) if load.saturated else None

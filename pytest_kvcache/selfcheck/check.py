@@ -270,10 +270,18 @@ class ServerProcess:
     """
 
     def __init__(
-        self, schedule: Schedule | None = None, host: str = "127.0.0.1", ready_timeout_s: float = 30.0
+        self,
+        schedule: Schedule | None = None,
+        host: str = "127.0.0.1",
+        ready_timeout_s: float = 30.0,
+        *,
+        port: int = 0,
+        reuse_port: bool = False,
     ) -> None:
         self.schedule = schedule or Schedule()
         self.host = host
+        self.port = port
+        self.reuse_port = reuse_port
         self.ready_timeout_s = ready_timeout_s
         self._conn: Connection | None = None
         self._process: Any = None
@@ -284,7 +292,10 @@ class ServerProcess:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         self._process = ctx.Process(
-            target=_serve_in_child, args=(child, self.schedule.to_dict(), self.host), name="streamserver", daemon=True
+            target=_serve_in_child,
+            args=(child, self.schedule.to_dict(), self.host, self.port, self.reuse_port),
+            name="streamserver",
+            daemon=True,
         )
         self._process.start()
         child.close()
@@ -314,6 +325,10 @@ class ServerProcess:
         result: list[ServedRequest] = self._call("records", (count, timeout_s))
         return result
 
+    def finished(self) -> int:
+        """How many recorded requests have finished so far."""
+        return int(self._call("finished"))
+
     def clear(self) -> None:
         self._call("clear")
 
@@ -341,9 +356,64 @@ class ServerProcess:
         self.close()
 
 
-def _serve_in_child(conn: Connection, schedule: dict[str, Any], host: str) -> None:
+class ServerPool:
+    """Several `ServerProcess` children on one port (SO_REUSEPORT): the kernel spreads the connections
+    among them, so a many-stream benchmark is served by ``processes`` cores, not one. Same interface."""
+
+    def __init__(self, processes: int = 1, schedule: Schedule | None = None, host: str = "127.0.0.1") -> None:
+        self.processes = max(1, processes)
+        self.schedule = schedule
+        self.host = host
+        self.servers: list[ServerProcess] = []
+        self.url = ""
+
+    def start(self) -> ServerPool:
+        try:
+            first = ServerProcess(self.schedule, self.host, reuse_port=self.processes > 1).start()
+            self.servers.append(first)
+            port = int(first.url.rsplit(":", 1)[1])
+            for _ in range(self.processes - 1):
+                self.servers.append(ServerProcess(self.schedule, self.host, port=port, reuse_port=True).start())
+        except BaseException:
+            self.close()
+            raise
+        self.url = first.url
+        return self
+
+    def records(self, count: int, timeout_s: float = 10.0) -> list[ServedRequest]:
+        """Every server's records, once ``count`` requests have finished among them."""
+        if len(self.servers) == 1:
+            return self.servers[0].records(count, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while sum(s.finished() for s in self.servers) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{count} finished requests not seen within {timeout_s} s")
+            time.sleep(0.02)
+        return [r for s in self.servers for r in s.records(0, timeout_s)]
+
+    def clear(self) -> None:
+        for server in self.servers:
+            server.clear()
+
+    def cpu_s(self) -> float:
+        """CPU time all the server processes have used so far."""
+        return sum(server.cpu_s() for server in self.servers)
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+        self.servers = []
+
+    def __enter__(self) -> ServerPool:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _serve_in_child(conn: Connection, schedule: dict[str, Any], host: str, port: int, reuse_port: bool) -> None:
     """The child's side of `ServerProcess`: serve, and answer commands until told to stop."""
-    with StreamServer(Schedule.from_dict(schedule), host=host) as server:
+    with StreamServer(Schedule.from_dict(schedule), host=host, port=port, reuse_port=reuse_port) as server:
         conn.send(server.url)
         while True:
             try:
@@ -357,6 +427,8 @@ def _serve_in_child(conn: Connection, schedule: dict[str, Any], host: str) -> No
                 if command == "records":
                     count, timeout_s = arg
                     conn.send(("ok", server.wait_finished(count, timeout_s)))
+                elif command == "finished":
+                    conn.send(("ok", sum(r.finished_s is not None for r in server.requests)))
                 elif command == "clear":
                     server.clear_requests()
                     conn.send(("ok", None))

@@ -275,8 +275,9 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, host: str, port: int, owner: StreamServer) -> None:
+    def __init__(self, host: str, port: int, owner: StreamServer, reuse_port: bool = False) -> None:
         self.owner = owner
+        self.allow_reuse_port = reuse_port
         if ":" in host:
             self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
@@ -988,7 +989,11 @@ class StreamServer:
         logprob_shift: float = 0.0,
         rejected_fields: frozenset[str] = frozenset(),
         prompt_counter: Callable[[dict[str, Any]], int] | None = None,
+        reuse_port: bool = False,
     ) -> None:
+        #: Bind with SO_REUSEPORT: several servers (processes) on one port share its connections, so a
+        #: benchmark's streams are served by more than one core.
+        self.reuse_port = reuse_port
         #: Request fields (top level or in ``stream_options``) answered with HTTP 400, as a strict server
         #: that does not take them would: a test then fails whenever the plugin sends one.
         self.rejected_fields = rejected_fields
@@ -1041,7 +1046,7 @@ class StreamServer:
             raise RuntimeError("StreamServer already started")
         try:
             self._closing.clear()
-            httpd = _HTTPServer(self.host, self.port, self)
+            httpd = _HTTPServer(self.host, self.port, self, self.reuse_port)
             self._httpd = httpd
             self.port = int(httpd.server_address[1])
             self._pacer = _Pacer(self._closing, name=f"streamserver-pacer:{self.port}")

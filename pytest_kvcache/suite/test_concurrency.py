@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_kvcache.client import Client
 from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.fanout import Fanout, default_processes
 from pytest_kvcache.plugin import Recorder
-from pytest_kvcache.probes.concurrency import aggregate_tps, level_label, run_trial, stream_payload
+from pytest_kvcache.probes.concurrency import (
+    aggregate_tps,
+    excluded_reason,
+    level_label,
+    run_trial,
+    saturation,
+    stream_payload,
+)
 from pytest_kvcache.probes.runner import Adaptive
 from pytest_kvcache.run.measure import ArmClient, Server
 
@@ -18,11 +25,14 @@ def test_concurrency(
 ) -> None:
     streams = kv_concurrency
     st = kv_settings
-
-    def make_client() -> Client:
-        return Client(kv_server.url, **st.client_kwargs())
-
+    fanout = Fanout(
+        kv_server.url,
+        processes=st.client_procs or default_processes(streams),
+        saturation=saturation(st.client_max_cpu_pct, st.client_max_lag_ms),
+        **st.client_kwargs(),
+    )
     problems: list[str] = []
+    saturated: list[str] = []
     measured: list[float | None] = []  # each measured trial's aggregate tok/s (the adaptive rule's values)
 
     def trial_(phase: str, trial: int) -> bool:
@@ -32,9 +42,13 @@ def test_concurrency(
             )
             for j in range(streams)
         ]
-        samples = run_trial(make_client, payloads, st.request_timeout_s)
+        result = run_trial(fanout, payloads)
+        samples, load = result.samples, result.load
+        excluded = excluded_reason(load)
         if phase == "measured":
-            measured.append(aggregate_tps(samples))
+            measured.append(None if excluded else aggregate_tps(samples))
+            if excluded:
+                saturated.append(f"trial {trial}: {excluded}")
         for j, sample in enumerate(samples):
             kv_record(
                 sample,
@@ -44,6 +58,9 @@ def test_concurrency(
                 index=trial,
                 stream=j,
                 concurrency=streams,
+                client=load.to_dict(),
+                flags=["client_saturated"] if excluded else [],
+                excluded_reason=excluded if sample.ok else None,
             )
             if phase == "measured" and not sample.ok:
                 problems.append(f"trial {trial} stream {j}: {sample.error_kind}: {sample.error}")
@@ -53,15 +70,22 @@ def test_concurrency(
         return True
 
     plan = [("warmup", i) for i in range(min(st.warmups, 1))] + [("measured", i) for i in range(st.runs)]
-    alive = all(trial_(phase, trial) for phase, trial in plan)
-    adaptive = Adaptive.of(st, "aggregate_tps", st.runs)
-    if adaptive is not None:  # --kv-target-ci: more trials until the aggregate tok/s CI is narrow enough
-        width = adaptive.half_width_pct_of(measured)
-        while alive and (width is None or width > adaptive.target_pct) and len(measured) < adaptive.max_runs:
-            alive = trial_("measured", len(measured))
+    with fanout:
+        alive = all(trial_(phase, trial) for phase, trial in plan)
+        adaptive = Adaptive.of(st, "aggregate_tps", st.runs)
+        if adaptive is not None:  # --kv-target-ci: more trials until the aggregate tok/s CI is narrow enough
             width = adaptive.half_width_pct_of(measured)
-        kv_record.sampling(
-            adaptive.stopped(len(measured), width, unit="trial(s)"), probe="concurrency", point=level_label(streams)
+            while alive and (width is None or width > adaptive.target_pct) and len(measured) < adaptive.max_runs:
+                alive = trial_("measured", len(measured))
+                width = adaptive.half_width_pct_of(measured)
+            kv_record.sampling(
+                adaptive.stopped(len(measured), width, unit="trial(s)"), probe="concurrency", point=level_label(streams)
+            )
+    if measured and len(saturated) == len(measured):
+        problems.append(
+            "the measuring client was saturated in every measured trial, so none measured the engine "
+            "(more client processes: --kv-client-procs; bounds: --kv-client-max-cpu, --kv-client-max-lag-ms): "
+            + "; ".join(saturated[:3])
         )
     if problems:
         pytest.fail(f"concurrency {streams} on {kv_server.name}: " + "; ".join(problems[:5]), pytrace=False)

@@ -1,0 +1,650 @@
+"""Many simultaneous streams, measured: one event loop per worker process.
+
+The single-stream `~pytest_kvcache.client.Client` gives every stream a thread; past a few dozen streams a
+thread per stream pays a GIL hand-off and a wake-up for every chunk of every stream, and the client becomes
+what is measured (docs/performance.md). `Fanout` measures a trial of N streams instead with a pool of worker
+processes, each running one event loop (uvloop when installed) over its share of the streams:
+
+* connections are opened before the trial starts, and every request has a requested send time;
+* the hot path is a protocol's ``data_received``: it stamps the bytes with `time.perf_counter` and keeps them,
+  and feeds them to a C HTTP parser (httptools) only to learn where the body starts and the response ends --
+  no SSE or JSON parsing while a trial runs;
+* the garbage collector is held from the start of the trial to its end;
+* after the trial the kept bytes are parsed line by line by `~pytest_kvcache.client.TokenClock`, each line
+  timed when its last byte arrived: the same timing model and failure kinds as the single-stream client.
+
+Per trial, `ClientLoad` tells how hard the client worked: schedule delay (requested vs actual send), each
+process's CPU share and its event-loop lag (a timer's lateness). A trial whose client was saturated -- a
+process above `Saturation.max_cpu_share` of a core, or a loop lag above `Saturation.max_loop_lag_s` -- is
+flagged: its timings are the client's, not the engine's.
+
+Plain Python: no pytest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import math
+import multiprocessing
+import os
+import socket
+import ssl
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+from urllib.parse import urlsplit
+
+from pytest_kvcache.client import Limits, Sample, TokenClock, error_text, prompt_size
+
+#: How often each worker's watchdog wakes: stall and timeout checks, and one event-loop lag sample.
+TICK_S = 0.005
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """When a trial's client counts as saturated (its figures then describe the client, not the engine)."""
+
+    #: a worker process busier than this share of one core over the trial's window
+    max_cpu_share: float = 0.85
+    #: the loop lag (`ClientLoad.loop_lag_p99_s`) above this: bytes that arrived waited about that long to be read
+    max_loop_lag_s: float = 0.005
+    #: a request sent this much after its requested time
+    max_schedule_delay_s: float = 0.050
+
+
+@dataclass
+class ClientLoad:
+    """How hard the client worked in one trial (one worker's figures, or the trial's worst)."""
+
+    processes: int = 0
+    streams: int = 0
+    wall_s: float = 0.0
+    #: CPU seconds of the worker processes in the window (all of them), and per chunk
+    cpu_s: float = 0.0
+    chunks: int = 0
+    cpu_per_chunk_us: float | None = None
+    #: the busiest worker's CPU over the window, as a share of one core
+    cpu_share_max: float = 0.0
+    #: CPU of the parsing after the window (SSE + JSON), in all and per chunk
+    parse_cpu_s: float = 0.0
+    parse_cpu_per_chunk_us: float | None = None
+    #: how long a callback made ready waited for the loop (the I/O it had to handle first), per tick
+    loop_lag_p50_s: float = 0.0
+    loop_lag_p99_s: float = 0.0
+    loop_lag_max_s: float = 0.0
+    #: how late the tick's timer woke the loop (adds the host's scheduling delay; reported, not judged)
+    timer_lag_p99_s: float = 0.0
+    schedule_delay_p50_s: float = 0.0
+    schedule_delay_max_s: float = 0.0
+    saturated: bool = False
+    reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Trial:
+    """A trial's samples (in payload order) and the client's load while it ran."""
+
+    samples: list[Sample]
+    load: ClientLoad
+
+
+# ---------------------------------------------------------------------------------------------- worker side
+
+
+class _Stream(asyncio.Protocol):
+    """One connection and its one request: stamps the bytes as they arrive, nothing more."""
+
+    def __init__(self, index: int, request: bytes, first_limit_s: float) -> None:
+        import httptools
+
+        self.index = index
+        self.request = request
+        self.first_limit_s = first_limit_s
+        self.pieces: list[tuple[float, bytes]] = []
+        self.transport: asyncio.Transport | None = None
+        self.send_perf_s = 0.0
+        self.requested_s = 0.0
+        self.last_rx = 0.0
+        self.complete = False
+        self.closed = False
+        self.failure: tuple[str, str] | None = None  # (kind, message) decided on the hot path
+        self.lost: Exception | None = None
+        self.body_seen = False  # how the connection ended (None: closed cleanly, or still open)
+        self.failed_at = 0.0
+        self.done: asyncio.Future[None] | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._feed = self._parser.feed_data
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are their own classes
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        self.last_rx = now
+        self.pieces.append((now, data))
+        try:
+            self._feed(data)
+        except Exception as exc:  # httptools.HttpParserError and its kinds
+            self._end(("dropped", f"the response is not valid HTTP: {type(exc).__name__}: {exc}"), now)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.lost = exc
+        if not self.complete and self.failure is None:
+            self._end(None, time.perf_counter())
+
+    # httptools callbacks
+    def on_body(self, body: bytes) -> None:
+        self.body_seen = True  # from now on the stall timeout applies (before: the first-token limit)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._end(None, self.last_rx)
+
+    def send(self, requested_s: float) -> None:
+        assert self.transport is not None
+        self.requested_s = requested_s
+        self.send_perf_s = self.last_rx = time.perf_counter()
+        self.transport.write(self.request)
+
+    def _end(self, failure: tuple[str, str] | None, when: float) -> None:
+        if self.done is None or self.done.done():
+            return
+        if failure is not None:
+            self.failure, self.failed_at = failure, when
+            if self.transport is not None:
+                self.transport.abort()
+        self.done.set_result(None)
+
+    def fail(self, kind: str, message: str) -> None:
+        self._end((kind, message), time.perf_counter())
+
+
+class _Reader:
+    """httptools callbacks for the second, unhurried pass over a response's kept bytes."""
+
+    def __init__(self) -> None:
+        self.body: list[bytes] = []
+        self.complete = False
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+def _timed_lines(pieces: Sequence[tuple[float, bytes]]) -> tuple[int | None, list[tuple[float, bytes]], bool]:
+    """The response's status, its body lines each with the arrival time of its last byte, and whether the
+    response was complete."""
+    import httptools
+
+    reader = _Reader()
+    parser = httptools.HttpResponseParser(reader)
+    lines: list[tuple[float, bytes]] = []
+    partial = b""
+    status: int | None = None
+    for when, data in pieces:
+        try:
+            parser.feed_data(data)
+        except Exception:
+            break
+        if status is None:
+            with contextlib.suppress(Exception):
+                status = parser.get_status_code() or None
+        if not reader.body:
+            continue
+        text = partial + b"".join(reader.body)
+        reader.body.clear()
+        *complete, partial = text.split(b"\n")
+        lines += [(when, line + b"\n") for line in complete]
+    if partial:
+        lines.append((pieces[-1][0], partial))
+    return status, lines, reader.complete
+
+
+def _settle(stream: _Stream, limits: Limits, tokens: int, estimated: bool, unix0: float, perf0: float) -> Sample:
+    """The kept bytes of one stream, read by the timing model: one `Sample`."""
+    t0 = stream.send_perf_s
+    sample = Sample(send_unix_s=unix0 + (t0 - perf0), send_perf_s=t0)
+    if not t0:
+        return sample.fail("connection_error", "the request was never sent")
+    status, lines, complete = _timed_lines(stream.pieces)
+    sample.http_status = status
+    if stream.failure is not None and not lines:
+        kind, message = stream.failure
+        if kind == "first_token":
+            return limits.first_token_failure(sample, stream.first_limit_s, tokens, estimated)
+        if kind == "stall":
+            return limits.stall_failure(sample)
+        sample.end_s = stream.failed_at - t0
+        return sample.fail(kind, message)  # type: ignore[arg-type]
+    if status is not None and status >= 400:
+        sample.end_s = (stream.pieces[-1][0] if stream.pieces else stream.failed_at) - t0
+        body = b"".join(line for _, line in lines)
+        return sample.fail("http_error", f"HTTP {status}: {error_text(body)}")
+    if status is None:
+        if stream.failure is not None:
+            kind, message = stream.failure
+            return sample.fail(kind, message)  # type: ignore[arg-type]
+        return sample.fail("connection_error", "the server closed the connection before it answered")
+    clock = TokenClock(sample)
+    stopped = False
+    for when, line in lines:
+        if clock.line(line, when - t0):
+            stopped = True
+            break
+    if not stopped and stream.failure is not None:
+        kind, message = stream.failure
+        if kind == "stall":
+            return limits.stall_failure(sample)
+        if kind == "timeout":
+            sample.end_s = stream.failed_at - t0
+            return limits.timeout_failure(sample)
+        sample.end_s = stream.failed_at - t0
+        return sample.fail(kind, message)  # type: ignore[arg-type]
+    if not stopped and not complete and stream.lost is not None:
+        sample.end_s = (stream.pieces[-1][0] if stream.pieces else t0) - t0
+        exc = stream.lost
+        what = type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
+        return sample.fail("dropped", f"connection dropped mid-stream after {sample.chunks} chunks: {what}")
+    clock.finish((stream.pieces[-1][0] if stream.pieces else t0) - t0)
+    if sample.ok and sample.end_s is not None and sample.end_s > limits.request_timeout_s:
+        return limits.timeout_failure(sample)
+    return sample
+
+
+@dataclass
+class _Job:
+    """What a worker is told to run: its streams (index, request bytes, first-token limit, tokens, estimated)."""
+
+    host: str
+    port: int
+    tls: bool
+    streams: list[tuple[int, bytes, float, int, bool]]
+    limits: Limits
+    offsets_s: list[float]
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, math.ceil(q / 100.0 * len(ordered)) - 1))
+    return ordered[k]
+
+
+class _Trial:
+    """One worker's part of one trial, on its event loop."""
+
+    def __init__(self, job: _Job) -> None:
+        self.job = job
+        self.streams = [_Stream(i, req, limit) for i, req, limit, _, _ in job.streams]
+        self.lags: list[float] = []
+        self.timer_lags: list[float] = []
+
+    async def connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        job = self.job
+        timeout = job.limits.connect_timeout_s
+        tls = ssl.create_default_context() if job.tls else None
+
+        async def one(stream: _Stream) -> None:
+            await asyncio.wait_for(loop.create_connection(lambda: stream, job.host, job.port, ssl=tls), timeout=timeout)
+
+        await asyncio.gather(*(one(s) for s in self.streams))
+
+    async def run(self, start_perf_s: float) -> tuple[float, float, float]:
+        """Send every request at its time and wait until every response ended; (window start, end, CPU s)."""
+        loop = asyncio.get_running_loop()
+        for stream in self.streams:
+            stream.done = loop.create_future()
+        wait = start_perf_s - time.perf_counter()
+        if wait > 0.002:
+            await asyncio.sleep(wait - 0.002)
+        while time.perf_counter() < start_perf_s:
+            pass
+        cpu0 = time.process_time()
+        begin = time.perf_counter()
+        watchdog = loop.create_task(self._watch(begin))
+        offsets = self.job.offsets_s
+        pending = sorted(range(len(self.streams)), key=lambda k: offsets[k])
+        for k in pending:
+            due = start_perf_s + offsets[k]
+            ahead = due - time.perf_counter()
+            if ahead > 0.002:  # the loop's timers have millisecond resolution: sleep short, then spin
+                await asyncio.sleep(ahead - 0.0015)
+            while time.perf_counter() < due:
+                pass
+            self.streams[k].send(due)
+        await asyncio.gather(*(s.done for s in self.streams if s.done is not None))
+        end = time.perf_counter()
+        cpu = time.process_time() - cpu0
+        watchdog.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watchdog
+        return begin, end, cpu
+
+    async def _watch(self, begin: float) -> None:
+        """Every `TICK_S`: one lag sample of each kind, and the stall and timeout checks.
+
+        The loop lag is how long a callback made ready now waits for its turn: the I/O the loop has to handle
+        first. It stays near zero while the loop keeps up and grows when it cannot. The timer lag (how late the
+        tick itself woke) adds the operating system's wake-up and scheduling delay, which a busy host causes
+        without the client being busy; it is reported, not judged.
+        """
+        loop = asyncio.get_running_loop()
+        limits = self.job.limits
+        due = begin + TICK_S
+        while True:
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            now = time.perf_counter()
+            self.timer_lags.append(max(0.0, now - due))
+            loop.call_soon(self._lagged, now)
+            due = max(due + TICK_S, now)
+            for s in self.streams:
+                if s.done is None or s.done.done() or not s.send_perf_s:
+                    continue
+                if now - s.send_perf_s > limits.request_timeout_s:
+                    s.fail("timeout", "")
+                elif not s.body_seen and now - s.send_perf_s > s.first_limit_s:
+                    s.fail("first_token", "")
+                elif s.body_seen and now - s.last_rx > limits.read_timeout_s:
+                    s.fail("stall", "")
+
+    def _lagged(self, since: float) -> None:
+        self.lags.append(time.perf_counter() - since)
+
+    def close(self) -> None:
+        for s in self.streams:
+            if s.transport is not None and not s.closed:
+                s.transport.abort()
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+def _worker_main(conn: Connection) -> None:
+    """A worker process: runs trials as the parent sends them, until the pipe closes."""
+    loop = _new_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        while True:
+            try:
+                job: _Job | None = conn.recv()
+            except (EOFError, OSError):
+                return
+            if job is None:
+                return
+            try:
+                _serve_one(loop, conn, job)
+            except Exception:
+                conn.send(("error", traceback.format_exc(limit=6)))
+    finally:
+        loop.close()
+
+
+def _serve_one(loop: asyncio.AbstractEventLoop, conn: Connection, job: _Job) -> None:
+    trial = _Trial(job)
+    try:
+        try:
+            loop.run_until_complete(trial.connect())
+            gc.collect()  # now, not in the window: a full collection of a big heap takes tens of ms
+            conn.send(("ready", None))
+        except (TimeoutError, OSError) as exc:
+            url = f"{'https' if job.tls else 'http'}://{job.host}:{job.port}"
+            conn.send(("ready", f"cannot connect to {url}: {type(exc).__name__}: {exc}"))
+        command, start_perf_s = conn.recv()
+        if command != "go":
+            return
+        unix0, perf0 = time.time(), time.perf_counter()
+        gc.disable()
+        try:
+            begin, end, cpu = loop.run_until_complete(trial.run(start_perf_s))
+        finally:
+            gc.enable()
+        parse0 = time.process_time()
+        samples = []
+        for (_, _, _, tokens, estimated), stream in zip(job.streams, trial.streams, strict=True):
+            samples.append(_settle(stream, job.limits, tokens, estimated, unix0, perf0).to_dict())
+        parse_cpu = time.process_time() - parse0
+        delays = [s.send_perf_s - s.requested_s for s in trial.streams if s.send_perf_s]
+        figures = {
+            "wall_s": end - begin,
+            "cpu_s": cpu,
+            "parse_cpu_s": parse_cpu,
+            "chunks": sum(int(s.get("chunks") or 0) for s in samples),
+            "lags": trial.lags,
+            "timer_lags": trial.timer_lags,
+            "delays": delays,
+        }
+        conn.send(("done", (samples, figures)))
+    finally:
+        trial.close()
+
+
+# ---------------------------------------------------------------------------------------------- parent side
+
+
+def default_processes(streams: int, cores: int | None = None) -> int:
+    """How many worker processes a trial of ``streams`` gets when not told: one per 64 streams, leaving a core
+    of every two to the engine's own front end, and never more than the streams."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(streams, math.ceil(streams / 64), max(1, cores // 2)))
+
+
+class FanoutError(RuntimeError):
+    """A worker process failed outside any stream's measurement (it could not start, or crashed)."""
+
+
+class Fanout:
+    """Runs trials of simultaneous streams against one OpenAI-compatible server; see the module docstring.
+
+    Use as a context manager; the worker processes live until `close`::
+
+        with Fanout(url, processes=2, **settings.client_kwargs()) as fanout:
+            trial = fanout.trial(payloads)
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        processes: int = 1,
+        request_timeout_s: float = 600.0,
+        stall_timeout_s: float = 120.0,
+        connect_timeout_s: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        first_token_floor_s: float | None = None,
+        min_prefill_tps: float = 500.0,
+        saturation: Saturation = Saturation(),
+        start_margin_s: float = 0.05,
+    ) -> None:
+        parts = urlsplit(base_url.rstrip("/"))
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"the many-stream client speaks http and https, not {parts.scheme!r} ({base_url})")
+        self.base_url = base_url.rstrip("/")
+        self.tls = parts.scheme == "https"
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if self.tls else 80)
+        self.path = parts.path.rstrip("/") + "/v1/chat/completions"
+        self.processes = max(1, processes)
+        self.limits = Limits(
+            request_timeout_s=request_timeout_s,
+            stall_timeout_s=stall_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            first_token_floor_s=first_token_floor_s,
+            min_prefill_tps=min_prefill_tps,
+        )
+        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        self.saturation = saturation
+        self.start_margin_s = start_margin_s
+        self._workers: list[tuple[Any, Connection]] = []
+
+    def start(self) -> Fanout:
+        ctx = multiprocessing.get_context("spawn")
+        try:
+            for k in range(self.processes):
+                parent, child = ctx.Pipe()
+                process = ctx.Process(target=_worker_main, args=(child,), name=f"kv-fanout-{k}", daemon=True)
+                process.start()
+                child.close()
+                self._workers.append((process, parent))
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        for _, conn in self._workers:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(None)
+            conn.close()
+        for process, _ in self._workers:
+            process.join(5.0)
+            if process.is_alive():
+                process.kill()
+                process.join(5.0)
+        self._workers = []
+
+    def processes_alive(self) -> list[Any]:
+        """The worker processes (`multiprocessing.Process`) still running."""
+        return [process for process, _ in self._workers if process.is_alive()]
+
+    def __enter__(self) -> Fanout:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request_bytes(self, payload: Mapping[str, Any]) -> bytes:
+        body = json.dumps(payload).encode()
+        head = [f"POST {self.path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(body)}"]
+        head += [f"{name}: {value}" for name, value in self.headers.items()]
+        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+    def trial(
+        self,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        offsets_s: Sequence[float] | None = None,
+        prompt_tokens: Sequence[int | None] | None = None,
+        timeout_s: float | None = None,
+    ) -> Trial:
+        """Stream every payload (``stream: true``) at once -- or each ``offsets_s[i]`` after the start -- and
+        measure it; samples in payload order, never raised failures."""
+        if not self._workers:
+            self.start()
+        n = len(payloads)
+        offsets = list(offsets_s) if offsets_s is not None else [0.0] * n
+        tokens_of = list(prompt_tokens) if prompt_tokens is not None else [None] * n
+        parts: list[list[tuple[int, bytes, float, int, bool]]] = [[] for _ in self._workers]
+        part_offsets: list[list[float]] = [[] for _ in self._workers]
+        for i, payload in enumerate(payloads):
+            request = self.request_bytes(payload)
+            body_len = len(request) - request.index(b"\r\n\r\n") - 4
+            tokens, estimated = prompt_size(request[-body_len:], tokens_of[i])
+            k = i % len(self._workers)
+            parts[k].append((i, request, self.limits.first_token_limit_s(tokens), tokens, estimated))
+            part_offsets[k].append(offsets[i])
+        active = [(w, p, o) for w, p, o in zip(self._workers, parts, part_offsets, strict=True) if p]
+        wait_s = timeout_s if timeout_s is not None else self.limits.request_timeout_s + max(offsets, default=0) + 30
+        for (process, conn), part, offs in active:
+            self._send(process, conn, _Job(self.host, self.port, self.tls, part, self.limits, offs))
+        refused: str | None = None
+        for (process, conn), _, _ in active:
+            status, value = self._receive(process, conn, self.limits.connect_timeout_s * 2 + 30)
+            if status != "ready":
+                raise FanoutError(f"fanout worker: {value}")
+            refused = refused or value
+        start = time.perf_counter() + self.start_margin_s
+        for (process, conn), _, _ in active:
+            self._send(process, conn, ("go" if refused is None else "stop", start))
+        if refused is not None:
+            return Trial([Sample().fail("connection_error", refused) for _ in payloads], ClientLoad(streams=n))
+        samples: list[Sample | None] = [None] * n
+        figures: list[dict[str, Any]] = []
+        for (process, conn), part, _ in active:
+            status, value = self._receive(process, conn, wait_s)
+            if status != "done":
+                raise FanoutError(f"fanout worker: {value}")
+            data, figure = value
+            figures.append(figure)
+            for (i, *_), sample in zip(part, data, strict=True):
+                samples[i] = _sample_of(sample)
+        return Trial([s if s is not None else Sample() for s in samples], self._load(figures, n))
+
+    def _send(self, process: Any, conn: Connection, message: Any) -> None:
+        try:
+            conn.send(message)
+        except OSError:
+            raise FanoutError(f"a worker process exited (exit code {process.exitcode})") from None
+
+    def _receive(self, process: Any, conn: Connection, timeout_s: float) -> tuple[str, Any]:
+        if not conn.poll(timeout_s):
+            raise FanoutError(f"a worker process did not answer within {timeout_s:g} s")
+        try:
+            result: tuple[str, Any] = conn.recv()
+        except EOFError:
+            raise FanoutError(f"a worker process exited (exit code {process.exitcode})") from None
+        return result
+
+    def _load(self, figures: list[dict[str, Any]], streams: int) -> ClientLoad:
+        sat = self.saturation
+        lags = [lag for f in figures for lag in f["lags"]]
+        delays = [d for f in figures for d in f["delays"]]
+        chunks = sum(int(f["chunks"]) for f in figures)
+        cpu = sum(float(f["cpu_s"]) for f in figures)
+        parse = sum(float(f["parse_cpu_s"]) for f in figures)
+        shares = [float(f["cpu_s"]) / float(f["wall_s"]) for f in figures if f["wall_s"] > 0]
+        load = ClientLoad(
+            processes=len(figures),
+            streams=streams,
+            wall_s=max((float(f["wall_s"]) for f in figures), default=0.0),
+            cpu_s=cpu,
+            chunks=chunks,
+            cpu_per_chunk_us=1e6 * cpu / chunks if chunks else None,
+            cpu_share_max=max(shares, default=0.0),
+            parse_cpu_s=parse,
+            parse_cpu_per_chunk_us=1e6 * parse / chunks if chunks else None,
+            loop_lag_p50_s=_percentile(lags, 50),
+            loop_lag_p99_s=_percentile(lags, 99),
+            loop_lag_max_s=max(lags, default=0.0),
+            timer_lag_p99_s=_percentile([lag for f in figures for lag in f["timer_lags"]], 99),
+            schedule_delay_p50_s=_percentile(delays, 50),
+            schedule_delay_max_s=max(delays, default=0.0),
+        )
+        if load.cpu_share_max > sat.max_cpu_share:
+            load.reasons.append(f"a client process used {100 * load.cpu_share_max:.0f}% of a core")
+        if load.loop_lag_p99_s > sat.max_loop_lag_s:
+            load.reasons.append(f"event-loop lag p99 {1e3 * load.loop_lag_p99_s:.2f} ms")
+        if load.schedule_delay_max_s > sat.max_schedule_delay_s:
+            load.reasons.append(f"a request left {1e3 * load.schedule_delay_max_s:.1f} ms after its time")
+        load.saturated = bool(load.reasons)
+        return load
+
+
+def _sample_of(data: Mapping[str, Any]) -> Sample:
+    sample = Sample()
+    for key, value in data.items():
+        setattr(sample, key, value)
+    return sample
