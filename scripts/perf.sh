@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Regenerate docs/performance.md: the measuring harness against the calibrated stream (benchmarks/harness.py),
 # then our client next to `vllm bench serve` and the engine's /metrics on one real vLLM CPU server
-# (benchmarks/vs_vllm_bench.py), then the page (benchmarks/perfdoc.py). About 6 minutes on 2 cores.
+# (benchmarks/vs_vllm_bench.py), then the page (benchmarks/perfdoc.py). About 15 minutes on 2 cores.
 #   bash scripts/perf.sh                  everything
 #   PERF_QUICK=1 bash scripts/perf.sh     shorter harness runs
 #   PERF_SKIP_VLLM=1 bash scripts/perf.sh without the real-engine comparison
+#   PERF_SERVERS=N                        calibrated-server processes on one port (default 2)
+#   PERF_OTHER_JSON=FILE                  the harness run of another machine shown beside this one (default: the
+#                                         16-core run in docs/results/perf-h200-cpu/, from scripts/h200/perf.sh)
 # Measure on a quiet machine: it waits up to PERF_WAIT_S (300) seconds for the 1-minute load average to fall
 # below PERF_MAX_LOAD (1.5), then runs anyway and the page states the load.
 set -euo pipefail
@@ -28,7 +31,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 quick=()
 [ -n "${PERF_QUICK:-}" ] && quick=(--quick)
 
-harness=(benchmarks/harness.py "${quick[@]}" --json "$out/harness.json")
+harness=(benchmarks/harness.py "${quick[@]}" --servers "${PERF_SERVERS:-2}" --json "$out/harness.json")
 versus=(benchmarks/vs_vllm_bench.py --requests "${PERF_REQUESTS:-10}" --json "$out/versus.json" --workdir "$out/vllm")
 echo "perf: $python ${harness[*]}"
 "$python" "${harness[@]}"
@@ -39,10 +42,10 @@ fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 "$python" - "$out/meta.json" "$commit" "$load_before" "$load_after" "${quick[*]}" "${PERF_REQUESTS:-10}" \
-  "${PERF_SKIP_VLLM:-}" <<'PY'
+  "${PERF_SKIP_VLLM:-}" "${PERF_SERVERS:-2}" <<'PY'
 import datetime, json, sys
-path, commit, before, after, quick, requests, skip = sys.argv[1:]
-commands = ["bash scripts/perf.sh   # runs:", f"python benchmarks/harness.py {quick} --json harness.json".replace("  ", " ")]
+path, commit, before, after, quick, requests, skip, servers = sys.argv[1:]
+commands = ["bash scripts/perf.sh   # runs:", f"python benchmarks/harness.py {quick} --servers {servers} --json harness.json".replace("  ", " ")]
 if not skip:
     commands.append(f"python benchmarks/vs_vllm_bench.py --requests {requests} --json versus.json")
 commands.append("python benchmarks/perfdoc.py --harness harness.json --versus versus.json --meta meta.json --out docs/performance.md")
@@ -55,6 +58,7 @@ meta = {
 }
 json.dump(meta, open(path, "w"), indent=1)
 PY
+other=${PERF_OTHER_JSON:-docs/results/perf-h200-cpu/harness.json}
 "$python" benchmarks/perfdoc.py --harness "$out/harness.json" --versus "$out/versus.json" --meta "$out/meta.json" \
-  --out docs/performance.md
+  --other "$other" --out docs/performance.md
 echo "perf: wrote docs/performance.md (raw results in $out)"
