@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 from urllib.parse import urlsplit
 
-from pytest_kvcache.client import Limits, Sample, TokenClock, error_text, prompt_size
+from pytest_kvcache.client import ErrorKind, Limits, Sample, TokenClock, error_text, prompt_size
 
 #: How often each worker's watchdog wakes: stall and timeout checks, and one event-loop lag sample.
 TICK_S = 0.005
@@ -116,9 +116,11 @@ class _Stream(asyncio.Protocol):
         self.last_rx = 0.0
         self.complete = False
         self.closed = False
-        self.failure: tuple[str, str] | None = None  # (kind, message) decided on the hot path
-        self.lost: Exception | None = None
-        self.body_seen = False  # how the connection ended (None: closed cleanly, or still open)
+        #: why the stream was cut short on the hot path: a failure kind and its message ("" for the kinds whose
+        #: message `_failed` writes from the limits)
+        self.failure: tuple[ErrorKind, str] | None = None
+        self.lost: Exception | None = None  # how the connection ended (None: closed cleanly, or still open)
+        self.body_seen = False
         self.failed_at = 0.0
         self.done: asyncio.Future[None] | None = None
         self._parser = httptools.HttpResponseParser(self)
@@ -160,7 +162,7 @@ class _Stream(asyncio.Protocol):
         self.send_perf_s = self.last_rx = time.perf_counter()
         self.transport.write(self.request)
 
-    def _end(self, failure: tuple[str, str] | None, when: float) -> None:
+    def _end(self, failure: tuple[ErrorKind, str] | None, when: float) -> None:
         if self.done is None or self.done.done():
             return
         if failure is not None:
@@ -169,7 +171,7 @@ class _Stream(asyncio.Protocol):
                 self.transport.abort()
         self.done.set_result(None)
 
-    def fail(self, kind: str, message: str) -> None:
+    def fail(self, kind: ErrorKind, message: str = "") -> None:
         self._end((kind, message), time.perf_counter())
 
 
@@ -216,6 +218,20 @@ def _timed_lines(pieces: Sequence[tuple[float, bytes]]) -> tuple[int | None, lis
     return status, lines, reader.complete
 
 
+def _failed(sample: Sample, stream: _Stream, limits: Limits, tokens: int, estimated: bool) -> Sample:
+    """``sample`` failed as the hot path decided (``stream.failure``), in the single-stream client's words."""
+    assert stream.failure is not None
+    kind, message = stream.failure
+    if kind == "first_token_timeout":
+        return limits.first_token_failure(sample, stream.first_limit_s, tokens, estimated)
+    if kind == "stall":
+        return limits.stall_failure(sample)
+    sample.end_s = stream.failed_at - stream.send_perf_s
+    if kind == "timeout":
+        return limits.timeout_failure(sample)
+    return sample.fail(kind, message)
+
+
 def _settle(stream: _Stream, limits: Limits, tokens: int, estimated: bool, unix0: float, perf0: float) -> Sample:
     """The kept bytes of one stream, read by the timing model: one `Sample`."""
     t0 = stream.send_perf_s
@@ -224,22 +240,14 @@ def _settle(stream: _Stream, limits: Limits, tokens: int, estimated: bool, unix0
         return sample.fail("connection_error", "the request was never sent")
     status, lines, complete = _timed_lines(stream.pieces)
     sample.http_status = status
+    last = stream.pieces[-1][0] if stream.pieces else t0
     if stream.failure is not None and not lines:
-        kind, message = stream.failure
-        if kind == "first_token":
-            return limits.first_token_failure(sample, stream.first_limit_s, tokens, estimated)
-        if kind == "stall":
-            return limits.stall_failure(sample)
-        sample.end_s = stream.failed_at - t0
-        return sample.fail(kind, message)  # type: ignore[arg-type]
+        return _failed(sample, stream, limits, tokens, estimated)
     if status is not None and status >= 400:
-        sample.end_s = (stream.pieces[-1][0] if stream.pieces else stream.failed_at) - t0
+        sample.end_s = last - t0
         body = b"".join(line for _, line in lines)
         return sample.fail("http_error", f"HTTP {status}: {error_text(body)}")
     if status is None:
-        if stream.failure is not None:
-            kind, message = stream.failure
-            return sample.fail(kind, message)  # type: ignore[arg-type]
         return sample.fail("connection_error", "the server closed the connection before it answered")
     clock = TokenClock(sample)
     stopped = False
@@ -248,20 +256,13 @@ def _settle(stream: _Stream, limits: Limits, tokens: int, estimated: bool, unix0
             stopped = True
             break
     if not stopped and stream.failure is not None:
-        kind, message = stream.failure
-        if kind == "stall":
-            return limits.stall_failure(sample)
-        if kind == "timeout":
-            sample.end_s = stream.failed_at - t0
-            return limits.timeout_failure(sample)
-        sample.end_s = stream.failed_at - t0
-        return sample.fail(kind, message)  # type: ignore[arg-type]
+        return _failed(sample, stream, limits, tokens, estimated)
     if not stopped and not complete and stream.lost is not None:
-        sample.end_s = (stream.pieces[-1][0] if stream.pieces else t0) - t0
+        sample.end_s = last - t0
         exc = stream.lost
         what = type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
         return sample.fail("dropped", f"connection dropped mid-stream after {sample.chunks} chunks: {what}")
-    clock.finish((stream.pieces[-1][0] if stream.pieces else t0) - t0)
+    clock.finish(last - t0)
     if sample.ok and sample.end_s is not None and sample.end_s > limits.request_timeout_s:
         return limits.timeout_failure(sample)
     return sample
@@ -359,11 +360,11 @@ class _Trial:
                 if s.done is None or s.done.done() or not s.send_perf_s:
                     continue
                 if now - s.send_perf_s > limits.request_timeout_s:
-                    s.fail("timeout", "")
+                    s.fail("timeout")
                 elif not s.body_seen and now - s.send_perf_s > s.first_limit_s:
-                    s.fail("first_token", "")
+                    s.fail("first_token_timeout")
                 elif s.body_seen and now - s.last_rx > limits.read_timeout_s:
-                    s.fail("stall", "")
+                    s.fail("stall")
 
     def _lagged(self, since: float) -> None:
         self.lags.append(time.perf_counter() - since)

@@ -544,6 +544,28 @@ class AgreementSection(TypedDict):
     notes: list[str]
 
 
+class SaturatedTrial(TypedDict):
+    """A concurrency trial in which the many-stream client was saturated."""
+
+    boot: str
+    arm: str
+    point: str
+    trial: int
+    reasons: list[str]
+
+
+class ClientLoadSection(TypedDict):
+    """How hard the many-stream client worked in the concurrency probe's measured trials (``client`` of
+    their records): the worst figures, and the trials it was saturated in (excluded from every figure)."""
+
+    trials: int
+    processes_max: int
+    cpu_share_max: float
+    loop_lag_p99_max_s: float
+    schedule_delay_max_s: float
+    saturated: list[SaturatedTrial]
+
+
 class SelfCheckSection(TypedDict, total=False):
     summary: str
     error: str
@@ -712,6 +734,7 @@ class Report(TypedDict, total=False):
     agreement: AgreementSection
     sampling: list[SamplingRecord]
     self_check: SelfCheckSection | None
+    client_load: ClientLoadSection | None
     summary: list[SummaryRow]
     deltas: list[DeltaRow]
     crossovers: list[CrossoverRow]

@@ -26,6 +26,7 @@ from pytest_kvcache.model import (
     BootEntry,
     BootResult,
     CiStatement,
+    ClientLoadSection,
     Confounds,
     CrossoverRow,
     DeltaRow,
@@ -707,6 +708,40 @@ def measured_itl_s(records: Sequence[Record]) -> float | None:
     return float(np.median(gaps)) if gaps else None
 
 
+def client_load_report(records: Sequence[Record]) -> ClientLoadSection | None:
+    """The many-stream client's load over the concurrency probe's measured trials (None: no such trial)."""
+    trials: dict[tuple[object, ...], dict[str, Any]] = {}
+    for r in records:
+        load = r.get("client")
+        if r.get("probe") == "concurrency" and r.get("phase") == "measured" and isinstance(load, dict):
+            trials.setdefault((r.get("boot"), r.get("shape"), r.get("index")), {"arm": r.get("arm"), **load})
+    if not trials:
+        return None
+    loads = list(trials.values())
+
+    def worst(key: str) -> float:
+        return max(float(load.get(key) or 0.0) for load in loads)
+
+    return {
+        "trials": len(loads),
+        "processes_max": int(worst("processes")),
+        "cpu_share_max": worst("cpu_share_max"),
+        "loop_lag_p99_max_s": worst("loop_lag_p99_s"),
+        "schedule_delay_max_s": worst("schedule_delay_max_s"),
+        "saturated": [
+            {
+                "boot": str(boot),
+                "arm": str(load["arm"]),
+                "point": str(shape),
+                "trial": int(cast(int, index)),
+                "reasons": [str(reason) for reason in load.get("reasons") or []],
+            }
+            for (boot, shape, index), load in trials.items()
+            if load.get("saturated")
+        ],
+    }
+
+
 def self_check_report(run: RunData) -> SelfCheckSection | None:
     """The run's self-check in one sentence, and a warning when the client's own time per chunk exceeds 2%
     of the inter-token time this run measured."""
@@ -940,6 +975,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "agreement": agreed,
         "sampling": run.sampling,
         "self_check": self_check_report(run),
+        "client_load": client_load_report(run.records),
         "summary": summary_rows(data, arms, specs),
         "deltas": deltas,
         "crossovers": crossovers,

@@ -355,6 +355,27 @@ def sampling_lines(report: Report) -> list[str]:
     return lines
 
 
+def client_load_line(report: Report) -> str | None:
+    """The concurrency probe's client load in one sentence, naming the trials it was saturated in."""
+    load = report.get("client_load")
+    if not load:
+        return None
+    line = (
+        f"Many-stream client over {load['trials']} measured concurrency trial(s) ({load['processes_max']} "
+        f"process(es) at most): busiest process {100 * load['cpu_share_max']:.0f}% of a core, event-loop lag p99 "
+        f"≤ {1e3 * load['loop_lag_p99_max_s']:.2f} ms, requests sent ≤ {1e3 * load['schedule_delay_max_s']:.1f} "
+        "ms after their time"
+    )
+    saturated = load["saturated"]
+    if not saturated:
+        return line + "; never saturated."
+    named = "; ".join(f"{s['arm']} {s['point']} trial {s['trial']} ({', '.join(s['reasons'])})" for s in saturated[:4])
+    return (
+        f"{line}; saturated in {len(saturated)} trial(s), whose figures are the client's and are excluded: "
+        f"{named}{' …' if len(saturated) > 4 else ''} (--kv-client-procs)."
+    )
+
+
 def self_check_line(report: Report) -> str | None:
     check = report.get("self_check")
     if not check:
@@ -453,6 +474,9 @@ def note_lines(report: Report) -> list[str]:
     if check:
         notes.append(check)
     notes += (report.get("self_check") or {}).get("warnings") or []
+    load = client_load_line(report)
+    if load:
+        notes.append(load)
     flags = report.get("flags")
     if flags and flags["samples"]:
         notes.append(f"{flags['samples']} measured sample(s) flagged: {', '.join(flags['kinds'])}")
