@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ def fmt(value: Any, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}g}"
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.{digits}g}"
     return str(value)
 
 
@@ -210,15 +211,17 @@ def w_many(w: Any, harness: dict[str, Any], summary: dict[str, Any], title: str,
     w(
         f"On {where}, {servers} calibrated-server process{'es' if servers != 1 else ''} sharing one port "
         f"(harness {harness['duration_s']:.0f} s in all). For each stack and stream count the aggregate rate grows "
-        "from 8,000 chunks/s (each stream at most 60 chunks/s apart: 256 streams start higher) until a row is "
-        "distorted twice: the median per-stream decode-TPS error above 2%, or the server delivering under 98% "
-        "of its schedule. `ours: http.client, thread/stream` is the single-stream client with a thread per "
-        "stream, the concurrency probe's path until 2026-12-02; `ours: fanout, N processes` is "
-        "`pytest_kvcache.fanout`, the concurrency probe's path now. Its rows add the client load the probe "
-        "records per trial: `hot_cpu_per_chunk_us` (CPU while the streams run; `cpu_per_chunk_us` adds the "
-        "parsing after them), `client_cpu_pct` (all its processes together, in % of one core), "
-        "`proc_cpu_share_max_pct` (the busiest process), `loop_lag_p99_ms`, `schedule_delay_max_ms` and the "
-        "`saturated` verdict (docs/probes/concurrency.md)."
+        "from 8,000 chunks/s (a rate that would space a stream's chunks more than 16 ms apart is skipped: 256 "
+        "streams start at 16,000) until a row is distorted twice: the median per-stream decode-TPS error above "
+        "2%, the server delivering under 98% of its schedule, or the client judging itself saturated. "
+        "`max_chunks_per_s_p95_le_2pct` asks the same of 95% of the streams; `at_sweep_top` marks a ceiling that "
+        "is the sweep's last rate (the client's limit lies above it). `ours: http.client, thread/stream` is the "
+        "single-stream client with a thread per stream, the concurrency probe's path until 2026-12-02; "
+        "`ours: fanout, N processes` is `pytest_kvcache.fanout`, the concurrency probe's path now. Its rows add "
+        "the client load the probe records per trial: `hot_cpu_per_chunk_us` (CPU while the streams run; "
+        "`cpu_per_chunk_us` adds the parsing after them), `client_cpu_pct` (all its processes together, in % "
+        "of one core), `proc_cpu_share_max_pct` (the busiest process), `loop_lag_p99_ms`, "
+        "`schedule_delay_max_ms` and the `saturated` verdict (docs/probes/concurrency.md)."
     )
     w("")
     w(
@@ -673,7 +676,8 @@ def render(
             other,
             many_summary(other),
             f"## Many streams on {m.get('cpu_count')} cores (the GPU machine, CPU only)",
-            f"{m.get('cpu_model')}, {m.get('cpu_count')} cores, Python {m.get('python')}",
+            f"{m.get('cpu_model')}, {m.get('cpu_count')} cores, Python {m.get('python')} (`bash scripts/h200/perf.sh "
+            f"stage|start|collect`: `python benchmarks/harness.py {shlex.join(other.get('argv', [])[1:])}`)",
         )
         w("One stream, the same schedules as the accuracy table above, on that machine:")
         w("")

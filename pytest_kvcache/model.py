@@ -562,6 +562,7 @@ class ClientLoadSection(TypedDict):
     processes_max: int
     cpu_share_max: float
     loop_lag_p99_max_s: float
+    timer_lag_p99_max_s: float
     schedule_delay_max_s: float
     saturated: list[SaturatedTrial]
 

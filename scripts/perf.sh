@@ -48,7 +48,7 @@ path, commit, before, after, quick, requests, skip, servers = sys.argv[1:]
 commands = ["bash scripts/perf.sh   # runs:", f"python benchmarks/harness.py {quick} --servers {servers} --json harness.json".replace("  ", " ")]
 if not skip:
     commands.append(f"python benchmarks/vs_vllm_bench.py --requests {requests} --json versus.json")
-commands.append("python benchmarks/perfdoc.py --harness harness.json --versus versus.json --meta meta.json --out docs/performance.md")
+commands.append("python benchmarks/perfdoc.py --harness harness.json --versus versus.json --meta meta.json --other docs/results/perf-h200-cpu/harness.json --out docs/performance.md")
 meta = {
     "commit": commit,
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -727,6 +727,7 @@ def client_load_report(records: Sequence[Record]) -> ClientLoadSection | None:
         "processes_max": int(worst("processes")),
         "cpu_share_max": worst("cpu_share_max"),
         "loop_lag_p99_max_s": worst("loop_lag_p99_s"),
+        "timer_lag_p99_max_s": worst("timer_lag_p99_s"),
         "schedule_delay_max_s": worst("schedule_delay_max_s"),
         "saturated": [
             {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.fanout import Fanout, default_processes
+from pytest_kvcache.fanout import Fanout, FanoutError, default_processes
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes.concurrency import (
     aggregate_tps,
@@ -32,7 +32,6 @@ def test_concurrency(
         **st.client_kwargs(),
     )
     problems: list[str] = []
-    saturated: list[str] = []
     measured: list[float | None] = []  # each measured trial's aggregate tok/s (the adaptive rule's values)
 
     def trial_(phase: str, trial: int) -> bool:
@@ -42,13 +41,16 @@ def test_concurrency(
             )
             for j in range(streams)
         ]
-        result = run_trial(fanout, payloads)
+        try:
+            result = run_trial(fanout, payloads)
+        except FanoutError as exc:  # the client's own worker failed: no stream was measured
+            pytest.fail(
+                f"concurrency {streams} on {kv_server.name}: the many-stream client failed: {exc}", pytrace=False
+            )
         samples, load = result.samples, result.load
         excluded = excluded_reason(load)
-        if phase == "measured":
+        if phase == "measured":  # a saturated trial's figures are the client's: recorded, flagged, not counted
             measured.append(None if excluded else aggregate_tps(samples))
-            if excluded:
-                saturated.append(f"trial {trial}: {excluded}")
         for j, sample in enumerate(samples):
             kv_record(
                 sample,
@@ -81,11 +83,5 @@ def test_concurrency(
             kv_record.sampling(
                 adaptive.stopped(len(measured), width, unit="trial(s)"), probe="concurrency", point=level_label(streams)
             )
-    if measured and len(saturated) == len(measured):
-        problems.append(
-            "the measuring client was saturated in every measured trial, so none measured the engine "
-            "(more client processes: --kv-client-procs; bounds: --kv-client-max-cpu, --kv-client-max-lag-ms): "
-            + "; ".join(saturated[:3])
-        )
     if problems:
         pytest.fail(f"concurrency {streams} on {kv_server.name}: " + "; ".join(problems[:5]), pytrace=False)

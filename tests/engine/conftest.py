@@ -78,13 +78,15 @@ def run_pytest(workdir: Path, *args: str, timeout: float = 900, engine_args: str
 
 @pytest.fixture(scope="session")
 def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """One real two-arm A/B on the embedded default — short and depth probes — shared by the assertions of
-    this tier (2 boots). Small depths and a shortened session: the code path is the main job's."""
+    """One real two-arm A/B on the embedded default — short, depth and concurrency probes — shared by the
+    assertions of this tier (2 boots). Small depths and a shortened session: the code path is the main job's."""
     return run_pytest(
         tmp_path_factory.mktemp("ab"),
         f"--kv-arms=auto,{SECOND_ARM}",
         "-m",
-        "short or depth",
+        "short or depth or concurrency",
+        "--kv-concurrency=8",
+        "--kv-concurrency-max-tokens=32",
         "--kv-warmups=1",
         "--kv-runs=3",
         "--kv-max-tokens=32",

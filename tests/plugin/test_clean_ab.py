@@ -177,19 +177,16 @@ def test_concurrency_probe_reports_aggregate_and_per_stream_figures(
 
 
 def test_a_saturated_client_excludes_its_trials_and_says_so(pytester: pytest.Pytester, standin_args: list[str]) -> None:
-    """A trial whose many-stream client was saturated is recorded, flagged and kept out of every figure; when
-    every measured trial of a level is, the test fails and names the fix. Saturation is forced here by a CPU
-    bound no process can stay under (--kv-client-max-cpu=0.001): the overload itself is tests/unit/test_fanout.py's."""
+    """A trial whose many-stream client was saturated is recorded, flagged and kept out of every figure, and the
+    report names it and the fix. Saturation is forced here by a CPU bound no process can stay under
+    (--kv-client-max-cpu=0.001): the overload itself is tests/unit/test_fanout.py's."""
     args = [a for a in standin_args if a not in ("-m", "short")]
     result = pytester.runpytest_subprocess(
         *args, "--kv-arms=auto", "--kv-concurrency=2", "--kv-warmups=0", "-m", "concurrency",
         "--kv-client-max-cpu=0.001",
     )  # fmt: skip
-    assert result.ret == 1, result.stdout.str()
-    result.stdout.fnmatch_lines(
-        ["*concurrency 2 on auto: the measuring client was saturated in every measured trial*--kv-client-procs*"]
-    )
-    assert "Traceback" not in result.stdout.str()
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*4 measured sample(s) flagged: client_saturated*"])
     run = latest(pytester)
     recs = [r for r in read_records(run / "requests.jsonl") if r["phase"] == "measured"]
     assert len(recs) == 2 * 2 and all(r["ok"] for r in recs)
@@ -201,6 +198,7 @@ def test_a_saturated_client_excludes_its_trials_and_says_so(pytester: pytest.Pyt
     assert load["trials"] == 2 and [s["trial"] for s in load["saturated"]] == [0, 1]
     assert not [s for s in report["summary"] if s["probe"] == "concurrency" and s["n"]]  # no figure from them
     assert "saturated in 2 trial(s)" in (run / "report.md").read_text()
+    assert "(--kv-client-procs)" in (run / "report.md").read_text()
 
 
 def test_self_check_is_in_every_runs_evidence(pytester: pytest.Pytester, args: list[str]) -> None:
