@@ -579,6 +579,16 @@ def undistorted(row: dict[str, Any], column: str) -> bool:
     )
 
 
+def ceilings_row(stack: str, streams: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One stack's ceilings at one stream count: by the median and by the p95 of the per-stream errors."""
+    return {
+        "stack": stack,
+        "streams": streams,
+        "max_chunks_per_s_med_le_2pct": ceiling(rows, "tps_err_med_pct"),
+        "max_chunks_per_s_p95_le_2pct": ceiling(rows, "tps_err_p95_pct"),
+    }
+
+
 def ceiling(rows: list[dict[str, Any]], column: str) -> float:
     """The highest aggregate chunk rate among `undistorted` rows (by the ``column`` error)."""
     ok = [r["agg_chunks_per_s"] for r in rows if undistorted(r, column)]
@@ -696,14 +706,7 @@ def main(argv: list[str] | None = None) -> int:
                 for streams in (1, 32):
                     part = sweep(server, stack, streams, args.quick)
                     rows += part
-                    ceilings.append(
-                        {
-                            "stack": stack,
-                            "streams": streams,
-                            "max_chunks_per_s_med_le_2pct": ceiling(part, "tps_err_med_pct"),
-                            "max_chunks_per_s_p95_le_2pct": ceiling(part, "tps_err_p95_pct"),
-                        }
-                    )
+                    ceilings.append(ceilings_row(stack, streams, part))
             result["sweep"], result["ceilings"] = rows, ceilings
             print("## Chunk-rate sweep\n")
             print(table(rows, COLUMNS["sweep"], args.markdown), "\n")
@@ -714,14 +717,7 @@ def main(argv: list[str] | None = None) -> int:
                 for streams in (int(n) for n in args.many_streams.split(",")):
                     part = sweep_many(server, stack, streams, args.quick)
                     rows += part
-                    ceilings.append(
-                        {
-                            "stack": stack,
-                            "streams": streams,
-                            "max_chunks_per_s_med_le_2pct": ceiling(part, "tps_err_med_pct"),
-                            "max_chunks_per_s_p95_le_2pct": ceiling(part, "tps_err_p95_pct"),
-                        }
-                    )
+                    ceilings.append(ceilings_row(stack, streams, part))
                     print(table(part, COLUMNS["many"], args.markdown), "\n", flush=True)
             result["many"], result["many_ceilings"] = rows, ceilings
             print("## Many streams\n")

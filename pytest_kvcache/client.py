@@ -209,7 +209,8 @@ class Limits:
 class Client:
     """Streams chat completions from one OpenAI-compatible server, one request at a time.
 
-    One stream at a time per client: the concurrency probe gives every stream its own client (and thread).
+    One stream at a time per client; the concurrency probe's simultaneous streams are read by the many-stream
+    client (`pytest_kvcache.fanout.Fanout`), which applies the same `TokenClock` and `Limits`.
     """
 
     def __init__(
