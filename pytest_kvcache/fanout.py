@@ -18,6 +18,9 @@ process's CPU share and its event-loop lag (a timer's lateness). A trial whose c
 process above `Saturation.max_cpu_share` of a core, or a loop lag above `Saturation.max_loop_lag_s` -- is
 flagged: its timings are the client's, not the engine's.
 
+Workers start with the ``spawn`` method: a script that drives `Fanout` itself needs the usual
+``if __name__ == "__main__":`` guard (under pytest nothing is needed).
+
 Plain Python: no pytest.
 """
 
@@ -30,6 +33,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import socket
 import ssl
 import time
@@ -291,6 +295,9 @@ def _percentile(values: Sequence[float], q: float) -> float:
 class _Trial:
     """One worker's part of one trial, on its event loop."""
 
+    #: the process that started this worker (None: not running in a worker)
+    parent_pid: int | None = None
+
     def __init__(self, job: _Job) -> None:
         self.job = job
         self.streams = [_Stream(i, req, limit) for i, req, limit, _, _ in job.streams]
@@ -352,6 +359,8 @@ class _Trial:
         due = begin + TICK_S
         while True:
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                os._exit(1)  # the parent is gone: nobody reads this trial
             now = time.perf_counter()
             self.timer_lags.append(max(0.0, now - due))
             loop.call_soon(self._lagged, now)
@@ -385,7 +394,13 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 def _worker_main(conn: Connection) -> None:
-    """A worker process: runs trials as the parent sends them, until the pipe closes."""
+    """A worker process: runs trials as the parent sends them, until the pipe closes or the parent is gone.
+
+    Ctrl-C is the parent's to handle (it closes the pool); a worker whose parent died mid-trial exits at the
+    next watchdog tick instead of finishing the trial for no one.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _Trial.parent_pid = os.getppid()
     loop = _new_loop()
     asyncio.set_event_loop(loop)
     try:

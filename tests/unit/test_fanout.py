@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -134,6 +135,42 @@ def test_a_dead_worker_is_an_error_not_a_hang(server: StreamServer) -> None:
         with pytest.raises(FanoutError, match="worker process"):
             f.trial([chat_payload(4, "x")])
     assert not f.processes_alive()
+
+
+KILLED_PARENT = """
+import os, sys, threading, time
+from pytest_kvcache.fanout import Fanout
+from pytest_kvcache.selfcheck.check import chat_payload
+if __name__ == "__main__":
+    fanout = Fanout(sys.argv[1]).start()
+    (worker,) = fanout.processes_alive()
+    threading.Thread(target=fanout.trial, args=([chat_payload(400, "long")],), daemon=True).start()
+    print(worker.pid, flush=True)
+    time.sleep(0.5)
+    os._exit(0)  # the parent dies mid-trial, cleaning up nothing
+"""
+
+
+def test_a_worker_whose_parent_died_mid_trial_exits(tmp_path: Path) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(KILLED_PARENT)
+    with StreamServer(Schedule(itl_s=0.02, completion_tokens=400)) as server:  # an 8 s stream, served from here
+        parent = subprocess.run(
+            [sys.executable, str(script), server.url], capture_output=True, text=True, timeout=60, check=True
+        )
+        pid = int(parent.stdout.split()[0])
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.05)
+        assert not _alive(pid), "the worker outlived its parent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_default_processes() -> None:
