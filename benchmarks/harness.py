@@ -44,7 +44,7 @@ import numpy as np
 import openai
 import pandas as pd
 
-from pytest_kvcache.client import Client
+from pytest_kvcache.client import Client, Sample
 from pytest_kvcache.fanout import ClientLoad, Fanout
 from pytest_kvcache.selfcheck.check import (
     ServerPool,
@@ -110,6 +110,17 @@ class Tracker:
             self.seen.tokens = running
 
 
+def seen_of(tag: str, sample: Sample) -> Seen:
+    """What our clients' `Sample` says of one request, as absolute `time.perf_counter` readings."""
+    seen = Seen(tag, sample.send_perf_s, chunks=sample.chunks, tokens=sample.completion_tokens or 0)
+    if sample.ok and sample.first_token_s is not None and sample.last_token_s is not None:
+        seen.first = sample.send_perf_s + sample.first_token_s
+        seen.last = sample.send_perf_s + sample.last_token_s
+    else:
+        seen.error = f"{sample.error_kind}: {sample.error}"
+    return seen
+
+
 def _payload(schedule: Schedule, tag: str) -> dict[str, Any]:
     return chat_payload(schedule.completion_tokens, tag)
 
@@ -154,14 +165,7 @@ def stack_ours(url: str, schedule: Schedule, tags: list[list[str]]) -> StackResu
             client.stream_chat(chat_payload(2, f"warm-{mine[0]}"))
             barrier.wait()
             for tag in mine:
-                sample = client.stream_chat(_payload(schedule, tag))
-                seen = Seen(tag, sample.send_perf_s, chunks=sample.chunks, tokens=sample.completion_tokens or 0)
-                if sample.ok and sample.first_token_s is not None and sample.last_token_s is not None:
-                    seen.first = sample.send_perf_s + sample.first_token_s
-                    seen.last = sample.send_perf_s + sample.last_token_s
-                else:
-                    seen.error = f"{sample.error_kind}: {sample.error}"
-                out.append(seen)
+                out.append(seen_of(tag, client.stream_chat(_payload(schedule, tag))))
         return out
 
     return _threaded(tags, worker)
@@ -364,14 +368,7 @@ def stack_fanout(processes: int) -> Callable[[str, Schedule, list[list[str]]], S
                 batch = [m[j] for m in tags if j < len(m)]
                 trial = fanout.trial([_payload(schedule, tag) for tag in batch])
                 loads.append(trial.load)
-                for tag, sample in zip(batch, trial.samples, strict=True):
-                    one = Seen(tag, sample.send_perf_s, chunks=sample.chunks, tokens=sample.completion_tokens or 0)
-                    if sample.ok and sample.first_token_s is not None and sample.last_token_s is not None:
-                        one.first = sample.send_perf_s + sample.first_token_s
-                        one.last = sample.send_perf_s + sample.last_token_s
-                    else:
-                        one.error = f"{sample.error_kind}: {sample.error}"
-                    seen.append(one)
+                seen += [seen_of(tag, sample) for tag, sample in zip(batch, trial.samples, strict=True)]
         hot = sum(load.cpu_s for load in loads)
         parse = sum(load.parse_cpu_s for load in loads)
         chunks = sum(load.chunks for load in loads)

@@ -232,12 +232,6 @@ class Client:
             first_token_floor_s=first_token_floor_s,
             min_prefill_tps=min_prefill_tps,
         )
-        self.request_timeout_s = request_timeout_s
-        self.stall_timeout_s = stall_timeout_s
-        self.first_token_floor_s = first_token_floor_s
-        self.min_prefill_tps = min_prefill_tps
-        self.connect_timeout_s = connect_timeout_s
-        self.read_timeout_s = self.limits.read_timeout_s
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         parts = urlsplit(self.base_url)
         self._https = parts.scheme == "https"
@@ -250,6 +244,11 @@ class Client:
             timeout=httpx.Timeout(connect=connect_timeout_s, read=self.read_timeout_s, write=30.0, pool=30.0),
             headers=self._headers,
         )
+
+    @property
+    def read_timeout_s(self) -> float:
+        """How long a read may wait: the stall timeout, bounded by the request timeout."""
+        return self.limits.read_timeout_s
 
     def close(self) -> None:
         self._drop_connection()
@@ -283,7 +282,7 @@ class Client:
         if self._conn is not None:
             return self._conn, False
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=self.connect_timeout_s)
+        conn = cls(self._host, self._port, timeout=self.limits.connect_timeout_s)
         conn.connect()
         assert conn.sock is not None
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -379,7 +378,7 @@ class Client:
                 first_byte[0] = True  # from now on the stall timeout applies between chunks
                 if self._conn is not None and self._conn.sock is not None:
                     self._conn.sock.settimeout(self.read_timeout_s)
-            if now > self.request_timeout_s:
+            if now > self.limits.request_timeout_s:
                 sample.end_s = now
                 self.limits.timeout_failure(sample)
                 return

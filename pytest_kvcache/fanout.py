@@ -552,8 +552,8 @@ class Fanout:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request_bytes(self, payload: Mapping[str, Any]) -> bytes:
-        body = json.dumps(payload).encode()
+    def _request(self, body: bytes) -> bytes:
+        """The whole HTTP request of one stream, written in one go at its send time."""
         head = [f"POST {self.path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(body)}"]
         head += [f"{name}: {value}" for name, value in self.headers.items()]
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
@@ -576,11 +576,10 @@ class Fanout:
         parts: list[list[tuple[int, bytes, float, int, bool]]] = [[] for _ in self._workers]
         part_offsets: list[list[float]] = [[] for _ in self._workers]
         for i, payload in enumerate(payloads):
-            request = self.request_bytes(payload)
-            body_len = len(request) - request.index(b"\r\n\r\n") - 4
-            tokens, estimated = prompt_size(request[-body_len:], tokens_of[i])
+            body = json.dumps(payload).encode()
+            tokens, estimated = prompt_size(body, tokens_of[i])
             k = i % len(self._workers)
-            parts[k].append((i, request, self.limits.first_token_limit_s(tokens), tokens, estimated))
+            parts[k].append((i, self._request(body), self.limits.first_token_limit_s(tokens), tokens, estimated))
             part_offsets[k].append(offsets[i])
         active = [(w, p, o) for w, p, o in zip(self._workers, parts, part_offsets, strict=True) if p]
         wait_s = timeout_s if timeout_s is not None else self.limits.request_timeout_s + max(offsets, default=0) + 30
@@ -606,7 +605,7 @@ class Fanout:
             data, figure = value
             figures.append(figure)
             for (i, *_), sample in zip(part, data, strict=True):
-                samples[i] = _sample_of(sample)
+                samples[i] = Sample(**sample)
         return Trial([s if s is not None else Sample() for s in samples], self._load(figures, n))
 
     def _send(self, process: Any, conn: Connection, message: Any) -> None:
@@ -657,10 +656,3 @@ class Fanout:
             load.reasons.append(f"a request left {1e3 * load.schedule_delay_max_s:.1f} ms after its time")
         load.saturated = bool(load.reasons)
         return load
-
-
-def _sample_of(data: Mapping[str, Any]) -> Sample:
-    sample = Sample()
-    for key, value in data.items():
-        setattr(sample, key, value)
-    return sample

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from pytest_kvcache.client import Sample
-from pytest_kvcache.fanout import ClientLoad, Fanout, Saturation, Trial
+from pytest_kvcache.fanout import ClientLoad, Saturation
 from pytest_kvcache.probes.prefill import salt_for
 from pytest_kvcache.probes.short import SHAPES, chat_payload
 
@@ -53,11 +53,6 @@ def saturation(max_cpu_pct: float | None, max_lag_ms: float | None) -> Saturatio
         max_cpu_share=math.inf if max_cpu_pct is None else max_cpu_pct / 100.0,
         max_loop_lag_s=math.inf if max_lag_ms is None else max_lag_ms / 1000.0,
     )
-
-
-def run_trial(fanout: Fanout, payloads: list[dict[str, Any]]) -> Trial:
-    """Stream every payload at once; samples in payload order, and the client's load."""
-    return fanout.trial(payloads)
 
 
 def excluded_reason(load: ClientLoad) -> str | None:

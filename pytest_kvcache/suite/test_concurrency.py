@@ -11,7 +11,6 @@ from pytest_kvcache.probes.concurrency import (
     aggregate_tps,
     excluded_reason,
     level_label,
-    run_trial,
     saturation,
     stream_payload,
 )
@@ -42,7 +41,7 @@ def test_concurrency(
             for j in range(streams)
         ]
         try:
-            result = run_trial(fanout, payloads)
+            result = fanout.trial(payloads)
         except FanoutError as exc:  # the client's own worker failed: no stream was measured
             pytest.fail(
                 f"concurrency {streams} on {kv_server.name}: the many-stream client failed: {exc}", pytrace=False
