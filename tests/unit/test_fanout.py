@@ -184,12 +184,16 @@ def test_default_processes() -> None:
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
 def test_a_client_that_cannot_keep_up_is_flagged_saturated() -> None:
     """Overload on purpose: the worker process is pinned to one core with a busy process and reniced, so it
-    gets a sliver of that core while 16 streams send a chunk every millisecond each (16,000 chunks/s). Its
-    loop falls behind and the trial is flagged; an unloaded trial of the same streams is not."""
-    schedule = Schedule(ttft_s=0.02, itl_s=0.001, completion_tokens=300)
-    payloads = [chat_payload(300, f"o{k}") for k in range(16)]
-    with StreamServer(schedule) as server, Fanout(server.url, processes=1, saturation=Saturation()) as f:
-        calm = f.trial(payloads).load
+    gets a sliver of that core while 32 streams send a chunk every half millisecond each (64,000 chunks/s
+    asked of a 2 s trial). Its loop falls behind — the backlog it finds on each wake-up takes longer than the
+    lag bound to read — and the trial is flagged; an unloaded trial of 16 streams at 1 ms is not. (With 16
+    streams at 1 ms the starved client kept up often enough that only its late start was judged, so the
+    overload here asks four times as much.)"""
+    calm_streams = [chat_payload(300, f"c{k}") for k in range(16)]
+    heavy_streams = [chat_payload(1000, f"o{k}") for k in range(32)]
+    with StreamServer(Schedule(ttft_s=0.02, itl_s=0.001)) as server, Fanout(server.url, processes=1) as f:
+        calm = f.trial(calm_streams).load
+        server.set_schedule(Schedule(ttft_s=0.02, itl_s=0.0005))
         (worker,) = f.processes_alive()
         core = min(os.sched_getaffinity(0))
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -198,11 +202,11 @@ def test_a_client_that_cannot_keep_up_is_flagged_saturated() -> None:
             os.sched_setaffinity(worker.pid, {core})
             os.setpriority(os.PRIO_PROCESS, worker.pid, 19)
             time.sleep(0.2)
-            starved = f.trial(payloads)
+            starved = f.trial(heavy_streams)
         finally:
             hog.kill()
             hog.wait()
     assert not calm.saturated, calm.reasons
     load = starved.load
-    assert load.saturated and any("lag" in r or "core" in r or "left" in r for r in load.reasons), load
-    assert load.loop_lag_p99_s > Saturation().max_loop_lag_s or load.schedule_delay_max_s > 0.05
+    assert load.saturated and any("lag" in r for r in load.reasons), load
+    assert load.loop_lag_p99_s > Saturation().max_loop_lag_s
