@@ -101,6 +101,8 @@ class AgreementRecord(TypedDict, total=False):
     ids: list[int]
     logprobs: list[float]
     error: str
+    send_unix_s: float
+    wall_s: float
 
 
 class FidelityWindowData(TypedDict):
@@ -227,6 +229,10 @@ class Evidence(TypedDict, total=False):
     status: str
     error: str
     started_unix_s: float
+    #: checked and measurable (its evidence collected): booting ends, measuring may start
+    ready_unix_s: float
+    #: the stop began (its GPU snapshot, then the engine's shutdown, until ``stopped_unix_s``)
+    stopping_unix_s: float
     stopped_unix_s: float
     warnings: list[str]
     # launcher facts (Engine.describe)
@@ -742,6 +748,10 @@ class Report(TypedDict, total=False):
     agentic: AgenticSection
     spec_decode: SpecDecodeSection
     fidelity: FidelitySection
+    #: energy per token: how it was measured (``how``, ``line``) and per arm, probe, point and window (``rows``)
+    energy: dict[str, Json]
+    #: what the verdict cost: device time, booting / measuring / waiting, the compile cache's saving
+    cost: dict[str, Json] | None
     flags: FlagSummary
     verdicts: list[str]
     notes: list[str]

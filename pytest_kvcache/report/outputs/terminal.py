@@ -10,6 +10,7 @@ import pandas as pd
 
 from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype
 from pytest_kvcache.model import Evidence, GpuCard, Report
+from pytest_kvcache.report import cost, energy
 from pytest_kvcache.report.outputs.markdown import (
     ab_tables,
     agentic_table,
@@ -171,6 +172,12 @@ def ab_lines(report: Report) -> list[str]:
         lines.append(
             f"fidelity {row[0]} {row[1]} vs {row[2]} @ {row[3]}: |Δ logprob| {row[6]}, Δ NLL {row[7]}, KL ≥ {row[8]}"
         )
+    section = report.get("energy") or {}
+    rows = energy.table(section)[1]
+    if rows and section.get("line"):
+        lines.append(str(section["line"]))
+    for row in rows:
+        lines.append(f"energy {row[0]} {row[1]}@{row[2]} {row[3]}: {row[8]} ({row[6]} over {row[5]}, {row[7]})")
     lines += [f"sampling: {line}" for line in sampling_lines(report)]
     check = self_check_line(report)
     if check:
@@ -214,6 +221,7 @@ def report_lines(report: Report) -> list[Line]:
             f"gate {g['outcome'].upper()}: {g['name']} — value {g['value_text']}{ci}, needs {g['threshold_text']}{why}"
         )
         out.append(Line(text, tone))
+    out += [Line(text) for text in cost.first_screen(report)]
     return out
 
 
