@@ -719,6 +719,50 @@ class GateResult(_GateExtras):
     threshold_text: str
 
 
+class EnergyRow(TypedDict):
+    """One arm's probe point and energy metric over its boots (``report.energy``)."""
+
+    arm: str
+    probe: str
+    point: str
+    metric: str
+    window: str  # "decode", "prefill" or "trial" (a concurrency trial's span)
+    boots: int
+    boots_reported: int
+    windows: int
+    window_s: float | None
+    joules: float | None
+    tokens: float | None
+    joules_per_token: float | None
+    mean_power_w: float | None
+    source: str | None
+    step_s: float | None
+    reason: str | None  # why boots were left out: "boot: reason; …"
+
+
+class EnergySection(TypedDict):
+    how: dict[str, Json]
+    line: str | None
+    rows: list[EnergyRow]
+    not_reported: list[str]
+
+
+class CostSection(TypedDict):
+    """What the verdict cost (``report.cost``): device-seconds (``unit`` GPU-s; "s" of wall time without a GPU)."""
+
+    unit: str
+    cards: int
+    wall_s: float
+    total: float
+    booting: float  # stops included
+    stopping: float
+    measuring: float
+    waiting: float
+    boots: int
+    compile_cache_saved: float | None
+    per_boot: list[dict[str, Json]]
+
+
 class Report(TypedDict, total=False):
     """``report.json``: a pure function of the loaded run folder, the gates, the noise run and the saved run."""
 
@@ -749,9 +793,9 @@ class Report(TypedDict, total=False):
     spec_decode: SpecDecodeSection
     fidelity: FidelitySection
     #: energy per token: how it was measured (``how``, ``line``) and per arm, probe, point and window (``rows``)
-    energy: dict[str, Json]
+    energy: EnergySection
     #: what the verdict cost: device time, booting / measuring / waiting, the compile cache's saving
-    cost: dict[str, Json] | None
+    cost: CostSection | None
     flags: FlagSummary
     verdicts: list[str]
     notes: list[str]

@@ -147,7 +147,7 @@ STOCK: tuple[ProbeSpec, ...] = (
     ProbeSpec(
         name="short",
         title="Short-context probes",
-        metrics=("wall_tps", "decode_tps", "ttft_s", *SPEC_METRICS, *ENERGY_METRICS),
+        metrics=("wall_tps", "decode_tps", "ttft_s", *SPEC_METRICS, "energy_per_token"),
         primary_metric="decode_tps",
         marker_help="short-context probe (one short prompt, long decode) — narrative and code shapes.",
         order=0,

@@ -992,7 +992,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
             run.records, arms, specs, {a["name"]: a["resolved"].get("speculative") for a in entries}, seed
         ),
         "fidelity": fidelity_report.section(run.fidelity_blocks, run.fidelity, arms, settings, seed),
-        "energy": energy_report.section(data, run.energy, arms),
+        "energy": energy_report.section(data, run.energy, arms, specs),
         "flags": flag_summary(run.records),
     }
     if blocks:

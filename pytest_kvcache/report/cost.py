@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_kvcache.model import BootEntry, Evidence, Json
+from pytest_kvcache.model import BootEntry, CostSection, Evidence, Json
 from pytest_kvcache.report.load import RunData
 
 
@@ -123,7 +123,7 @@ def compile_saving_s(boots: Sequence[BootEntry], cards: Mapping[str, int]) -> fl
     return saved
 
 
-def section(run: RunData, boots: Sequence[BootEntry]) -> dict[str, Json] | None:
+def section(run: RunData, boots: Sequence[BootEntry]) -> CostSection | None:
     """``report["cost"]``: the run's device time and its split (None before any boot started)."""
     times = boot_times(run)
     started, updated = _num(run.meta.get("started_unix_s")), _num(run.meta.get("updated_unix_s"))

@@ -35,7 +35,8 @@ from typing import Any, Literal, cast
 import numpy as np
 import pandas as pd
 
-from pytest_kvcache.model import Evidence, Json
+from pytest_kvcache.model import EnergyRow, EnergySection, Evidence, Json
+from pytest_kvcache.probes.registry import ProbeSpec
 
 #: Each energy metric's window of a request (``probes.registry.ENERGY_METRICS``).
 WINDOW_OF = {"energy_per_token": "decode", "energy_per_prompt_token": "prefill"}
@@ -319,7 +320,7 @@ def method_line(how: Mapping[str, Any]) -> str | None:
         steps = [float(c["step_s"]) for c in counter if c.get("step_s")]
         gaps = [float(c["read_gap_s"]) for c in counter if c.get("read_gap_s")]
         step = f", which moved in steps of {_seconds(float(np.median(steps)))} (median)" if steps else ""
-        dated = f" dated to ±{_seconds(float(np.median(gaps)) / 2)}" if gaps else ""
+        dated = f", which dates each step to ±{_seconds(float(np.median(gaps)) / 2)}" if gaps else ""
         hz = how.get("meter_hz")
         parts.append(
             f"NVML's total-energy counter on {len(counter)} card(s){step}, read at {hz:g} Hz{dated}"
@@ -330,10 +331,14 @@ def method_line(how: Mapping[str, Any]) -> str | None:
         steps = [float(c["step_s"]) for c in power if c.get("step_s")]
         every_ = f" taken every {_seconds(float(np.median(steps)))}" if steps else ""
         why = next((str(c["error"]) for c in power if c.get("error")), "")
+        without = (
+            f"without the counter (NVML: {why})"
+            if why
+            else "whose counter this run did not read (no energy.jsonl: recorded before the energy meter)"
+        )
         parts.append(
-            f"the power samples{every_} integrated on {len(power)} card(s) without the counter"
-            + (f" (NVML: {why})" if why else "")
-            + " — NVML's power reading is smoothed and lags (on an H200 it read 12% under the counter)"
+            f"the power samples{every_} integrated on {len(power)} card(s) {without} — NVML's power reading is "
+            "smoothed and lags (on an H200, over 3 s of load, it averaged 12% under the counter)"
         )
     return (
         "Energy per token: "
@@ -344,26 +349,48 @@ def method_line(how: Mapping[str, Any]) -> str | None:
     )
 
 
-def section(data: pd.DataFrame, energy: Energy, arms: Sequence[str]) -> dict[str, Json]:
-    """The report's energy section: how it was measured, and per arm, probe, point and window the joules, the
-    tokens, the window time, mean power and J/token over the boots whose windows were long enough — or why
-    not. ``rows`` is empty (with ``how``'s cards) when nothing was metered."""
-    from pytest_kvcache.report.frame import point_sort
+def section(data: pd.DataFrame, energy: Energy, arms: Sequence[str], specs: Mapping[str, ProbeSpec]) -> EnergySection:
+    """The report's energy section: how it was measured (``how``, ``line``); per arm, probe, point and energy
+    metric of the probe, the joules, tokens, window time, mean power and J/token over the boots whose windows
+    were long enough (``rows``, each with ``reason`` for the boots left out); and, in a few lines, the points
+    that got no figure at all and why (``not_reported``)."""
+    from pytest_kvcache.report.frame import point_sort, spec_of
 
     how = how_measured(energy)
-    rows: list[Json] = []
+    rows: list[EnergyRow] = []
     if not data.empty and "decode_j" in data:
         order = {arm: i for i, arm in enumerate(arms)}
         keys = data[["arm", "probe", "point"]].drop_duplicates().itertuples(index=False)
-        for arm, probe, point in sorted(
-            keys, key=lambda k: (order.get(str(k[0]), 99), str(k[1]), point_sort(str(k[2])))
-        ):
+
+        def key(k: tuple[object, ...]) -> tuple[int, int, str, tuple[int, float, str]]:
+            return (spec_of(str(k[1]), specs).order, order.get(str(k[0]), 99), str(k[1]), point_sort(str(k[2])))
+
+        for arm, probe, point in sorted(keys, key=key):
+            spec = spec_of(str(probe), specs)
             at = data[(data["arm"] == arm) & (data["probe"] == probe) & (data["point"] == point) & data["valid"]]
             for metric, kind in WINDOW_OF.items():
+                if metric not in spec.metrics:
+                    continue
                 row = _row(at, energy, kind)
                 if row is not None:
-                    rows.append({"arm": str(arm), "probe": str(probe), "point": str(point), "metric": metric, **row})
-    return {"how": how, "line": method_line(how), "rows": rows}
+                    where = {"arm": str(arm), "probe": str(probe), "point": str(point), "metric": metric}
+                    rows.append(cast(EnergyRow, {**where, **row}))
+    return {"how": how, "line": method_line(how), "rows": rows, "not_reported": not_reported(rows)}
+
+
+def not_reported(rows: Sequence[EnergyRow]) -> list[str]:
+    """One line per probe and metric naming the points no boot of an arm got a figure at, with the first
+    reason (the table keeps only the points with a figure)."""
+    out = []
+    groups: dict[tuple[str, str, str], list[EnergyRow]] = {}
+    for r in rows:
+        if r.get("joules_per_token") is None:
+            groups.setdefault((str(r["probe"]), str(r["metric"]), str(r["arm"])), []).append(r)
+    for (probe, metric, arm), missing in groups.items():
+        points = ", ".join(str(r["point"]) for r in missing)
+        reason = str(missing[0].get("reason") or "no window")
+        out.append(f"{metric} not reported for {arm} at {probe} {points} (e.g. {reason})")
+    return out
 
 
 def _row(at: pd.DataFrame, energy: Energy, kind: str) -> dict[str, Json] | None:
@@ -418,32 +445,40 @@ def _row(at: pd.DataFrame, energy: Energy, kind: str) -> dict[str, Json] | None:
 
 
 def joules_text(value: float | None) -> str:
-    """``0.512 J`` / ``54.2 mJ`` / ``–``."""
+    """``2.07 J`` / ``54.2 mJ`` / ``9.90 kJ`` / ``–``: three significant digits, no exponent."""
     if value is None or value != value:
         return "–"
-    return f"{value:.3g} J" if abs(value) >= 1 else f"{value * 1000:.3g} mJ"
+    for scale, unit in ((1e6, "MJ"), (1e3, "kJ"), (1.0, "J"), (1e-3, "mJ"), (1e-6, "µJ")):
+        if abs(value) >= scale or scale == 1e-6:
+            x = value / scale
+            return f"{x:.0f} {unit}" if abs(x) >= 100 else f"{x:.1f} {unit}" if abs(x) >= 10 else f"{x:.2f} {unit}"
+    return "–"  # pragma: no cover - the loop always returns
 
 
-def table(report_energy: Mapping[str, Any] | None) -> tuple[list[str], list[list[str]]]:
-    """The energy rows as a table (report.md, report.html, the terminal)."""
+def table(report_energy: EnergySection | None) -> tuple[list[str], list[list[str]]]:
+    """The energy rows that have a figure, as a table (report.md, report.html, the terminal)."""
     header = ["Arm", "Probe", "Point", "Window", "Boots", "Windows (time)", "Energy", "Mean power", "Per token"]
     rows = []
-    for r in (report_energy or {}).get("rows") or []:
+    for r in report_energy["rows"] if report_energy else []:
+        if r.get("joules_per_token") is None:
+            continue
         seconds = r.get("window_s")
         power = r.get("mean_power_w")
         unit = "prompt token" if r["metric"] == "energy_per_prompt_token" else "token"
-        per = f"{joules_text(r.get('joules_per_token'))}/{unit}"
+        boots = f"{r['boots_reported']} of {r['boots']}"
+        if r.get("reason"):
+            boots += f" ({r['reason']})"
         rows.append(
             [
                 str(r["arm"]),
                 str(r["probe"]),
                 str(r["point"]),
                 str(r["window"]),
-                f"{r['boots_reported']} of {r['boots']}",
+                boots,
                 f"{r['windows']} ({seconds:.2f} s)" if seconds is not None else "–",
                 joules_text(r.get("joules")),
                 f"{power:.0f} W" if power is not None else "–",
-                per if r.get("joules_per_token") is not None else f"not reported: {r.get('reason')}",
+                f"{joules_text(r.get('joules_per_token'))}/{unit}",
             ]
         )
     return header, rows

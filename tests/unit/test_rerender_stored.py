@@ -24,7 +24,10 @@ from pytest_kvcache.report.pipeline import produce
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "rerender"
 RUNS = ["h200-fp8-vs-int8", "h200-agreement"]
-ADDED = {"seed", "probes", "agentic", "spec_decode", "flags", "gates", "fidelity", "compile_cache", "client_load"}
+ADDED = {
+    *("seed", "probes", "agentic", "spec_decode", "flags", "gates", "fidelity", "compile_cache", "client_load"),
+    *("cost", "energy"),  # issue 37: what the verdict cost; energy per token (none: no energy.jsonl then)
+}
 
 
 @pytest.mark.parametrize("name", RUNS)
@@ -54,4 +57,5 @@ def test_a_committed_run_folder_rerenders_to_the_same_report(name: str, tmp_path
         assert new[key] == value, key
     assert all(boots for boots in evidence.values())
     assert (run / "summary.csv").read_text() == (DATA / f"{name}.summary.csv").read_text()
+    assert new["energy"]["rows"] == [] and new["cost"]["unit"] == "GPU-s" and new["cost"]["cards"] == 1
     assert new["seed"] == 0 and {p["name"] for p in new["probes"]} >= {"short", "prefill", "agentic"}

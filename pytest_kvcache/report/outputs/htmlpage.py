@@ -85,12 +85,18 @@ def _tables(report: Report) -> list[Table]:
     if fidelity_rows and section:
         intro = md.fidelity_lines(report)[3]  # the setup sentence
         tables.append(Table("Fidelity at depth", fidelity_header, _plain(fidelity_rows), intro, list(section["notes"])))
-    metered = report.get("energy") or {}
+    metered = report.get("energy")
     energy_header, energy_rows = energy.table(metered)
-    if energy_rows:
+    if metered and energy_rows:
         intro = str(metered.get("line") or "")
         tables.append(
-            Table("Energy per token", energy_header, _plain(energy_rows), intro, [md.energy_lines(report)[-1]])
+            Table(
+                "Energy per token",
+                energy_header,
+                _plain(energy_rows),
+                intro,
+                [md.ENERGY_NOTE, *(metered.get("not_reported") or [])],
+            )
         )
     agentic = report.get("agentic")
     if agentic and agentic["turns"]:

@@ -177,7 +177,9 @@ def fidelity_lines(report: Report) -> list[str]:
 
 def energy_lines(report: Report) -> list[str]:
     """report.md's energy section: how it was measured, then J per token per arm, probe, point and window."""
-    section = report.get("energy") or {}
+    section = report.get("energy")
+    if section is None:
+        return []
     header, rows = energy.table(section)
     line = section.get("line")
     if not rows and not line:
@@ -187,12 +189,17 @@ def energy_lines(report: Report) -> list[str]:
         lines += [str(line), ""]
     if rows:
         lines += _md_table(header, rows)
-        lines += [
-            "",
-            "Per token: Σ joules / Σ tokens over a boot's windows at the point, averaged over the boots reported; the "
-            "deltas and their CIs are in the probe tables above (`energy_per_token`, `energy_per_prompt_token`).",
-        ]
+        lines += ["", ENERGY_NOTE]
+    missing = section.get("not_reported") or []
+    if missing:
+        lines += ["", *[f"- {m}" for m in missing]]
     return lines
+
+
+ENERGY_NOTE = (
+    "Per token: Σ joules / Σ tokens over a boot's windows at the point, averaged over the boots reported; the "
+    "deltas and their CIs are in the probe tables above (`energy_per_token`, `energy_per_prompt_token`)."
+)
 
 
 def probe_specs(report: Report) -> dict[str, ProbeSpec]:

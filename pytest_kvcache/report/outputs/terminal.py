@@ -172,12 +172,20 @@ def ab_lines(report: Report) -> list[str]:
         lines.append(
             f"fidelity {row[0]} {row[1]} vs {row[2]} @ {row[3]}: |Δ logprob| {row[6]}, Δ NLL {row[7]}, KL ≥ {row[8]}"
         )
-    section = report.get("energy") or {}
+    section = report.get("energy")
     rows = energy.table(section)[1]
-    if rows and section.get("line"):
+    if section and rows and section.get("line"):
         lines.append(str(section["line"]))
-    for row in rows:
-        lines.append(f"energy {row[0]} {row[1]}@{row[2]} {row[3]}: {row[8]} ({row[6]} over {row[5]}, {row[7]})")
+    for r in section["rows"] if section else []:
+        if r["joules_per_token"] is None:
+            continue
+        unit = "prompt token" if r["metric"] == "energy_per_prompt_token" else "token"
+        lines.append(
+            f"energy {r['arm']} {r['probe']}@{r['point']} {r['window']}: {energy.joules_text(r['joules_per_token'])}/"
+            f"{unit} ({energy.joules_text(r['joules'])} over {r['windows']} windows, {r['window_s'] or 0:.2f} s, "
+            f"{r['mean_power_w'] or 0:.0f} W)"
+        )
+    lines += [f"energy: {line}" for line in section["not_reported"]] if section else []
     lines += [f"sampling: {line}" for line in sampling_lines(report)]
     check = self_check_line(report)
     if check:
