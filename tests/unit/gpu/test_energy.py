@@ -317,3 +317,19 @@ def test_joules_are_written_with_their_unit() -> None:
         "1.50 MJ",
         "–",
     ]
+
+
+def test_a_scale_out_runs_traces_are_read_from_every_lane(tmp_path: Path) -> None:
+    """Under pytest-xdist each lane's energy.jsonl lands in lanes/<N>/ (run.forward): the report reads them all."""
+    from pytest_kvcache.report.load import lane_jsonl
+
+    for lane, card in ((0, UUID_A), (1, UUID_B)):
+        folder = tmp_path / "lanes" / str(lane)
+        folder.mkdir(parents=True)
+        lines = [{"t_unix_s": 1000.0 + 0.1 * k, "card": card, "energy_mj": 100 * k} for k in range(5)]
+        (folder / "energy.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    found = lane_jsonl(tmp_path, "energy.jsonl")
+    assert {line["card"] for line in found} == {UUID_A, UUID_B} and len(found) == 10
+    energy = Energy.build(found, list, {"a": evidence_for(UUID_A)["b"], "b": evidence_for(UUID_B)["b"]})
+    assert [t.card for t in energy.traces_of("a") or []] == [UUID_A]
+    assert [t.card for t in energy.traces_of("b") or []] == [UUID_B]
