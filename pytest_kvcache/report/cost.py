@@ -203,13 +203,16 @@ def _boots_text(value: object) -> str | None:
 
 
 def open_gate_lines(gates: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Per open (inconclusive) gate that carries ``boots_to_decide``: how many more boots would decide it."""
+    """Per open (inconclusive) gate that carries ``boots_to_decide``: how many more boots per arm would likely
+    decide it (None: none within reach — the estimate sits on the threshold —, or no CI to start from)."""
     out = []
     for g in gates:
         if g.get("outcome") != "inconclusive" or "boots_to_decide" not in g:
             continue
         text = _boots_text(g.get("boots_to_decide"))
-        out.append(f"Open gate {g.get('name')}: {text or 'no estimate of the boots that would decide it'}.")
+        out.append(
+            f"Open gate {g.get('name')}: {text or 'more boots are not likely to decide it (or it has no CI yet)'}."
+        )
     return out
 
 

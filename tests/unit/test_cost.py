@@ -119,6 +119,7 @@ def test_open_gates_show_how_many_boots_would_decide_them_when_the_gate_says() -
     ]
     assert cost.open_gate_lines(gates) == [
         "Open gate decode_tps[short@code]: <= +10% (int8/fp8): ~4 more boots per arm would decide it.",
-        "Open gate ttft_s[short@code]: <= +10% (int8/fp8): no estimate of the boots that would decide it.",
+        "Open gate ttft_s[short@code]: <= +10% (int8/fp8): more boots are not likely to decide it (or it has no CI "
+        "yet).",
         "Open gate z[short@code]: >= 1 (fp8): ~1 more boot per arm would decide it.",
     ]
