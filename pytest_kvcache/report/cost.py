@@ -180,7 +180,7 @@ def cost_line(cost: Mapping[str, Any] | None) -> str | None:
     )
     saved = cost.get("compile_cache_saved")
     cache = f"; the compile cache saved {_amount(float(saved), unit)}" if saved else ""
-    stops = f", stops {_amount(float(cost['stopping']), unit)}" if cost.get("stopping") else ""
+    stops = f", stops {_amount(float(cost['stopping']), unit)}" if float(cost.get("stopping") or 0) >= 0.5 else ""
     return (
         f"{head}: booting {_amount(float(cost['booting']), unit)} ({share('booting')}, {cost['boots']} "
         f"boot{'s' if cost['boots'] != 1 else ''}{stops}{cache}), measuring {_amount(float(cost['measuring']), unit)} "
