@@ -18,7 +18,7 @@ if ! ls .gpu/wheels/vllm-*.whl > /dev/null 2>&1; then
   bash "$shared/fetch-wheels.sh" .gpu  # leaves the wheels in .gpu/wheels (and parts we do not need)
   rm -rf .gpu/part_*
 fi
-bash scripts/h200/fetch-extra.sh
+ls .gpu/extra/uvloop-*.whl .gpu/extra/httptools-*.whl > /dev/null 2>&1 || bash scripts/h200/fetch-extra.sh
 pip_args=(-q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform any
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 mkdir -p .gpu/gguf .gpu/extra-model
