@@ -101,6 +101,8 @@ class AgreementRecord(TypedDict, total=False):
     ids: list[int]
     logprobs: list[float]
     error: str
+    send_unix_s: float
+    wall_s: float
 
 
 class FidelityWindowData(TypedDict):
@@ -227,6 +229,10 @@ class Evidence(TypedDict, total=False):
     status: str
     error: str
     started_unix_s: float
+    #: checked and measurable (its evidence collected): booting ends, measuring may start
+    ready_unix_s: float
+    #: the stop began (its GPU snapshot, then the engine's shutdown, until ``stopped_unix_s``)
+    stopping_unix_s: float
     stopped_unix_s: float
     warnings: list[str]
     # launcher facts (Engine.describe)
@@ -713,6 +719,50 @@ class GateResult(_GateExtras):
     threshold_text: str
 
 
+class EnergyRow(TypedDict):
+    """One arm's probe point and energy metric over its boots (``report.energy``)."""
+
+    arm: str
+    probe: str
+    point: str
+    metric: str
+    window: str  # "decode", "prefill" or "trial" (a concurrency trial's span)
+    boots: int
+    boots_reported: int
+    windows: int
+    window_s: float | None
+    joules: float | None
+    tokens: float | None
+    joules_per_token: float | None
+    mean_power_w: float | None
+    source: str | None
+    step_s: float | None
+    reason: str | None  # why boots were left out: "boot: reason; …"
+
+
+class EnergySection(TypedDict):
+    how: dict[str, Json]
+    line: str | None
+    rows: list[EnergyRow]
+    not_reported: list[str]
+
+
+class CostSection(TypedDict):
+    """What the verdict cost (``report.cost``): device-seconds (``unit`` GPU-s; "s" of wall time without a GPU)."""
+
+    unit: str
+    cards: int
+    wall_s: float
+    total: float
+    booting: float  # stops included
+    stopping: float
+    measuring: float
+    waiting: float
+    boots: int
+    compile_cache_saved: float | None
+    per_boot: list[dict[str, Json]]
+
+
 class Report(TypedDict, total=False):
     """``report.json``: a pure function of the loaded run folder, the gates, the noise run and the saved run."""
 
@@ -742,6 +792,10 @@ class Report(TypedDict, total=False):
     agentic: AgenticSection
     spec_decode: SpecDecodeSection
     fidelity: FidelitySection
+    #: energy per token: how it was measured (``how``, ``line``) and per arm, probe, point and window (``rows``)
+    energy: EnergySection
+    #: what the verdict cost: device time, booting / measuring / waiting, the compile cache's saving
+    cost: CostSection | None
     flags: FlagSummary
     verdicts: list[str]
     notes: list[str]

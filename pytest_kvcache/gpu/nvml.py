@@ -55,6 +55,8 @@ P2P_STATUS = {
 #: ``NVML_P2P_CAPS_INDEX_READ``. A literal: nvidia-ml-py 13.x defines the constant as the tuple ``(0,)``.
 P2P_CAPS_INDEX_READ = 0
 
+#: The NVML function behind ``Nvml.total_energy_mj`` (its error, if any, is kept under this name).
+ENERGY_FUNC = "nvmlDeviceGetTotalEnergyConsumption"
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_CLOCK_SM = 1
@@ -124,6 +126,10 @@ class Nvml(Protocol):
     def power_limit_enforced_mw(self, index: int) -> int | None: ...
     def power_limit_constraints_mw(self, index: int) -> tuple[int, int] | None: ...
     def power_usage_mw(self, index: int) -> int | None: ...
+    def total_energy_mj(self, index: int) -> int | None:
+        """NVML's total-energy counter: millijoules since the driver last loaded (Volta and newer); None
+        where the card lacks it (NotSupported) or the read failed (``errors`` says which)."""
+
     def clock_mhz(self, index: int, domain: ClockDomain, kind: ClockKind) -> int | None: ...
     def pstate(self, index: int) -> int | None: ...
     def temperature_c(self, index: int) -> int | None: ...
@@ -256,6 +262,9 @@ class RealNvml:
 
     def power_usage_mw(self, index: int) -> int | None:
         return self._int(self._dev("nvmlDeviceGetPowerUsage", index))
+
+    def total_energy_mj(self, index: int) -> int | None:
+        return self._int(self._dev(ENERGY_FUNC, index))
 
     def clock_mhz(self, index: int, domain: ClockDomain, kind: ClockKind) -> int | None:
         clock_type = NVML_CLOCK_SM if domain == "sm" else NVML_CLOCK_MEM

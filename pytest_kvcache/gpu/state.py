@@ -1,5 +1,6 @@
-"""The run's GPU state: one NVML session, a sampler into ``gpu.jsonl``, snapshots around every boot,
-drift flags per request and power-limit pinning. Plain Python; the plugin's session drives it."""
+"""The run's GPU state: one NVML session, a sampler into ``gpu.jsonl``, the energy meter into
+``energy.jsonl``, snapshots around every boot, drift flags per request and power-limit pinning. Plain
+Python; the plugin's session drives it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from pytest_kvcache.gpu.cards import CardRef, visible_cards
 from pytest_kvcache.gpu.drift import DriftRules
 from pytest_kvcache.gpu.drift import drift as drift_flags
+from pytest_kvcache.gpu.energy import EnergyMeter
 from pytest_kvcache.gpu.nvml import GpuError, Nvml, last_open_error, open_nvml
 from pytest_kvcache.gpu.power import (
     PowerPlan,
@@ -42,6 +44,7 @@ class GpuState:
     nvml: Nvml | None = None
     cards: list[CardRef] = field(default_factory=list)
     sampler: Sampler | None = None
+    meter: EnergyMeter | None = None
     plan: PowerPlan | None = None
     originals: dict[str, float] = field(default_factory=dict)
     reason: str | None = None
@@ -76,6 +79,7 @@ class GpuState:
                 except GpuError as exc:
                     self.error = f"cannot set GPU power limits ({self.options.power_limit}): {exc}"
         self.sampler = Sampler(self.nvml, self.cards, run_path / "gpu.jsonl", hz=self.options.hz).start()
+        self.meter = EnergyMeter(self.nvml, self.cards, run_path / "energy.jsonl").start()
 
     def cards_of(self, devices: str | None) -> list[CardRef]:
         """The cards an engine started with ``CUDA_VISIBLE_DEVICES=devices`` sees (None: unset)."""
@@ -131,10 +135,13 @@ class GpuState:
 
     def close(self) -> list[str]:
         """Stop sampling and restore the original power limits. Returns problems to report."""
-        problems = []
+        problems: list[str] = []
         if self.sampler is not None:
             self.sampler.stop()
             self.sampler = None
+        if self.meter is not None:
+            problems += self.meter.close()
+            self.meter = None
         if self.originals and self.nvml is not None:
             try:
                 restore_power_limits(self.nvml, self.originals)

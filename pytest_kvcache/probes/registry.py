@@ -39,6 +39,10 @@ SPEC_METRICS = ("acceptance_length", "acceptance_rate")
 #: Fidelity per block of scored positions, each already a difference from the baseline arm
 #: (``probes.fidelity``): lower is better, gated as absolutes (``logprob_drift[fidelity@32k]: int8 <= 0.05``).
 FIDELITY_METRICS = ("logprob_drift", "kl_topk", "nll_delta")
+#: Energy per token over a request's windows, on its boot's own cards (``report.energy``): J per output token
+#: over the decode window, J per prefilled prompt token over the prefill window; lower is better. Present only
+#: where NVML metered the cards and a point's windows were long enough for the counter's steps.
+ENERGY_METRICS = ("energy_per_token", "energy_per_prompt_token")
 #: Token counts: summarised, never compared as a delta or gated.
 COUNT_METRICS = ("prompt_tokens", "cached_tokens")
 
@@ -143,7 +147,7 @@ STOCK: tuple[ProbeSpec, ...] = (
     ProbeSpec(
         name="short",
         title="Short-context probes",
-        metrics=("wall_tps", "decode_tps", "ttft_s", *SPEC_METRICS),
+        metrics=("wall_tps", "decode_tps", "ttft_s", *SPEC_METRICS, "energy_per_token"),
         primary_metric="decode_tps",
         marker_help="short-context probe (one short prompt, long decode) — narrative and code shapes.",
         order=0,
@@ -152,7 +156,14 @@ STOCK: tuple[ProbeSpec, ...] = (
     ProbeSpec(
         name="prefill",
         title="Fresh-prefill probes",
-        metrics=("prefill_tps", "ttft_s", "engine_prefill_s", *SPEC_METRICS, "prompt_tokens"),
+        metrics=(
+            "prefill_tps",
+            "ttft_s",
+            "engine_prefill_s",
+            *SPEC_METRICS,
+            "energy_per_prompt_token",
+            "prompt_tokens",
+        ),
         primary_metric="prefill_tps",
         marker_help="fresh-prefill probe at exact depths (--kv-depths), every request proven cold.",
         order=1,
@@ -166,7 +177,7 @@ STOCK: tuple[ProbeSpec, ...] = (
     ProbeSpec(
         name="agentic",
         title="Agentic decode-at-depth",
-        metrics=("decode_tps", "ttft_s", *SPEC_METRICS, "prompt_tokens", "cached_tokens"),
+        metrics=("decode_tps", "ttft_s", *SPEC_METRICS, *ENERGY_METRICS, "prompt_tokens", "cached_tokens"),
         primary_metric="decode_tps",
         marker_help="multi-turn coding-assistant session growing its context (--kv-sessions, --kv-turns).",
         order=2,
@@ -182,7 +193,7 @@ STOCK: tuple[ProbeSpec, ...] = (
     ProbeSpec(
         name="concurrency",
         title="Concurrency (per trial: aggregate TPS, median per-stream decode TPS, p95 TTFT)",
-        metrics=("aggregate_tps", "stream_tps_median", "ttft_p95_s"),
+        metrics=("aggregate_tps", "stream_tps_median", "ttft_p95_s", "energy_per_token"),
         primary_metric="aggregate_tps",
         marker_help="N simultaneous streams per arm (--kv-concurrency), aggregate and per-stream speed.",
         order=3,
@@ -254,6 +265,7 @@ def user_spec(name: str) -> ProbeSpec:
 __all__ = [
     "CLIENT_METRICS",
     "COUNT_METRICS",
+    "ENERGY_METRICS",
     "ENGINE_METRICS",
     "FIDELITY_METRICS",
     "GROUP_MARKERS",

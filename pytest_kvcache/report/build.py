@@ -45,6 +45,8 @@ from pytest_kvcache.model import (
 )
 from pytest_kvcache.probes import agreement
 from pytest_kvcache.report import confounds
+from pytest_kvcache.report import cost as cost_report
+from pytest_kvcache.report import energy as energy_report
 from pytest_kvcache.report import fidelity as fidelity_report
 from pytest_kvcache.report.frame import (
     MIN_BOOTS_FOR_BOOT_CI,
@@ -967,6 +969,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "status": run.meta.get("status"),
         "model": run.meta.get("model"),
         "versions": run.meta.get("versions"),
+        "cost": cost_report.section(run, boots),
         "arms": entries,
         "boots": boots,
         "boot_results": boot_results(data, boots, specs),
@@ -989,6 +992,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
             run.records, arms, specs, {a["name"]: a["resolved"].get("speculative") for a in entries}, seed
         ),
         "fidelity": fidelity_report.section(run.fidelity_blocks, run.fidelity, arms, settings, seed),
+        "energy": energy_report.section(data, run.energy, arms, specs),
         "flags": flag_summary(run.records),
     }
     if blocks:

@@ -14,6 +14,7 @@ import pandas as pd
 from pytest_kvcache import stats
 from pytest_kvcache.model import Comparison, Record
 from pytest_kvcache.probes.registry import ProbeSpec, user_spec
+from pytest_kvcache.report.energy import request_windows, trial_windows
 
 #: With this many boots per arm or more, CIs are computed over boots (hierarchical bootstrap).
 MIN_BOOTS_FOR_BOOT_CI = 3
@@ -77,6 +78,7 @@ def frame(records: Sequence[Record], specs: Specs) -> pd.DataFrame:
             "excluded_reason": r.get("excluded_reason"),
             "prompt_tokens": sample.get("prompt_tokens"),
             "cached_tokens": sample.get("cached_tokens"),
+            **request_windows({**sample, "ok": r.get("ok")}),  # for energy per token (report.energy)
         }
         for metric, value in (r.get("metrics") or {}).items():
             row[metric] = value
@@ -121,6 +123,7 @@ def trial_rows(records: Sequence[Record], specs: Specs) -> list[dict[str, object
                 "aggregate_tps": tokens / span if valid and span > 0 else None,
                 "stream_tps_median": float(np.median(tps)) if valid and tps else None,
                 "ttft_p95_s": float(np.percentile(ttfts, 95)) if valid and ttfts else None,
+                **trial_windows(starts, ends, tokens),
             }
         )
     return rows

@@ -124,7 +124,11 @@ def check(gate: Gate, specs: Mapping[str, ProbeSpec]) -> None:
     spec = specs.get(gate.probe)
     if spec is None:
         raise GateError(f"gate {gate.text!r}: unknown probe {gate.probe!r}; known: {', '.join(specs)}")
-    known = tuple(dict.fromkeys([*spec.compared_metrics, *registry.CLIENT_METRICS, *registry.ENGINE_METRICS]))
+    known = tuple(
+        dict.fromkeys(
+            [*spec.compared_metrics, *registry.CLIENT_METRICS, *registry.ENGINE_METRICS, *registry.ENERGY_METRICS]
+        )
+    )
     if spec.trials or spec.own_section:
         known = spec.compared_metrics
     if spec.own_section and gate.kind not in ("absolute", "between"):

@@ -28,6 +28,8 @@ from pytest_kvcache.probes.registry import ProbeSpec
 if TYPE_CHECKING:
     import pandas as pd
 
+    from pytest_kvcache.report.energy import Energy
+
 
 class RunFolderError(ValueError):
     """A run folder that cannot be read as one: the message names the file and the problem."""
@@ -78,10 +80,11 @@ class RunData:
         fidelity probe's blocks (each arm against the baseline) are rows of it too, so gates read them."""
         import pandas as pd
 
+        from pytest_kvcache.report.energy import with_energy
         from pytest_kvcache.report.fidelity import frame_rows
         from pytest_kvcache.report.frame import frame
 
-        found = frame(self.records, self.specs)
+        found = with_energy(frame(self.records, self.specs), self.energy)
         extra = frame_rows(self.fidelity_blocks)
         data = found if extra.empty else extra if found.empty else pd.concat([found, extra], ignore_index=True)
         if "boot" in data:
@@ -92,6 +95,15 @@ class RunData:
             blocks = self.blocks
             data["block"] = [blocks.get(str(b), 0) for b in data["boot"]]
         return data
+
+    @cached_property
+    def energy(self) -> Energy:
+        """The run's energy traces (``energy.jsonl``, and ``gpu.jsonl`` for cards without the counter) and
+        each boot's cards, read once (``report.energy``)."""
+        from pytest_kvcache.report.energy import Energy
+
+        lines = lane_jsonl(self.path, "energy.jsonl")
+        return Energy.build(lines, lambda: lane_jsonl(self.path, "gpu.jsonl"), self.evidence)
 
     @cached_property
     def blocks(self) -> dict[str, int]:
@@ -138,6 +150,17 @@ def jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
         else:
             bad += 1
     return rows, bad
+
+
+def lane_jsonl(path: Path, name: str) -> list[dict[str, Any]]:
+    """A run-level JSONL file of the run folder and of each pytest-xdist lane (``lanes/<N>/``), joined: the GPU
+    traces (``gpu.jsonl``, ``energy.jsonl``), whose lines name their card."""
+    rows, _ = jsonl(path / name)
+    lanes = path / "lanes"
+    if lanes.is_dir():
+        for lane in sorted(lanes.iterdir()):
+            rows += jsonl(lane / name)[0]
+    return rows
 
 
 def read_meta(path: Path) -> RunMeta:

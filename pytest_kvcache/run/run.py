@@ -330,6 +330,7 @@ class Run:
             self.write_meta(status=status)
             if self.outbox is not None:
                 self.outbox.sync("gpu.jsonl", self.folder.path / "gpu.jsonl")
+                self.outbox.sync("energy.jsonl", self.folder.path / "energy.jsonl")
             self.folder.close()
         self.closed = True
         atexit.unregister(self.stop_all)
@@ -396,6 +397,7 @@ class Run:
             self.stop(boot.boot_id)
             raise
         evidence["status"] = "ready"
+        evidence["ready_unix_s"] = time.time()  # checked and measurable: the boot's cost ends here
         for listener in self.listeners:
             listener.boot_ready(boot, evidence)
         folder.write(f"arms/{boot.boot_id}/evidence.json", evidence)
@@ -446,6 +448,7 @@ class Run:
 
         gpu = self.gpu
         cards = self.gpu_cards.get(boot_id)
+        stopping = time.time()
         vram_in_use = memory_used_mib(gpu.snapshot(cards)) if gpu is not None and gpu.available else {}
         if self.interrupted and hasattr(engine, "term_grace_s"):
             from pytest_kvcache.engines.process import INTERRUPT_GRACE_S
@@ -455,6 +458,7 @@ class Run:
         evidence = self.evidence.get(boot_id)
         if evidence is None or self.folder is None:
             return
+        evidence["stopping_unix_s"] = stopping
         evidence["stopped_unix_s"] = time.time()
         if gpu is not None:
             after: GpuSnapshot = gpu.snapshot(cards)
@@ -474,6 +478,7 @@ class Run:
         if self.outbox is not None:
             self.outbox.sync(f"arms/{boot_id}/engine.log", engine.log_path)
             self.outbox.sync("gpu.jsonl", self.folder.path / "gpu.jsonl")
+            self.outbox.sync("energy.jsonl", self.folder.path / "energy.jsonl")
 
     def stop_all(self) -> None:
         for boot_id in list(self.engines):
@@ -646,12 +651,14 @@ class Run:
                         "index": index,
                         "test": test,
                     }
+                    sent = time.time()
                     try:
                         body = client.post_json("/v1/chat/completions", profile.adapt(payload), timeout)
                         tokens = parse_response(body)
                         entry["ok"], entry["ids"], entry["logprobs"] = True, list(tokens.ids), list(tokens.logprobs)
                     except (httpx.HTTPError, ValueError) as exc:
                         entry["ok"], entry["error"] = False, f"{type(exc).__name__}: {exc}"
+                    entry["send_unix_s"], entry["wall_s"] = sent, time.time() - sent
                     dead = not entry.get("ok") and not alive_after(engine)
                     if dead:
                         cause = salient_error(tail(engine.log_path, 400)) or "see engine.log"

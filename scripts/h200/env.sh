@@ -12,3 +12,46 @@ start_plugin() {
   (cd "$work" && setsid nohup python3 -m pytest -p pytest_kvcache.plugin "$@" > "$work/pytest.log" 2>&1 < /dev/null &
    echo "started pid $!")
 }
+
+# start_recorded WORKDIR PYTEST_ARGS...: as start_plugin, through a driver that also records the start time
+# (WORKDIR/started) and pytest's exit code (WORKDIR/rc); collect_recorded waits for it.
+start_recorded() {
+  local work=$1
+  shift
+  mkdir -p "$work"
+  printf '[tool.pytest.ini_options]\naddopts = ["-p", "no:cacheprovider", "-rA"]\n' > "$work/pyproject.toml"
+  {
+    echo "cd ${work@Q}"
+    echo "date +%s > started"
+    echo "python3 -m pytest -p pytest_kvcache.plugin ${*@Q} > pytest.log 2>&1"
+    echo "echo \$? > rc"
+  } > "$work/driver.sh"
+  rm -f "$work/rc"
+  setsid nohup bash "$work/driver.sh" > "$work/driver.log" 2>&1 < /dev/null &
+  echo "started driver pid $! in $work"
+}
+
+# collect_recorded WORKDIR ARCHIVE: wait (≤ 9 min) for the run start_recorded began, say how it ended and how
+# long it took, and pack its run folder and pytest.log into $OUT/ARCHIVE. Repeat until "finished".
+collect_recorded() {
+  local work=$1 archive=$2 out=${OUT:-/tmp/out}
+  for _ in $(seq 1 106); do
+    [ -e "$work/rc" ] && break
+    sleep 5
+  done
+  if [ -e "$work/rc" ]; then
+    echo "finished: exit code $(cat "$work/rc") after $(( $(stat -c %Y "$work/rc") - $(cat "$work/started") )) s"
+  else
+    echo "still running ($(( $(date +%s) - $(cat "$work/started") )) s so far)"
+  fi
+  grep -E "^kvcache: " "$work/pytest.log" | tail -20 || true
+  tail -40 "$work/pytest.log"
+  mkdir -p "$out"
+  local run
+  run=$(readlink -f "$work/.kvcache/runs/latest" || true)
+  if [ -n "$run" ] && [ -d "$run" ]; then
+    tar czf "$out/$archive" -C "$(dirname "$run")" "$(basename "$run")"
+    cp "$work/pytest.log" "$out/${archive%%.*}-pytest.log"
+  fi
+  ls -la "$out"
+}

@@ -8,5 +8,5 @@ if [ ! -d /tmp/site/vllm ]; then
   mkdir -p whl && tar xf all.tar -C whl
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site whl/*.whl
 fi
-python3 -m pip install -q --no-index --find-links /tmp/wh/extra httpx prometheus_client matplotlib jinja2 pytest-xdist 2>&1 | tail -2 || true
-PYTHONPATH=/tmp/site python3 -c "import vllm, httpx, prometheus_client, matplotlib, pandas, pynvml, jinja2, xdist; print('vllm', vllm.__version__)"
+python3 -m pip install -q --no-index --find-links /tmp/wh/extra httpx prometheus_client matplotlib jinja2 pytest-xdist httptools uvloop 2>&1 | tail -2 || true
+PYTHONPATH=/tmp/site python3 -c "import vllm, httpx, prometheus_client, matplotlib, pandas, pynvml, jinja2, xdist, httptools, uvloop; print('vllm', vllm.__version__)"

@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p /tmp/wh/extra
-for d in .gpu/part_*; do [ -d "$d" ] && cp "$d"/* /tmp/wh/; done
+for d in .gpu/part_* .gpu/b_[0-9]*; do [ -d "$d" ] && cp "$d"/* /tmp/wh/; done
 [ -d .gpu/extra ] && cp .gpu/extra/* /tmp/wh/extra/ || true
 ls -la /tmp/wh | tail -n +2

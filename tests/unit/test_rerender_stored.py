@@ -24,7 +24,10 @@ from pytest_kvcache.report.pipeline import produce
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "rerender"
 RUNS = ["h200-fp8-vs-int8", "h200-agreement"]
-ADDED = {"seed", "probes", "agentic", "spec_decode", "flags", "gates", "fidelity", "compile_cache", "client_load"}
+ADDED = {
+    *("seed", "probes", "agentic", "spec_decode", "flags", "gates", "fidelity", "compile_cache", "client_load"),
+    *("cost", "energy"),  # issue 37: what the verdict cost; energy per token (none: no energy.jsonl then)
+}
 
 
 @pytest.mark.parametrize("name", RUNS)
@@ -49,9 +52,19 @@ def test_a_committed_run_folder_rerenders_to_the_same_report(name: str, tmp_path
     assert new["confounds"]["compared"] == expected["confounds"]["compared"] + 1
     new["confounds"]["compared"] -= 1
     new["verdicts"] = [re.sub(r" — provisional \([^)]*\)\.$", ".", v) for v in new["verdicts"]]
+    # added with issue 37: energy per token — these runs predate the energy meter, so it comes from their
+    # power samples (gpu.jsonl), and its rows join the summary and the deltas
+    assert {c["source"] for c in new["energy"]["how"]["cards"]} <= {"power"}
+    energy_rows = [r for r in new["summary"] if r["metric"].startswith("energy_")]
+    assert all(r["probe"] in ("short", "prefill", "agentic") for r in energy_rows)
+    new["summary"] = [r for r in new["summary"] if not r["metric"].startswith("energy_")]
+    new["deltas"] = [d for d in new["deltas"] if not d["metric"].startswith("energy_")]
     assert set(new) == set(expected) | ADDED
     for key, value in expected.items():
         assert new[key] == value, key
     assert all(boots for boots in evidence.values())
-    assert (run / "summary.csv").read_text() == (DATA / f"{name}.summary.csv").read_text()
+    summary = [line for line in (run / "summary.csv").read_text().splitlines(True) if ",energy_" not in line]
+    assert "".join(summary) == (DATA / f"{name}.summary.csv").read_text()
+    assert new["cost"]["unit"] == "GPU-s" and new["cost"]["cards"] == 1
+    assert new["cost"]["boots"] == len(new["boots"]) and new["cost"]["booting"] > 0
     assert new["seed"] == 0 and {p["name"] for p in new["probes"]} >= {"short", "prefill", "agentic"}

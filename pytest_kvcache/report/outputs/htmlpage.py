@@ -17,6 +17,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from pytest_kvcache.model import DeltaRow, Report, SavedRow
+from pytest_kvcache.report import cost, energy
 from pytest_kvcache.report.outputs import markdown as md
 
 if TYPE_CHECKING:
@@ -84,6 +85,19 @@ def _tables(report: Report) -> list[Table]:
     if fidelity_rows and section:
         intro = md.fidelity_lines(report)[3]  # the setup sentence
         tables.append(Table("Fidelity at depth", fidelity_header, _plain(fidelity_rows), intro, list(section["notes"])))
+    metered = report.get("energy")
+    energy_header, energy_rows = energy.table(metered)
+    if metered and energy_rows:
+        intro = str(metered.get("line") or "")
+        tables.append(
+            Table(
+                "Energy per token",
+                energy_header,
+                _plain(energy_rows),
+                intro,
+                [md.ENERGY_NOTE, *(metered.get("not_reported") or [])],
+            )
+        )
     agentic = report.get("agentic")
     if agentic and agentic["turns"]:
         head, turns = md.agentic_table(report)
@@ -188,6 +202,7 @@ def render(report: Report, images: Mapping[str, bytes]) -> str:
         gate_counts=counts,
         gate_chip=", ".join(f"{n} {k}" for k, n in counts.items() if n) or "no gates",
         verdicts=report.get("verdicts") or [],
+        cost_lines=cost.first_screen(report),
         ci_text=ci["text"] if ci else "",
         delta_figures=[f for f in figures if str(f["name"]).endswith("_delta.png")],
         figures=[f for f in figures if not str(f["name"]).endswith("_delta.png")],

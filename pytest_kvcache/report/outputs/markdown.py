@@ -6,13 +6,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pytest_kvcache.model import BootEntry, DeltaRow, Json, Report, SavedRow
-from pytest_kvcache.probes.registry import ProbeSpec
+from pytest_kvcache.probes.registry import ENERGY_METRICS, ProbeSpec
+from pytest_kvcache.report import cost, energy
+from pytest_kvcache.report.energy import joules_text
 from pytest_kvcache.report.fidelity import nats
 
 
 def fmt(value: float | int | None, metric: str) -> str:
     if value is None or value != value:
         return "–"
+    if metric in ENERGY_METRICS:
+        return joules_text(float(value))
     if metric.endswith("_s"):
         return f"{value:.3f} s" if abs(value) >= 1 else f"{value * 1000:.0f} ms"
     if metric in ("prompt_tokens", "cached_tokens", "kv_cache_size_tokens"):
@@ -169,6 +173,33 @@ def fidelity_lines(report: Report) -> list[str]:
         ]
     lines += [f"- {n}" for n in section["notes"]]
     return lines
+
+
+def energy_lines(report: Report) -> list[str]:
+    """report.md's energy section: how it was measured, then J per token per arm, probe, point and window."""
+    section = report.get("energy")
+    if section is None:
+        return []
+    header, rows = energy.table(section)
+    line = section.get("line")
+    if not rows and not line:
+        return []
+    lines = ["", "## Energy per token", ""]
+    if line:
+        lines += [str(line), ""]
+    if rows:
+        lines += _md_table(header, rows)
+        lines += ["", ENERGY_NOTE]
+    missing = section.get("not_reported") or []
+    if missing:
+        lines += ["", *[f"- {m}" for m in missing]]
+    return lines
+
+
+ENERGY_NOTE = (
+    "Per token: Σ joules / Σ tokens over a boot's windows at the point, averaged over the boots reported; the "
+    "deltas and their CIs are in the probe tables above (`energy_per_token`, `energy_per_prompt_token`)."
+)
 
 
 def probe_specs(report: Report) -> dict[str, ProbeSpec]:
@@ -501,6 +532,9 @@ def markdown(report: Report, plots: Sequence[str] = ()) -> str:
     lines = [f"# pytest-kvcache A/B report — run {report.get('run_id')}", ""]
     if report.get("model"):
         lines += [f"Model: `{report['model']}`", ""]
+    first = cost.first_screen(report)
+    if first:
+        lines += [*first, ""]
     lines += ["## Arms", ""]
     lines += _md_table(*arms_table(report))
     gpu_header, gpu_rows = gpu_table(report)
@@ -534,6 +568,7 @@ def markdown(report: Report, plots: Sequence[str] = ()) -> str:
         lines += ["", f"## {title(report, probe)}", ""]
         lines += _md_table(["Metric", *arms, *header_tail], table)
     lines += fidelity_lines(report)
+    lines += energy_lines(report)
     agreement = agreement_table(report)
     notes = report["agreement"]["notes"] if "agreement" in report else []
     if agreement or notes:

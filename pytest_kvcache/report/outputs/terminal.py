@@ -10,6 +10,7 @@ import pandas as pd
 
 from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype
 from pytest_kvcache.model import Evidence, GpuCard, Report
+from pytest_kvcache.report import cost, energy
 from pytest_kvcache.report.outputs.markdown import (
     ab_tables,
     agentic_table,
@@ -171,6 +172,20 @@ def ab_lines(report: Report) -> list[str]:
         lines.append(
             f"fidelity {row[0]} {row[1]} vs {row[2]} @ {row[3]}: |Δ logprob| {row[6]}, Δ NLL {row[7]}, KL ≥ {row[8]}"
         )
+    section = report.get("energy")
+    rows = energy.table(section)[1]
+    if section and rows and section.get("line"):
+        lines.append(str(section["line"]))
+    for r in section["rows"] if section else []:
+        if r["joules_per_token"] is None:
+            continue
+        unit = "prompt token" if r["metric"] == "energy_per_prompt_token" else "token"
+        lines.append(
+            f"energy {r['arm']} {r['probe']}@{r['point']} {r['window']}: {energy.joules_text(r['joules_per_token'])}/"
+            f"{unit} ({energy.joules_text(r['joules'])} over {r['windows']} windows, {r['window_s'] or 0:.2f} s, "
+            f"{r['mean_power_w'] or 0:.0f} W)"
+        )
+    lines += [f"energy: {line}" for line in section["not_reported"]] if section else []
     lines += [f"sampling: {line}" for line in sampling_lines(report)]
     check = self_check_line(report)
     if check:
@@ -214,6 +229,7 @@ def report_lines(report: Report) -> list[Line]:
             f"gate {g['outcome'].upper()}: {g['name']} — value {g['value_text']}{ci}, needs {g['threshold_text']}{why}"
         )
         out.append(Line(text, tone))
+    out += [Line(text) for text in cost.first_screen(report)]
     return out
 
 
