@@ -170,9 +170,9 @@ class KvSession:
         the engines' stop: raised as a second KeyboardInterrupt it would escape pytest's handling of the first
         (exit 130 and a traceback instead of exit 2 and the one line)."""
         self.run.interrupted = True
-        if threading.current_thread() is threading.main_thread():
-            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                signal.signal(signal.SIGINT, _hurry)
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _hurry)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         # Unwind pytest like Ctrl-C does, so fixtures finalize and every engine is stopped.

@@ -9,6 +9,7 @@ This module is plain Python (no pytest): the plugin feeds it the raw values it r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -738,7 +739,7 @@ def _from_store(option: str, name: str, ref: _StoreRef) -> Path | None:
         with store.open_store(ref.location) as opened:
             found = opened.baseline(name)
             legacy = ref.legacy / name
-            if found is not None or not legacy.is_dir():
+            if found is not None or not legacy.exists():
                 return found
             try:
                 load(legacy, f"stored run ({option})")
@@ -765,7 +766,8 @@ def _stored_run(
     if ref is not None:
         path = _from_store(option, name, ref) or path
     if not path.exists():
-        raise SettingsError(f"{option}: no {noun} {name!r} in {baselines} ({hint})")
+        also = f" or {ref.legacy}" if ref is not None and ref.legacy != baselines else ""
+        raise SettingsError(f"{option}: no {noun} {name!r} in {baselines}{also} ({hint})")
     try:
         load(path, f"stored run ({option})")  # every file it holds, read and validated now
     except RunFolderError as exc:
@@ -1226,12 +1228,40 @@ def report_dir_of(cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[s
         if parent.exists():
             if not parent.is_dir():
                 raise SettingsError(f"--kv-report-dir: {path} is under {parent}, which is a file")
-            if not os.access(parent, os.W_OK | os.X_OK) and not path.exists():
-                raise SettingsError(f"--kv-report-dir: cannot create {path}: {parent} is not writable")
             break
-    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
-        raise SettingsError(f"--kv-report-dir: {path} is not writable")
+    problem = unwritable_folder(path)
+    if problem is not None:
+        raise SettingsError(f"{origin if raw is not None else '--kv-report-dir'}: {problem}")
     return path
+
+
+def unwritable_folder(path: Path) -> str | None:
+    """Why ``path`` cannot be a folder to write in (``cannot create …`` / ``cannot write in …``), or None.
+
+    Found by doing it: ``os.access`` says yes to root however the folder is made (sysfs, a read-only mount).
+    The folders it had to create are removed again (the run creates them when it starts)."""
+    import tempfile
+
+    created = []
+    missing = path
+    while not missing.exists() and missing != missing.parent:
+        created.append(missing)
+        missing = missing.parent
+    try:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"cannot create {path}: {exc.strerror or exc}"
+        try:
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        except OSError as exc:
+            return f"cannot write in {path}: {exc.strerror or exc}"
+    finally:
+        for folder in created:  # the deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return None
 
 
 def report_options(
@@ -1253,15 +1283,19 @@ def report_options(
         raw, origin = _pick(name, cli, env, ini)
         return default if raw is None else _parse(name, raw, origin, parse)
 
-    from pytest_kvcache.store import baselines_dir_of
+    from pytest_kvcache import store
 
     location = store_location if store_location is not None else store_of(cli, env, ini, rootdir)
-    baselines = baselines_dir_of(location, env)
+    baselines = store.baselines_dir_of(location, env)
     legacy = report_dir_of(cli, env, ini, rootdir).parent / "baselines"
     ref = _StoreRef(location=location, baselines=baselines, legacy=legacy, notes=notes if notes is not None else [])
     compare = get("compare", _baseline_name, None)
     noise = get("noise", _baseline_name, None)
     save = get("save", _baseline_name, None)
+    if save and not store.is_url(location):  # found now, not when the run is over (exit 3)
+        problem = unwritable_folder(baselines)
+        if problem is not None:
+            raise SettingsError(f"--kv-save: the run store: {problem}")
     hint = "store one with --kv-save=NAME"
     return ReportOptions(
         gates=get("fail", lambda raw: _gates(raw, list(arms) if arms is not None else None), ()),

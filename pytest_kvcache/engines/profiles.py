@@ -53,6 +53,9 @@ class EngineProfile:
     min_top_logprobs: int = 0
     #: ``prompt_logprobs`` over token ids on ``/v1/completions``: the fidelity probe
     prompt_logprobs: bool = False
+    #: response headers as soon as a request is taken (vLLM's StreamingResponse; llama-server sends them with
+    #: its first token): a request without them after the stall timeout fails as a hung server (``no_response``)
+    headers_at_once: bool = False
 
     def adapt(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """``payload`` without the fields this server does not take."""
@@ -96,6 +99,7 @@ VLLM = EngineProfile(
     exact_length=True,
     token_ids=True,
     prompt_logprobs=True,
+    headers_at_once=True,
 )
 LLAMACPP = EngineProfile(
     kind="llamacpp",

@@ -152,12 +152,13 @@ def check_folder(path: Path, what: str = "run folder") -> None:
         raise RunFolderError(f"{path}: is a file, not a {what}")
     if not path.is_dir():
         raise RunFolderError(f"{path}: not a {what} (it does not exist)")
+    if (path / "run.json").exists():  # a corrupt run.json is named before what else is missing
+        meta = _json_file(path / "run.json", "the run's settings and plan")
+        if not isinstance(meta, dict):
+            raise RunFolderError(f"{path / 'run.json'}: expected a JSON object, got {type(meta).__name__}")
     missing = [name for name in ("run.json", "requests.jsonl") if not (path / name).exists()]
     if missing:
         raise RunFolderError(f"{path}: incomplete {what} — missing {', '.join(missing)}")
-    meta = _json_file(path / "run.json", "the run's settings and plan")
-    if not isinstance(meta, dict):
-        raise RunFolderError(f"{path / 'run.json'}: expected a JSON object, got {type(meta).__name__}")
 
 
 def load(path: Path, what: str = "run folder") -> RunData:
