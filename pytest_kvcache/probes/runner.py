@@ -99,6 +99,9 @@ class ProbeOutcome:
 
     def problems(self) -> list[str]:
         out = [f"measured request {r['index']} failed: {r['excluded_reason']}" for r in self.failed]
+        last = self.records[-1] if self.records else None
+        if last is not None and last["phase"] == "warmup" and not last["ok"]:  # the server was lost in a warmup
+            out.insert(0, f"warmup request {last['index']} failed: {last['excluded_reason']}")
         if len(self.valid) < self.requested:
             out.append(f"{len(self.valid)} of {self.requested} measured samples are valid")
         return out
