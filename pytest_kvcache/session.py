@@ -177,6 +177,9 @@ class KvSession:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         # Unwind pytest like Ctrl-C does, so fixtures finalize and every engine is stopped.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.run.interrupted:  # after a Ctrl-C, while the run winds down: hurry, do not unwind again
+            _hurry(signum, frame)
+            return
         self.interrupted()
         raise KeyboardInterrupt("SIGTERM")
 
