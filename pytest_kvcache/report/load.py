@@ -176,6 +176,9 @@ def load(path: Path, what: str = "run folder") -> RunData:
     for i, r in enumerate(records, 1):
         if not r.get("arm") or "phase" not in r:
             raise RunFolderError(f"{path / 'requests.jsonl'}: record {i} has no 'arm' or 'phase'")
+        for key in ("metrics", "sample"):
+            if not isinstance(r.get(key) or {}, dict):
+                raise RunFolderError(f"{path / 'requests.jsonl'}: record {i}: {key!r} must be an object")
     boots = [str(p["boot"]) for p in plan]
     arms_dir = path / "arms"
     if arms_dir.is_dir():

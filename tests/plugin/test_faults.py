@@ -32,14 +32,16 @@ class Case:
     standin: bool = False  # append the stand-in arguments
 
 
-def _stored(path: Path, *, run_json: str | None = None, evidence: str | None = None, torn: bool = False) -> None:
-    """A small stored run folder at ``path/stored`` (one arm, three valid records)."""
+def _stored(
+    path: Path, *, run_json: str | None = None, evidence: str | None = None, torn: bool = False, metrics: object = None
+) -> None:
+    """A small stored run folder at ``path/stored`` (one arm, three valid records; ``metrics`` replaces theirs)."""
     run = path / "stored"
     (run / "arms" / "auto").mkdir(parents=True)
     meta = {"run_id": "r1", "settings": {"arms": [{"name": "auto"}], "seed": 0}, "plan": [{"boot": "auto"}]}
     (run / "run.json").write_text(run_json if run_json is not None else json.dumps(meta))
     record = {"arm": "auto", "boot": "auto", "probe": "short", "shape": "code", "phase": "measured", "ok": True}
-    lines = [json.dumps({**record, "index": i, "metrics": {"decode_tps": 100.0 + i}}) for i in range(3)]
+    lines = [json.dumps({**record, "index": i, "metrics": metrics or {"decode_tps": 100.0 + i}}) for i in range(3)]
     (run / "requests.jsonl").write_text("\n".join(lines) + ("\n" + lines[0][:25] if torn else "") + "\n")
     (run / "arms" / "auto" / "evidence.json").write_text(evidence if evidence is not None else '{"status": "stopped"}')
 
@@ -99,6 +101,13 @@ CASES = [
         4,
         "ERROR: pytest-kvcache: */stored/arms/auto/evidence.json: not valid JSON (boot auto's evidence)*",
         lambda p: _stored(p, evidence="{"),
+    ),
+    Case(
+        "rerender-record-with-metrics-not-an-object",
+        ("--kv-rerender=stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/requests.jsonl: record 1: 'metrics' must be an object",
+        lambda p: _stored(p, metrics=[1]),
     ),
     Case(
         "rerender-names-a-file",
@@ -341,6 +350,18 @@ def test_a_server_without_tokenize_and_a_short_context_fails_the_probe_cleanly(
         ]
     )
     assert "Traceback" not in result.stdout.str()
+    assert not processes_with(tag)
+
+
+def test_an_unwritable_job_summary_is_a_warning_not_an_internal_error(
+    pytester: pytest.Pytester, standin_args: list[str], tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", "/sys/x/summary.md")
+    result = pytester.runpytest_subprocess(*standin_args, "--kv-arms=auto")
+    output = result.stdout.lines + result.stderr.lines
+    assert result.ret == 0, "\n".join(output)
+    result.stdout.fnmatch_lines(["warning: GITHUB_STEP_SUMMARY: cannot append to /sys/x/summary.md: *"])
+    assert "Traceback" not in "\n".join(output) and "INTERNALERROR" not in "\n".join(output)
     assert not processes_with(tag)
 
 
