@@ -9,7 +9,6 @@ This module is plain Python (no pytest): the plugin feeds it the raw values it r
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import re
@@ -1218,7 +1217,10 @@ def looks_like_path(model: str) -> bool:
 # --------------------------------------------------------------------------------------------------
 
 
-def report_dir_of(cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[str, Any], rootdir: Path) -> Path:
+def report_dir_of(
+    cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[str, Any], rootdir: Path, *, writable: bool = False
+) -> Path:
+    """``--kv-report-dir`` as a path; with ``writable`` (a run: it writes there) one it cannot write is refused."""
     raw, origin = _pick("report_dir", cli, env, ini)
     path = Path(str(raw) if raw is not None else ".kvcache/runs").expanduser()
     path = path if path.is_absolute() else rootdir / path
@@ -1229,7 +1231,7 @@ def report_dir_of(cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[s
             if not parent.is_dir():
                 raise SettingsError(f"--kv-report-dir: {path} is under {parent}, which is a file")
             break
-    problem = unwritable_folder(path)
+    problem = unwritable_folder(path) if writable else None
     if problem is not None:
         raise SettingsError(f"{origin if raw is not None else '--kv-report-dir'}: {problem}")
     return path
@@ -1238,29 +1240,23 @@ def report_dir_of(cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[s
 def unwritable_folder(path: Path) -> str | None:
     """Why ``path`` cannot be a folder to write in (``cannot create …`` / ``cannot write in …``), or None.
 
-    Found by doing it: ``os.access`` says yes to root however the folder is made (sysfs, a read-only mount).
-    The folders it had to create are removed again (the run creates them when it starts)."""
+    Found by doing it, since ``os.access`` says yes to root however the folder is made (sysfs, a read-only
+    mount): a file is made and removed in ``path``, or, where it does not exist yet, a uniquely named folder in
+    its nearest existing parent (where creating it would begin). Nothing is left behind, and no name another
+    process may be creating at the same time (pytest-xdist workers) is touched."""
     import tempfile
 
-    created = []
-    missing = path
-    while not missing.exists() and missing != missing.parent:
-        created.append(missing)
-        missing = missing.parent
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
     try:
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            return f"cannot create {path}: {exc.strerror or exc}"
-        try:
+        if existing == path:
             with tempfile.TemporaryFile(dir=path):
                 pass
-        except OSError as exc:
-            return f"cannot write in {path}: {exc.strerror or exc}"
-    finally:
-        for folder in created:  # the deepest first
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=".kvcache-check-", dir=existing))
+    except OSError as exc:
+        return f"cannot {'write in' if existing == path else 'create'} {path}: {exc.strerror or exc}"
     return None
 
 
@@ -1392,7 +1388,7 @@ def resolve(
     cpu_default = model is None and launcher != "external"
     engine_cmd = get("engine_cmd", lambda raw: _args(joined(raw)), ())
     engine_args = get("engine_args", lambda raw: _args(" ".join(raw) if isinstance(raw, list) else raw), ())
-    report_dir = report_dir_of(cli, env, ini, rootdir)
+    report_dir = report_dir_of(cli, env, ini, rootdir, writable=True)
     store_notes: list[str] = []
     store_location = store_of(cli, env, ini, rootdir)  # checked (a URL: connected to) once, before anything boots
     judged = report_options(
