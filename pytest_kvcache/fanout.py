@@ -116,6 +116,7 @@ class _Stream(asyncio.Protocol):
         #: the response headers must come within this long (`Limits.headers_at_once`), or the stream fails
         self.headers_limit_s = headers_limit_s
         self.headers_seen = False
+        self._headers_timer: asyncio.TimerHandle | None = None
         self.pieces: list[tuple[float, bytes]] = []
         self.transport: asyncio.Transport | None = None
         self.send_perf_s = 0.0
@@ -158,6 +159,8 @@ class _Stream(asyncio.Protocol):
     # httptools callbacks
     def on_headers_complete(self) -> None:
         self.headers_seen = True
+        if self._headers_timer is not None:
+            self._headers_timer.cancel()
 
     def on_body(self, body: bytes) -> None:
         self.body_seen = True  # from now on the stall timeout applies (before: the first-token limit)
@@ -172,7 +175,7 @@ class _Stream(asyncio.Protocol):
         self.send_perf_s = self.last_rx = time.perf_counter()
         self.transport.write(self.request)
         if self.headers_limit_s is not None:
-            asyncio.get_running_loop().call_later(self.headers_limit_s, self._headers_due)
+            self._headers_timer = asyncio.get_running_loop().call_later(self.headers_limit_s, self._headers_due)
 
     def _headers_due(self) -> None:
         if not self.headers_seen:
