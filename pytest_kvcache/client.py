@@ -175,9 +175,9 @@ class Limits:
     #: (vLLM sends nothing until prefill ends); None: the stall timeout applies from the start.
     first_token_floor_s: float | None = None
     min_prefill_tps: float = 500.0
-    #: The server sends its response headers as soon as it takes a request (vLLM does; llama-server sends them
-    #: with its first token): none within the stall timeout means it is hung (``no_response``), whatever the
-    #: first-token limit. False: the headers may take as long as the first token.
+    #: The server sends its response headers as soon as it takes a request (vLLM does, queued or not;
+    #: llama-server only once a slot takes it): none within the stall timeout means it is hung
+    #: (``no_response``), whatever the first-token limit. False: the headers may take as long as the first token.
     headers_at_once: bool = True
 
     @property

@@ -53,8 +53,9 @@ class EngineProfile:
     min_top_logprobs: int = 0
     #: ``prompt_logprobs`` over token ids on ``/v1/completions``: the fidelity probe
     prompt_logprobs: bool = False
-    #: response headers as soon as a request is taken (vLLM's StreamingResponse; llama-server sends them with
-    #: its first token): a request without them after the stall timeout fails as a hung server (``no_response``)
+    #: response headers as soon as a request is taken, queued or not (vLLM returns its StreamingResponse before
+    #: generating): a request without them after the stall timeout fails as a hung server (``no_response``).
+    #: llama-server sends them only once a slot takes the request: one queued behind busy slots has none
     headers_at_once: bool = False
 
     def adapt(self, payload: Mapping[str, Any]) -> dict[str, Any]:

@@ -187,9 +187,9 @@ def test_a_server_that_sends_no_headers_is_hung_after_the_stall_timeout_not_the_
     assert again.error_kind == "no_response"  # the server still hangs: failed as promptly
 
 
-def test_a_server_that_sends_its_headers_with_the_first_token_waits_for_the_first_token_limit() -> None:
-    """llama-server sends its headers only with the first token (``headers_at_once=False``): no headers is a
-    slow prefill until the first-token limit."""
+def test_a_server_that_may_hold_its_headers_back_is_waited_for_up_to_the_first_token_limit() -> None:
+    """llama-server sends no headers while a request waits for a slot (``headers_at_once=False``): no headers is
+    waited for up to the first-token limit."""
     with (
         StreamServer(Schedule(fault=Fault("hang", stall_s=5.0))) as server,
         Client(server.url, stall_timeout_s=0.3, first_token_floor_s=1.0, headers_at_once=False) as client,
