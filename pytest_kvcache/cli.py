@@ -24,7 +24,7 @@ from pytest_kvcache.report.options import ReportOptions
 def rerender(run: Path, options: ReportOptions, out: Callable[[str], None] = print) -> int:
     """Rebuild a stored run's report with ``options``; print what a run's terminal summary prints; return
     the exit code. Without a noise run in ``options``, the one the run itself was judged against is used."""
-    from pytest_kvcache.report.judge import EXIT_USAGE
+    from pytest_kvcache.report.judge import EXIT_INTERRUPTED, EXIT_USAGE
     from pytest_kvcache.report.outputs.terminal import outcome_lines
     from pytest_kvcache.report.pipeline import ReportInputError, produce, stored_noise_run
 
@@ -35,6 +35,9 @@ def rerender(run: Path, options: ReportOptions, out: Callable[[str], None] = pri
     except ReportInputError as exc:
         out(f"ERROR: pytest-kvcache: {exc}")
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        out(f"interrupted: the report of {run} may be incomplete; build it again with: kvcache-report {run}")
+        return EXIT_INTERRUPTED
     for line in outcome_lines(outcome, rerender=True):
         out(line.text)
     return outcome.exit_code
@@ -178,7 +181,11 @@ def store_main(argv: Sequence[str], out: Callable[[str], None] = print) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     if given and given[0] in ("history", "store") and not (Path(given[0]) / "run.json").is_file():
-        return history_main(given[1:]) if given[0] == "history" else store_main(given[1:])
+        try:
+            return history_main(given[1:]) if given[0] == "history" else store_main(given[1:])
+        except KeyboardInterrupt:
+            print(f"interrupted: kvcache-report {given[0]} stopped", file=sys.stderr)
+            return 2
     parser = argparse.ArgumentParser(prog="kvcache-report", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--fail", action="append", default=[], metavar="EXPR", help="a gate (repeatable)")

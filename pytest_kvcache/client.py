@@ -45,6 +45,7 @@ ErrorKind = Literal[
     "no_token_clock",
     "engine_died",
     "first_token_timeout",
+    "no_response",
 ]
 
 #: A conservative characters-per-token for sizing the first-token limit when the prompt's token count is
@@ -174,6 +175,10 @@ class Limits:
     #: (vLLM sends nothing until prefill ends); None: the stall timeout applies from the start.
     first_token_floor_s: float | None = None
     min_prefill_tps: float = 500.0
+    #: The server sends its response headers as soon as it takes a request (vLLM does, queued or not;
+    #: llama-server only once a slot takes it): none within the stall timeout means it is hung
+    #: (``no_response``), whatever the first-token limit. False: the headers may take as long as the first token.
+    headers_at_once: bool = True
 
     @property
     def read_timeout_s(self) -> float:
@@ -197,6 +202,18 @@ class Limits:
             f"no first byte within the first-token limit of {limit:.4g} s (--kv-first-token-floor "
             f"{self.first_token_floor_s:g} s + {about}{tokens:,} prompt tokens / --kv-min-prefill-tps "
             f"{self.min_prefill_tps:g}); raise either for deeper or slower prefills",
+        )
+
+    def headers_limit_s(self, first_limit_s: float) -> float:
+        """How long a request of first-token limit ``first_limit_s`` may wait for its response headers."""
+        return min(self.read_timeout_s, first_limit_s) if self.headers_at_once else first_limit_s
+
+    def headers_failure(self, sample: Sample) -> Sample:
+        """Fail ``sample`` for response headers that did not come within the stall timeout: a hung server."""
+        return sample.fail(
+            "no_response",
+            f"no response headers within {self.read_timeout_s:g} s (--kv-stall-timeout): the server took the "
+            "request and sent nothing",
         )
 
     def stall_failure(self, sample: Sample) -> Sample:
@@ -223,6 +240,7 @@ class Client:
         headers: Mapping[str, str] | None = None,
         first_token_floor_s: float | None = None,
         min_prefill_tps: float = 500.0,
+        headers_at_once: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.limits = Limits(
@@ -231,6 +249,7 @@ class Client:
             connect_timeout_s=connect_timeout_s,
             first_token_floor_s=first_token_floor_s,
             min_prefill_tps=min_prefill_tps,
+            headers_at_once=headers_at_once,
         )
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         parts = urlsplit(self.base_url)
@@ -283,7 +302,10 @@ class Client:
             return self._conn, False
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         conn = cls(self._host, self._port, timeout=self.limits.connect_timeout_s)
-        conn.connect()
+        try:
+            conn.connect()
+        except TimeoutError:  # not a first-token or header timeout: the server never took the connection
+            raise _ConnectTimeout(f"no connection within {self.limits.connect_timeout_s:g} s") from None
         assert conn.sock is not None
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn.sock.settimeout(self.read_timeout_s)
@@ -296,16 +318,25 @@ class Client:
             self._conn = None
 
     def _send(self, body: bytes, first_limit_s: float) -> http.client.HTTPResponse:
-        """POST the request; a kept-alive connection the server closed meanwhile is replaced once. Until
-        the response's first byte the socket waits up to ``first_limit_s``."""
+        """POST the request; a kept-alive connection the server closed meanwhile is replaced once. The
+        response headers may take `Limits.headers_limit_s` (`_NoHeaders` past it); after them, until the
+        body's first byte, the socket waits for what is left of ``first_limit_s``."""
         path = self._prefix + "/v1/chat/completions"
+        headers_limit = self.limits.headers_limit_s(first_limit_s)
         for attempt in (1, 2):
             conn, fresh = self._connection()
             try:
-                assert conn.sock is not None
-                conn.sock.settimeout(first_limit_s)
-                conn.request("POST", path, body=body, headers=self._headers)
-                return conn.getresponse()
+                sock = conn.sock  # the response keeps it when the server says it will close
+                assert sock is not None
+                sent = time.perf_counter()
+                sock.settimeout(headers_limit)
+                try:
+                    conn.request("POST", path, body=body, headers=self._headers)
+                    response = conn.getresponse()
+                except TimeoutError:
+                    raise _NoHeaders from None
+                sock.settimeout(max(first_limit_s - (time.perf_counter() - sent), 0.001))
+                return response
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 self._drop_connection()
                 if fresh or attempt == 2:
@@ -334,11 +365,13 @@ class Client:
         try:
             try:
                 response = self._send(body, first_limit)
-            except (ConnectionRefusedError, socket.gaierror, http.client.RemoteDisconnected) as exc:
+            except (ConnectionRefusedError, _ConnectTimeout, socket.gaierror, http.client.RemoteDisconnected) as exc:
                 self._drop_connection()
                 return sample.fail("connection_error", f"cannot connect to {self.base_url}: {exc}")
-            except TimeoutError:
+            except _NoHeaders:
                 self._drop_connection()
+                if self.limits.headers_at_once:
+                    return self.limits.headers_failure(sample)
                 return self.limits.first_token_failure(sample, first_limit, tokens, estimated)
             sample.http_status = response.status
             if response.status >= 400:
@@ -385,6 +418,14 @@ class Client:
             if clock.line(raw, now):
                 break
         clock.finish(time.perf_counter() - t0)
+
+
+class _NoHeaders(Exception):
+    """No response headers within `Limits.headers_limit_s` of sending."""
+
+
+class _ConnectTimeout(ConnectionError):
+    """The server did not take the connection within the connect timeout."""
 
 
 class TokenClock:

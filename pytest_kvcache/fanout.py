@@ -107,12 +107,16 @@ class Trial:
 class _Stream(asyncio.Protocol):
     """One connection and its one request: stamps the bytes as they arrive, nothing more."""
 
-    def __init__(self, index: int, request: bytes, first_limit_s: float) -> None:
+    def __init__(self, index: int, request: bytes, first_limit_s: float, headers_limit_s: float | None = None) -> None:
         import httptools
 
         self.index = index
         self.request = request
         self.first_limit_s = first_limit_s
+        #: the response headers must come within this long (`Limits.headers_at_once`), or the stream fails
+        self.headers_limit_s = headers_limit_s
+        self.headers_seen = False
+        self._headers_timer: asyncio.TimerHandle | None = None
         self.pieces: list[tuple[float, bytes]] = []
         self.transport: asyncio.Transport | None = None
         self.send_perf_s = 0.0
@@ -153,6 +157,11 @@ class _Stream(asyncio.Protocol):
             self._end(None, time.perf_counter())
 
     # httptools callbacks
+    def on_headers_complete(self) -> None:
+        self.headers_seen = True
+        if self._headers_timer is not None:
+            self._headers_timer.cancel()
+
     def on_body(self, body: bytes) -> None:
         self.body_seen = True  # from now on the stall timeout applies (before: the first-token limit)
 
@@ -165,6 +174,12 @@ class _Stream(asyncio.Protocol):
         self.requested_s = requested_s
         self.send_perf_s = self.last_rx = time.perf_counter()
         self.transport.write(self.request)
+        if self.headers_limit_s is not None:
+            self._headers_timer = asyncio.get_running_loop().call_later(self.headers_limit_s, self._headers_due)
+
+    def _headers_due(self) -> None:
+        if not self.headers_seen:
+            self.fail("no_response")  # a server that took the request and sent nothing: hung
 
     def _end(self, failure: tuple[ErrorKind, str] | None, when: float) -> None:
         if self.done is None or self.done.done():
@@ -228,6 +243,8 @@ def _failed(sample: Sample, stream: _Stream, limits: Limits, tokens: int, estima
     kind, message = stream.failure
     if kind == "first_token_timeout":
         return limits.first_token_failure(sample, stream.first_limit_s, tokens, estimated)
+    if kind == "no_response":
+        return limits.headers_failure(sample)
     if kind == "stall":
         return limits.stall_failure(sample)
     sample.end_s = stream.failed_at - stream.send_perf_s
@@ -300,7 +317,8 @@ class _Trial:
 
     def __init__(self, job: _Job) -> None:
         self.job = job
-        self.streams = [_Stream(i, req, limit) for i, req, limit, _, _ in job.streams]
+        heads = job.limits.headers_limit_s if job.limits.headers_at_once else None
+        self.streams = [_Stream(i, req, lim, heads(lim) if heads else None) for i, req, lim, _, _ in job.streams]
         self.lags: list[float] = []
         self.timer_lags: list[float] = []
 
@@ -492,6 +510,7 @@ class Fanout:
         headers: Mapping[str, str] | None = None,
         first_token_floor_s: float | None = None,
         min_prefill_tps: float = 500.0,
+        headers_at_once: bool = True,
         saturation: Saturation = Saturation(),
         start_margin_s: float = 0.05,
     ) -> None:
@@ -510,6 +529,7 @@ class Fanout:
             connect_timeout_s=connect_timeout_s,
             first_token_floor_s=first_token_floor_s,
             min_prefill_tps=min_prefill_tps,
+            headers_at_once=headers_at_once,
         )
         self.headers = {"Content-Type": "application/json", **(headers or {})}
         self.saturation = saturation

@@ -296,7 +296,7 @@ def kv_client(kv_server: Server, kv_settings: Settings) -> Iterator[ArmClient]:
         pytest.fail(
             EngineError(*death_notice(kv_server)).render() + "\n(the engine died before this test)", pytrace=False
         )
-    client = Client(kv_server.url, **kv_settings.client_kwargs())
+    client = Client(kv_server.url, headers_at_once=kv_server.profile.headers_at_once, **kv_settings.client_kwargs())
     arm_client = ArmClient(client, kv_server)
     yield arm_client
     arm_client.close()

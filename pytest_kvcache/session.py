@@ -68,6 +68,18 @@ class TerminalWriter:
                 reporter.rewrite(text, erase=True)
 
 
+def _hurry(signum: int, frame: FrameType | None) -> None:
+    """SIGINT while an interrupted run winds down: engines being stopped are killed now (no exception)."""
+    from pytest_kvcache.engines.process import HURRY
+
+    HURRY.set()
+
+
+def _restore_sigint() -> None:
+    if signal.getsignal(signal.SIGINT) is _hurry:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def boot_of(item: pytest.Item | None) -> Boot | None:
     callspec = getattr(item, "callspec", None)
     value = callspec.params.get("kv_arm") if callspec is not None else None
@@ -145,12 +157,30 @@ class KvSession:
     # ------------------------------------------------------------------ signals
 
     def install(self) -> None:
+        from pytest_kvcache.engines.process import HURRY
+
+        HURRY.clear()
         if threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            # registered now so that it runs last: pytest's own unconfigure (gc passes: seconds) comes before it
+            self.config.add_cleanup(_restore_sigint)
+
+    def interrupted(self) -> None:
+        """The run is interrupted (Ctrl-C, or SIGTERM) and winds down. A further Ctrl-C from now on only hurries
+        the engines' stop: raised as a second KeyboardInterrupt it would escape pytest's handling of the first
+        (exit 130 and a traceback instead of exit 2 and the one line)."""
+        self.run.interrupted = True
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _hurry)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         # Unwind pytest like Ctrl-C does, so fixtures finalize and every engine is stopped.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.run.interrupted:  # after a Ctrl-C, while the run winds down: hurry, do not unwind again
+            _hurry(signum, frame)
+            return
+        self.interrupted()
         raise KeyboardInterrupt("SIGTERM")
 
     def uninstall(self) -> None:
@@ -260,7 +290,7 @@ class KvSession:
         try:
             return (yield)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (turned into one): no agreement requests on the way out
-            self.run.interrupted = True
+            self.interrupted()
             raise
         finally:
             self.run.stop_all()
@@ -269,8 +299,6 @@ class KvSession:
     def finish_run(self) -> None:
         if self.run.folder is None:
             return
-        from pytest_kvcache.report.pipeline import Outcome, ReportInputError, produce
-
         path = self.run.folder.path
         if self.run.role == "controller":
             self.reap_workers()
@@ -280,6 +308,8 @@ class KvSession:
         self.run.close(status="interrupted" if self.run.interrupted else "finished")
         if self.run.interrupted or self.run.role == "worker":
             return  # Ctrl-C means now: the records are on disk, and kvcache-report builds the report later
+        from pytest_kvcache.report.pipeline import Outcome, ReportInputError, produce  # pandas: seconds to import
+
         try:
             self.outcome = produce(path, self.settings.report_options())
         except ReportInputError as exc:
@@ -290,8 +320,11 @@ class KvSession:
             self.config.hook.pytest_kvcache_report(config=self.config, report=self.outcome.report)
             summary = os.environ.get("GITHUB_STEP_SUMMARY")
             if summary:
-                with open(summary, "a", encoding="utf-8") as fh:
-                    fh.write((path / "report.md").read_text(encoding="utf-8"))
+                try:
+                    with open(summary, "a", encoding="utf-8") as fh:
+                        fh.write((path / "report.md").read_text(encoding="utf-8"))
+                except OSError as exc:  # the report stands; the job summary is a copy
+                    self.outcome.messages.append(f"warning: GITHUB_STEP_SUMMARY: cannot append to {summary}: {exc}")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> None:
@@ -327,9 +360,10 @@ class KvSession:
         if "[" in report.nodeid:  # parametrized by arm: a probe test
             self.run.skipped.append(f"{report.nodeid.split('::')[-1]}: {reason}")
 
+    @pytest.hookimpl(tryfirst=True)  # before the terminal's (its traceback takes seconds to render)
     def pytest_keyboard_interrupt(self) -> None:
         """Ctrl-C or SIGTERM: stop as fast as possible (no agreement requests on the way out)."""
-        self.run.interrupted = True
+        self.interrupted()
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:

@@ -738,7 +738,7 @@ def _from_store(option: str, name: str, ref: _StoreRef) -> Path | None:
         with store.open_store(ref.location) as opened:
             found = opened.baseline(name)
             legacy = ref.legacy / name
-            if found is not None or not legacy.is_dir():
+            if found is not None or not legacy.exists():
                 return found
             try:
                 load(legacy, f"stored run ({option})")
@@ -765,7 +765,8 @@ def _stored_run(
     if ref is not None:
         path = _from_store(option, name, ref) or path
     if not path.exists():
-        raise SettingsError(f"{option}: no {noun} {name!r} in {baselines} ({hint})")
+        also = f" or {ref.legacy}" if ref is not None and ref.legacy != baselines else ""
+        raise SettingsError(f"{option}: no {noun} {name!r} in {baselines}{also} ({hint})")
     try:
         load(path, f"stored run ({option})")  # every file it holds, read and validated now
     except RunFolderError as exc:
@@ -1216,7 +1217,10 @@ def looks_like_path(model: str) -> bool:
 # --------------------------------------------------------------------------------------------------
 
 
-def report_dir_of(cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[str, Any], rootdir: Path) -> Path:
+def report_dir_of(
+    cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[str, Any], rootdir: Path, *, writable: bool = False
+) -> Path:
+    """``--kv-report-dir`` as a path; with ``writable`` (a run: it writes there) one it cannot write is refused."""
     raw, origin = _pick("report_dir", cli, env, ini)
     path = Path(str(raw) if raw is not None else ".kvcache/runs").expanduser()
     path = path if path.is_absolute() else rootdir / path
@@ -1226,12 +1230,34 @@ def report_dir_of(cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[s
         if parent.exists():
             if not parent.is_dir():
                 raise SettingsError(f"--kv-report-dir: {path} is under {parent}, which is a file")
-            if not os.access(parent, os.W_OK | os.X_OK) and not path.exists():
-                raise SettingsError(f"--kv-report-dir: cannot create {path}: {parent} is not writable")
             break
-    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
-        raise SettingsError(f"--kv-report-dir: {path} is not writable")
+    problem = unwritable_folder(path) if writable else None
+    if problem is not None:
+        raise SettingsError(f"{origin if raw is not None else '--kv-report-dir'}: {problem}")
     return path
+
+
+def unwritable_folder(path: Path) -> str | None:
+    """Why ``path`` cannot be a folder to write in (``cannot create …`` / ``cannot write in …``), or None.
+
+    Found by doing it, since ``os.access`` says yes to root however the folder is made (sysfs, a read-only
+    mount): a file is made and removed in ``path``, or, where it does not exist yet, a uniquely named folder in
+    its nearest existing parent (where creating it would begin). Nothing is left behind, and no name another
+    process may be creating at the same time (pytest-xdist workers) is touched."""
+    import tempfile
+
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if existing == path:
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=".kvcache-check-", dir=existing))
+    except OSError as exc:
+        return f"cannot {'write in' if existing == path else 'create'} {path}: {exc.strerror or exc}"
+    return None
 
 
 def report_options(
@@ -1253,15 +1279,19 @@ def report_options(
         raw, origin = _pick(name, cli, env, ini)
         return default if raw is None else _parse(name, raw, origin, parse)
 
-    from pytest_kvcache.store import baselines_dir_of
+    from pytest_kvcache import store
 
     location = store_location if store_location is not None else store_of(cli, env, ini, rootdir)
-    baselines = baselines_dir_of(location, env)
+    baselines = store.baselines_dir_of(location, env)
     legacy = report_dir_of(cli, env, ini, rootdir).parent / "baselines"
     ref = _StoreRef(location=location, baselines=baselines, legacy=legacy, notes=notes if notes is not None else [])
     compare = get("compare", _baseline_name, None)
     noise = get("noise", _baseline_name, None)
     save = get("save", _baseline_name, None)
+    if save and not store.is_url(location):  # found now, not when the run is over (exit 3)
+        problem = unwritable_folder(baselines)
+        if problem is not None:
+            raise SettingsError(f"--kv-save: the run store: {problem}")
     hint = "store one with --kv-save=NAME"
     return ReportOptions(
         gates=get("fail", lambda raw: _gates(raw, list(arms) if arms is not None else None), ()),
@@ -1358,7 +1388,7 @@ def resolve(
     cpu_default = model is None and launcher != "external"
     engine_cmd = get("engine_cmd", lambda raw: _args(joined(raw)), ())
     engine_args = get("engine_args", lambda raw: _args(" ".join(raw) if isinstance(raw, list) else raw), ())
-    report_dir = report_dir_of(cli, env, ini, rootdir)
+    report_dir = report_dir_of(cli, env, ini, rootdir, writable=True)
     store_notes: list[str] = []
     store_location = store_of(cli, env, ini, rootdir)  # checked (a URL: connected to) once, before anything boots
     judged = report_options(

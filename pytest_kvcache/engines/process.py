@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -21,6 +22,9 @@ TERM_GRACE_S = 20.0
 KILL_GRACE_S = 10.0
 #: After Ctrl-C (or SIGTERM) the engine gets this long to exit on SIGTERM before it is killed.
 INTERRUPT_GRACE_S = 2.0
+#: Set by a further Ctrl-C while an interrupted run winds down (the plugin's SIGINT handler raises no second
+#: KeyboardInterrupt then): a stop waiting out its SIGTERM grace kills the group at once. Cleared per session.
+HURRY = threading.Event()
 
 
 def _libc_prctl() -> Any:
@@ -98,7 +102,8 @@ def kill_group(pgid: int, *, term_grace_s: float = TERM_GRACE_S, wait: Callable[
     """SIGTERM a process group, wait, then SIGKILL what is left. Returns how it ended.
 
     A Ctrl-C (KeyboardInterrupt) while waiting out the grace escalates at once: the group is SIGKILLed,
-    its exit awaited, and the interrupt re-raised — a second Ctrl-C never leaves the engine behind.
+    its exit awaited, and the interrupt re-raised — a second Ctrl-C never leaves the engine behind. So does
+    `HURRY` (a Ctrl-C after the run was interrupted), without an exception.
     """
     if not group_members(pgid):
         return "already gone"
@@ -107,7 +112,7 @@ def kill_group(pgid: int, *, term_grace_s: float = TERM_GRACE_S, wait: Callable[
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + term_grace_s
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not HURRY.is_set():
             pause(0.1)
             if not group_members(pgid):
                 return "terminated"

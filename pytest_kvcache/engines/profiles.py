@@ -53,6 +53,10 @@ class EngineProfile:
     min_top_logprobs: int = 0
     #: ``prompt_logprobs`` over token ids on ``/v1/completions``: the fidelity probe
     prompt_logprobs: bool = False
+    #: response headers as soon as a request is taken, queued or not (vLLM returns its StreamingResponse before
+    #: generating): a request without them after the stall timeout fails as a hung server (``no_response``).
+    #: llama-server sends them only once a slot takes the request: one queued behind busy slots has none
+    headers_at_once: bool = False
 
     def adapt(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """``payload`` without the fields this server does not take."""
@@ -96,6 +100,7 @@ VLLM = EngineProfile(
     exact_length=True,
     token_ids=True,
     prompt_logprobs=True,
+    headers_at_once=True,
 )
 LLAMACPP = EngineProfile(
     kind="llamacpp",

@@ -99,6 +99,9 @@ class ProbeOutcome:
 
     def problems(self) -> list[str]:
         out = [f"measured request {r['index']} failed: {r['excluded_reason']}" for r in self.failed]
+        last = self.records[-1] if self.records else None
+        if last is not None and last["phase"] == "warmup" and not last["ok"]:  # the server was lost in a warmup
+            out.insert(0, f"warmup request {last['index']} failed: {last['excluded_reason']}")
         if len(self.valid) < self.requested:
             out.append(f"{len(self.valid)} of {self.requested} measured samples are valid")
         return out
@@ -110,8 +113,13 @@ class ProbeOutcome:
 Send = Callable[[str, int], tuple[Sample, Mapping[str, object]]]
 
 
-def engine_died(sample: Sample) -> bool:
-    return sample.error_kind == "engine_died"
+#: Failures after which no further request can succeed: the engine died, or it is hung (it took a request and
+#: sent nothing, not even headers, within the stall timeout: each further request would wait as long).
+SERVER_LOST = frozenset({"engine_died", "no_response"})
+
+
+def server_lost(sample: Sample) -> bool:
+    return sample.error_kind in SERVER_LOST
 
 
 def run_repeated(
@@ -121,14 +129,14 @@ def run_repeated(
     label: str,
     warmups: int,
     runs: int,
-    stop_on_failure: Callable[[Sample], bool] = engine_died,
+    stop_on_failure: Callable[[Sample], bool] = server_lost,
     bench: Any = None,
     adaptive: Adaptive | None = None,
 ) -> ProbeOutcome:
     """Send ``warmups`` unmeasured then ``runs`` measured requests, recording each before the next.
 
     ``send(phase, index)`` returns the sample and extra record fields (engine counter deltas, depth …).
-    ``stop_on_failure`` ends the loop early (the engine died: further requests cannot succeed).
+    ``stop_on_failure`` ends the loop early (the engine died or hangs: further requests cannot succeed).
     ``adaptive`` adds measured requests after the planned ones until its target is met (or its cap).
     """
     outcome = ProbeOutcome(label=label, requested=runs)

@@ -175,12 +175,13 @@ def check_folder(path: Path, what: str = "run folder") -> None:
         raise RunFolderError(f"{path}: is a file, not a {what}")
     if not path.is_dir():
         raise RunFolderError(f"{path}: not a {what} (it does not exist)")
+    if (path / "run.json").exists():  # a corrupt run.json is named before what else is missing
+        meta = _json_file(path / "run.json", "the run's settings and plan")
+        if not isinstance(meta, dict):
+            raise RunFolderError(f"{path / 'run.json'}: expected a JSON object, got {type(meta).__name__}")
     missing = [name for name in ("run.json", "requests.jsonl") if not (path / name).exists()]
     if missing:
         raise RunFolderError(f"{path}: incomplete {what} — missing {', '.join(missing)}")
-    meta = _json_file(path / "run.json", "the run's settings and plan")
-    if not isinstance(meta, dict):
-        raise RunFolderError(f"{path / 'run.json'}: expected a JSON object, got {type(meta).__name__}")
 
 
 def load(path: Path, what: str = "run folder") -> RunData:
@@ -198,6 +199,9 @@ def load(path: Path, what: str = "run folder") -> RunData:
     for i, r in enumerate(records, 1):
         if not r.get("arm") or "phase" not in r:
             raise RunFolderError(f"{path / 'requests.jsonl'}: record {i} has no 'arm' or 'phase'")
+        for key in ("metrics", "sample"):
+            if not isinstance(r.get(key) or {}, dict):
+                raise RunFolderError(f"{path / 'requests.jsonl'}: record {i}: {key!r} must be an object")
     boots = [str(p["boot"]) for p in plan]
     arms_dir = path / "arms"
     if arms_dir.is_dir():

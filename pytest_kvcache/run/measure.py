@@ -20,7 +20,9 @@ from pytest_kvcache.engines.profiles import VLLM, EngineProfile
 from pytest_kvcache.model import Evidence, Json
 
 #: Failures that may mean the engine died; ``DEATH_GRACE_S`` is how long its exit may lag the socket.
-TRANSPORT_FAILURES = frozenset({"dropped", "connection_error", "stall", "server_error", "first_token_timeout"})
+TRANSPORT_FAILURES = frozenset(
+    {"dropped", "connection_error", "stall", "server_error", "first_token_timeout", "no_response"}
+)
 DEATH_GRACE_S = 2.0
 #: How long the "after" /metrics scrape waits for the request to be counted as finished.
 SUCCESS_WAIT_S = 2.0

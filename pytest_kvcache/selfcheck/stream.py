@@ -71,9 +71,11 @@ __all__ = [
 SCHEDULE_HEADER = "X-Stream-Schedule"
 """Request header holding a JSON `Schedule` (fields as in `Schedule`, ``fault`` as a nested object)."""
 
-FaultKind = Literal["drop", "stall", "malformed", "http_error", "no_usage", "zero_tokens", "stream_error"]
+FaultKind = Literal["drop", "stall", "malformed", "http_error", "no_usage", "zero_tokens", "stream_error", "hang"]
 RoleChunk = Literal["with_first", "early"]
-Outcome = Literal["pending", "ok", "http_error", "dropped", "stream_error", "malformed", "client_gone", "aborted"]
+Outcome = Literal[
+    "pending", "ok", "http_error", "dropped", "stream_error", "malformed", "client_gone", "aborted", "hung"
+]
 
 _FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 _ROLE_CHUNKS: tuple[str, ...] = get_args(RoleChunk)
@@ -122,6 +124,8 @@ class Fault:
     * ``no_usage``: no ``usage`` anywhere in the response.
     * ``zero_tokens``: the role chunk, then a finish chunk (``finish_reason`` "length") and usage
       with ``completion_tokens`` 0.
+    * ``hang``: take the request and send nothing -- no status line, no headers -- for ``stall_s``,
+      then close the connection (a hung server; vLLM sends its headers at once).
 
     ``after_chunks`` at or past the number of token chunks fires after the last one, before the
     final usage chunk and ``[DONE]``. ``message`` replaces the default error message.
@@ -505,6 +509,13 @@ class _Handler(BaseHTTPRequestHandler):
             n_tokens, finish_reason = 0, "length"
         stream = body.get("stream") is True
         record.stream = stream
+
+        if fault is not None and kind == "hang":
+            try:
+                self._wait_until(time.perf_counter() + fault.stall_s)
+            finally:
+                self._finish(record, "hung")
+            self._drop(reset=False)
 
         if fault is not None and kind == "http_error":
             self._send_error_json(

@@ -7,6 +7,7 @@ import pytest
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import agentic
+from pytest_kvcache.probes.runner import server_lost
 from pytest_kvcache.run.measure import ArmClient, Server
 
 
@@ -49,7 +50,7 @@ def test_agentic(
         )
         if not sample.ok:
             problems.append(f"turn {turn_no} failed: {sample.error_kind}: {sample.error}")
-            if sample.error_kind == "engine_died":
+            if server_lost(sample):
                 break
     if problems:
         pytest.fail(f"agentic session {kv_agentic_session} on {kv_server.name}: " + "; ".join(problems), pytrace=False)

@@ -14,7 +14,7 @@ from pytest_kvcache.probes.concurrency import (
     saturation,
     stream_payload,
 )
-from pytest_kvcache.probes.runner import Adaptive
+from pytest_kvcache.probes.runner import Adaptive, server_lost
 from pytest_kvcache.run.measure import ArmClient, Server
 
 
@@ -28,6 +28,7 @@ def test_concurrency(
         kv_server.url,
         processes=st.client_procs or default_processes(streams),
         saturation=saturation(st.client_max_cpu_pct, st.client_max_lag_ms),
+        headers_at_once=kv_server.profile.headers_at_once,
         **st.client_kwargs(),
     )
     problems: list[str] = []
@@ -68,7 +69,7 @@ def test_concurrency(
         if not kv_server.engine.alive():
             problems.append("the engine died")
             return False
-        return True
+        return not any(server_lost(s) for s in samples)  # a hung server: every further trial would wait as long
 
     plan = [("warmup", i) for i in range(min(st.warmups, 1))] + [("measured", i) for i in range(st.runs)]
     with fanout:

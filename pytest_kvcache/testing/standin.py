@@ -6,9 +6,9 @@ arguments (``--model``, ``--host``, ``--port``, ``--kv-cache-dtype``, ``--max-mo
 ignored), prints vLLM-shaped startup log lines and serves
 :class:`~pytest_kvcache.selfcheck.stream.StreamServer`. Options prefixed ``--standin-`` (pass them in
 ``--kv-engine-args`` or an arm's ``args``) make it misbehave the ways a real engine can but cannot be
-made to on demand: exit at startup, start slowly, die mid-request, report another cache dtype, ignore
-SIGTERM, have no ``/tokenize``, move its prompt logprobs (a lossy KV dtype); ``--standin-ttft`` /
-``--standin-itl`` set its timing.
+made to on demand: exit at startup, start slowly, die mid-request, hang (take requests and never answer),
+report another cache dtype, ignore SIGTERM, have no ``/tokenize``, move its prompt logprobs (a lossy KV
+dtype); ``--standin-ttft`` / ``--standin-itl`` set its timing.
 
 It is a test double for what real vLLM cannot be made to do on cue; the happy path and real failure
 modes are tested against real vLLM (CPU build). See ``docs/testing.md``.
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_kvcache.engines.profiles import VLLM_ONLY_FIELDS, VLLM_ONLY_STREAM_OPTIONS
-from pytest_kvcache.selfcheck.stream import Schedule, StreamServer
+from pytest_kvcache.selfcheck.stream import Fault, Schedule, StreamServer
 
 #: The module to run with ``python -m`` (what `engine_cmd` runs, and what finds leaked stand-ins in ``ps``).
 MODULE = "pytest_kvcache.testing.standin"
@@ -56,6 +56,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--standin-report-dtype", default=None, help="report this cache_dtype in /metrics")
     parser.add_argument("--standin-ignore-sigterm", action="store_true")
     parser.add_argument("--standin-no-tokenize", action="store_true", help="answer /tokenize with 404")
+    parser.add_argument(
+        "--standin-hang", action="store_true", help="take every generation request and never answer (no headers)"
+    )
     parser.add_argument(
         "--standin-logprob-shift",
         type=float,
@@ -148,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         "kv_cache_size_tokens": "65536",
         "mamba_cache_dtype": "auto",
     }
-    schedule = Schedule(ttft_s=args.standin_ttft, itl_s=args.standin_itl)
+    hang = Fault("hang", stall_s=3600.0) if args.standin_hang else None
+    schedule = Schedule(ttft_s=args.standin_ttft, itl_s=args.standin_itl, fault=hang)
     server = StreamServer(
         schedule,
         host=args.host,

@@ -32,14 +32,16 @@ class Case:
     standin: bool = False  # append the stand-in arguments
 
 
-def _stored(path: Path, *, run_json: str | None = None, evidence: str | None = None, torn: bool = False) -> None:
-    """A small stored run folder at ``path/stored`` (one arm, three valid records)."""
+def _stored(
+    path: Path, *, run_json: str | None = None, evidence: str | None = None, torn: bool = False, metrics: object = None
+) -> None:
+    """A small stored run folder at ``path/stored`` (one arm, three valid records; ``metrics`` replaces theirs)."""
     run = path / "stored"
     (run / "arms" / "auto").mkdir(parents=True)
     meta = {"run_id": "r1", "settings": {"arms": [{"name": "auto"}], "seed": 0}, "plan": [{"boot": "auto"}]}
     (run / "run.json").write_text(run_json if run_json is not None else json.dumps(meta))
     record = {"arm": "auto", "boot": "auto", "probe": "short", "shape": "code", "phase": "measured", "ok": True}
-    lines = [json.dumps({**record, "index": i, "metrics": {"decode_tps": 100.0 + i}}) for i in range(3)]
+    lines = [json.dumps({**record, "index": i, "metrics": metrics or {"decode_tps": 100.0 + i}}) for i in range(3)]
     (run / "requests.jsonl").write_text("\n".join(lines) + ("\n" + lines[0][:25] if torn else "") + "\n")
     (run / "arms" / "auto" / "evidence.json").write_text(evidence if evidence is not None else '{"status": "stopped"}')
 
@@ -50,6 +52,27 @@ def _baseline(name: str, **kwargs: object) -> Callable[[Path], None]:
         target = path / ".kvcache" / "baselines" / name
         target.parent.mkdir(parents=True)
         shutil.move(path / "stored", target)
+
+    return make
+
+
+def _legacy_run_json(name: str, text: str) -> Callable[[Path], None]:
+    """An old ``.kvcache/baselines/NAME`` holding only a ``run.json`` of ``text``."""
+
+    def make(path: Path) -> None:
+        folder = path / ".kvcache" / "baselines" / name
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(text)
+
+    return make
+
+
+def _legacy_file(name: str) -> Callable[[Path], None]:
+    """An old ``.kvcache/baselines/NAME`` that is a file."""
+
+    def make(path: Path) -> None:
+        (path / ".kvcache" / "baselines").mkdir(parents=True)
+        (path / ".kvcache" / "baselines" / name).write_text("not a run\n")
 
     return make
 
@@ -80,6 +103,13 @@ CASES = [
         lambda p: _stored(p, evidence="{"),
     ),
     Case(
+        "rerender-record-with-metrics-not-an-object",
+        ("--kv-rerender=stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/requests.jsonl: record 1: 'metrics' must be an object",
+        lambda p: _stored(p, metrics=[1]),
+    ),
+    Case(
         "rerender-names-a-file",
         ("--kv-rerender=notes.txt",),
         4,
@@ -101,6 +131,27 @@ CASES = [
         _baseline("aa", run_json="[1,"),
     ),
     Case(
+        "noise-legacy-baseline-with-only-a-corrupt-run-json",
+        ("--kv-arms=auto,float16", "--kv-noise=aa"),
+        4,
+        "ERROR: pytest-kvcache: --kv-noise: */.kvcache/baselines/aa/run.json: not valid JSON "
+        "(the run's settings and plan): Expecting property name enclosed in double quotes at line 1",
+        _legacy_run_json("aa", "{not json"),
+    ),
+    Case(
+        "noise-legacy-baseline-is-a-file",
+        ("--kv-arms=auto,float16", "--kv-noise=aa"),
+        4,
+        "ERROR: pytest-kvcache: --kv-noise: */.kvcache/baselines/aa: is a file, not a stored run (--kv-noise)",
+        _legacy_file("aa"),
+    ),
+    Case(
+        "noise-baseline-nowhere-names-both-places",
+        ("--kv-arms=auto,float16", "--kv-noise=aa"),
+        4,
+        "ERROR: pytest-kvcache: --kv-noise: no stored run 'aa' in */pytest-kvcache/baselines or */.kvcache/baselines*",
+    ),
+    Case(
         "compare-baseline-corrupt-evidence",
         ("--kv-arms=auto,float16", "--kv-compare=old"),
         4,
@@ -120,6 +171,18 @@ CASES = [
         4,
         "ERROR: pytest-kvcache: --kv-report-dir: */out/runs is under */out, which is a file",
         _file("out"),
+    ),
+    Case(
+        "report-dir-unwritable",  # os.access says yes to root: only creating it tells
+        ("--kv-arms=auto", "--kv-report-dir=/sys/x/runs"),
+        4,
+        "ERROR: pytest-kvcache: --kv-report-dir: cannot create /sys/x/runs: *",
+    ),
+    Case(
+        "save-into-an-unwritable-store",
+        ("--kv-arms=auto", "--kv-store=/sys/x/store", "--kv-save=base"),
+        4,
+        "ERROR: pytest-kvcache: --kv-save: the run store: cannot create /sys/x/store/baselines: *",
     ),
     Case(
         "model-is-a-file",
@@ -290,6 +353,18 @@ def test_a_server_without_tokenize_and_a_short_context_fails_the_probe_cleanly(
     assert not processes_with(tag)
 
 
+def test_an_unwritable_job_summary_is_a_warning_not_an_internal_error(
+    pytester: pytest.Pytester, standin_args: list[str], tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", "/sys/x/summary.md")
+    result = pytester.runpytest_subprocess(*standin_args, "--kv-arms=auto")
+    output = result.stdout.lines + result.stderr.lines
+    assert result.ret == 0, "\n".join(output)
+    result.stdout.fnmatch_lines(["warning: GITHUB_STEP_SUMMARY: cannot append to /sys/x/summary.md: *"])
+    assert "Traceback" not in "\n".join(output) and "INTERNALERROR" not in "\n".join(output)
+    assert not processes_with(tag)
+
+
 # ------------------------------------------------------------------------------------ signals and timeouts
 
 
@@ -342,12 +417,87 @@ def test_a_second_ctrl_c_leaves_nothing_running(pytester: pytest.Pytester, stand
     assert "Traceback" not in out
 
 
+def test_a_second_ctrl_c_while_the_run_winds_down_exits_2_with_the_one_line(
+    pytester: pytest.Pytester, standin_args: list[str], tag: str
+) -> None:
+    """The first Ctrl-C comes while the run's last boot is being stopped (the engine ignores SIGTERM: a 20 s
+    grace) and kills it at once; the second comes while pytest winds down (when the run's one line is printed,
+    well within what would have been the grace). Exit 2 and the one line, as for a single Ctrl-C: not exit 130
+    and a traceback."""
+    engine = [a for a in standin_args if not a.startswith("--kv-engine-args")]
+    args = [
+        *engine,
+        "--kv-arms=auto",
+        "--kv-no-agreement",  # the engine's stop begins right after the last probe
+        f"--kv-engine-args={tag} --standin-ignore-sigterm --standin-spawn-child",
+    ]
+    requests = pytester.path / ".kvcache" / "runs" / "latest" / "requests.jsonl"
+    proc = spawn_pytest(pytester, *args, new_session=True)
+    assert proc.stdout is not None
+    lines: list[bytes] = []
+    try:  # short: 2 shapes of 1 warmup + 2 measured requests, then the stop
+        assert _wait_for(lambda: requests.exists() and len(read_records(requests)) >= 6, 60), "no 6 records"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        first = time.monotonic()
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(b"interrupted: "):
+                proc.send_signal(signal.SIGINT)
+                break
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - first
+    finally:
+        kill_leftovers(proc, tag)
+    text = b"".join(lines).decode() + out.decode()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, text
+    from _pytest.pytester import LineMatcher
+
+    LineMatcher(text.splitlines()).fnmatch_lines(
+        ["interrupted: 6 record(s) kept; build the report with: kvcache-report *"]
+    )
+    assert "Traceback" not in text
+    assert took < 15, f"Ctrl-C took {took:.1f} s to end the run (the engine's grace is 20 s)"
+    assert _wait_for(lambda: not processes_with(tag), 5), f"left running: {processes_with(tag)}"
+
+
 def test_ctrl_c_during_a_boot_returns_within_5_s(pytester: pytest.Pytester, standin_args: list[str], tag: str) -> None:
     slow = [a for a in standin_args if not a.startswith("--kv-engine-args")]
     args = [*slow, "--kv-arms=auto", f"--kv-engine-args={tag} --standin-startup-delay=60 --standin-ignore-sigterm"]
     code, out, took = _interrupt(pytester, args, tag, lambda: bool(processes_with(tag)), sigints=1)
     assert code == pytest.ExitCode.INTERRUPTED, out
     assert took < 5, f"Ctrl-C during the boot took {took:.1f} s"
+    assert not processes_with(tag)
+
+
+def test_a_server_that_never_answers_fails_after_the_stall_timeout(
+    pytester: pytest.Pytester, standin_args: list[str], tag: str
+) -> None:
+    """A server that takes every request and sends nothing, not even headers: vLLM answers with headers at once,
+    so each probe's first request fails as no_response after the stall timeout (2 s) — not after the first-token
+    limit (120 s by default) — is recorded, and the probe sends it nothing more; the run ends."""
+    engine = [a for a in standin_args if not a.startswith("--kv-engine-args")]
+    args = [*engine, "--kv-arms=auto", "--kv-stall-timeout=2", f"--kv-engine-args={tag} --standin-hang"]
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess(*args, timeout=120)
+    took = time.monotonic() - started
+    output = result.stdout.lines + result.stderr.lines
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, "\n".join(output)
+    from _pytest.pytester import LineMatcher
+
+    LineMatcher(output).fnmatch_lines(
+        [
+            "*short code on auto: warmup request 0 failed: no_response: no response headers within 2 s "
+            "(--kv-stall-timeout): the server took the request and sent nothing; 0 of 2 measured samples are valid"
+        ]
+    )
+    assert "Traceback" not in "\n".join(output)
+    records = read_records(latest(pytester) / "requests.jsonl")
+    assert [(r["shape"], r["phase"], r["error_kind"]) for r in records] == [
+        ("narrative", "warmup", "no_response"),
+        ("code", "warmup", "no_response"),
+    ]
+    assert took < 60, f"the run took {took:.0f} s"
     assert not processes_with(tag)
 
 

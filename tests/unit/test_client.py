@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -168,6 +169,34 @@ def test_after_the_first_byte_the_stall_timeout_applies() -> None:
     ):
         sample = client.stream_chat(payload())
     assert sample.error_kind == "stall" and sample.error == "no chunk for 0.3 s (--kv-stall-timeout)"
+
+
+def test_a_server_that_sends_no_headers_is_hung_after_the_stall_timeout_not_the_first_token_limit() -> None:
+    """vLLM answers a request with its headers at once: none within the stall timeout is a hung server, however
+    long the first-token limit (here 30 s) would let a slow prefill take."""
+    schedule = Schedule(fault=Fault("hang", stall_s=10.0))
+    with StreamServer(schedule) as server, Client(server.url, stall_timeout_s=0.3, first_token_floor_s=30.0) as client:
+        started = time.monotonic()
+        sample = client.stream_chat(payload())
+        took = time.monotonic() - started
+        again = client.stream_chat(payload())  # the client goes on: a fresh connection
+    assert sample.error_kind == "no_response" and took < 10, (sample.error, took)  # the first-token limit: 30 s
+    assert sample.error == (
+        "no response headers within 0.3 s (--kv-stall-timeout): the server took the request and sent nothing"
+    )
+    assert again.error_kind == "no_response"  # the server still hangs: failed as promptly
+
+
+def test_a_server_that_may_hold_its_headers_back_is_waited_for_up_to_the_first_token_limit() -> None:
+    """llama-server sends no headers while a request waits for a slot (``headers_at_once=False``): no headers is
+    waited for up to the first-token limit."""
+    with (
+        StreamServer(Schedule(fault=Fault("hang", stall_s=5.0))) as server,
+        Client(server.url, stall_timeout_s=0.3, first_token_floor_s=1.0, headers_at_once=False) as client,
+    ):
+        sample = client.stream_chat(payload(), prompt_tokens=0)
+    assert sample.error_kind == "first_token_timeout", sample.error
+    assert (sample.error or "").startswith("no first byte within the first-token limit of 1 s")
 
 
 def test_the_first_token_limit_grows_with_the_prompt_within_the_request_timeout() -> None:

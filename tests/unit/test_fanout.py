@@ -75,6 +75,7 @@ def test_every_stream_is_timed_like_the_single_stream_client(server: StreamServe
         Fault("no_usage"),
         Fault("zero_tokens"),
         Fault("stall", 2, stall_s=1.0),
+        Fault("hang", stall_s=1.0),
     ],
     ids=lambda f: f"{f.kind}-{f.status or f.after_chunks}-{'rst' if f.reset else 'fin'}",
 )
@@ -103,6 +104,20 @@ def test_a_first_token_later_than_its_limit() -> None:
         (sample,) = f.trial([chat_payload(4, "late")], prompt_tokens=[200]).samples
     assert sample.error_kind == "first_token_timeout"
     assert "first-token limit of 0.5 s" in (sample.error or "")
+
+
+def test_a_hung_server_fails_after_the_stall_timeout_as_the_single_stream_client_says() -> None:
+    """No response headers within the stall timeout: hung, not a slow prefill (the first-token limit is 30 s)."""
+    limits = {"stall_timeout_s": 0.3, "first_token_floor_s": 30.0}
+    with StreamServer(Schedule(fault=Fault("hang", stall_s=10.0))) as hung, Fanout(hung.url, **limits) as f:
+        started = time.monotonic()
+        samples = f.trial([chat_payload(4, "a"), chat_payload(4, "b")]).samples
+        took = time.monotonic() - started
+        with Client(hung.url, **limits) as client:
+            single = client.stream_chat(chat_payload(4, "single"))
+    assert took < 10, took  # the first-token limit is 30 s
+    assert [s.error_kind for s in samples] == ["no_response", "no_response"] and single.error_kind == "no_response"
+    assert samples[0].error == single.error
 
 
 def test_nothing_listening_fails_every_stream_as_a_connection_error() -> None:
