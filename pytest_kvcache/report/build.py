@@ -44,7 +44,7 @@ from pytest_kvcache.model import (
     SummaryRow,
 )
 from pytest_kvcache.probes import agreement
-from pytest_kvcache.report import confounds
+from pytest_kvcache.report import bands, confounds
 from pytest_kvcache.report import fidelity as fidelity_report
 from pytest_kvcache.report.frame import (
     MIN_BOOTS_FOR_BOOT_CI,
@@ -212,8 +212,8 @@ def rounds_check(
 
 def _curve(
     data: pd.DataFrame, probe: str, arm: str, metric: str, specs: Specs
-) -> list[tuple[float, dict[str, list[float]]]]:
-    """(x, {boot: values}) per point of a curve: x = depth, or the mean prompt tokens of a turn."""
+) -> list[tuple[float, dict[str, list[float]], str]]:
+    """(x, {boot: values}, point) per point of a curve: x = depth, or the mean prompt tokens of a turn."""
     spec = spec_of(probe, specs)
     sub = data[(data["probe"] == probe) & (data["arm"] == arm)]
     key = "unit" if "unit" in sub else "boot"
@@ -225,7 +225,7 @@ def _curve(
         x = float(at["depth"].iloc[0]) if spec.curve_x == "depth" else float(at["prompt_tokens"].dropna().mean())
         found = {str(unit): v for unit, g in at.groupby(key, sort=False) if (v := values(g, metric))}
         if found:
-            out.append((x, found))
+            out.append((x, found, str(point)))
     return out
 
 
@@ -237,7 +237,13 @@ def _nearest(curve: Mapping[float, object], x: float) -> float:
     return min(curve, key=lambda c: abs(c - x))
 
 
-def crossover_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: int) -> list[CrossoverRow]:
+def crossover_rows(
+    data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: int, platform: bands.Platform = "cpu"
+) -> list[CrossoverRow]:
+    """Where each arm's curve (prefill by depth, agentic by prompt tokens) crosses the baseline's, with the
+    resampled crossing's CI and share; :func:`judge_crossovers` then decides which are significant. Within
+    boots, each resample also moves the curve by a boot effect drawn from the default band (a boot is one
+    engine along the whole curve)."""
     rows: list[CrossoverRow] = []
     if data.empty or len(arms) < 2:
         return rows
@@ -247,9 +253,11 @@ def crossover_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: 
     )
     for spec in sorted(specs.values(), key=lambda s: (s.order, s.name)):
         for metric in spec.curve:
-            base = dict(_curve(data, spec.name, arms[0], metric, specs))
+            base_curve = _curve(data, spec.name, arms[0], metric, specs)
+            base = {x: found for x, found, _ in base_curve}
+            names = {x: point for x, _, point in base_curve}
             for arm in arms[1:]:
-                curve = dict(_curve(data, spec.name, arm, metric, specs))
+                curve = {x: found for x, found, _ in _curve(data, spec.name, arm, metric, specs)}
                 xs = [x for x in sorted(base) if x in curve or any(abs(x - c) / max(x, 1) < 0.02 for c in curve)]
                 if len(xs) < 2:
                     continue
@@ -259,26 +267,71 @@ def crossover_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: 
                 if boots >= MIN_BOOTS_FOR_BOOT_CI:  # the same unit as every delta's CI: boots (blocks)
                     found = stats.crossover_boots(xs, base_vals, arm_vals, blocks=blocks, seed=seed)
                 else:
+                    band = bands.band(metric, platform)
+                    per_side = [max(min(len(v) for v in vals), 1) for vals in (base_vals, arm_vals)]
+                    boot_sd = band.boot_sd * (1 / per_side[0] + 1 / per_side[1]) ** 0.5 if band else 0.0
                     found = stats.crossover(
-                        xs, [_pooled(b) for b in base_vals], [_pooled(a) for a in arm_vals], seed=seed
+                        xs,
+                        [_pooled(b) for b in base_vals],
+                        [_pooled(a) for a in arm_vals],
+                        boot_sd=boot_sd,
+                        seed=seed,
                     )
+                    found["boot_sd_pct"] = boot_sd * 100
                 found["ci_method"] = "boots" if boots >= MIN_BOOTS_FOR_BOOT_CI else "within-boot"
                 axis = "depth" if spec.curve_x == "depth" else "prompt tokens"
-                if found["estimate"] is None:
-                    statement = f"no crossover in the measured range ({xs[0]:,.0f}–{xs[-1]:,.0f} {axis})"
-                else:
-                    ci = ""
-                    if found["ci_low"] is not None:
-                        ci = f" (95% CI {found['ci_low']:,.0f}–{found['ci_high']:,.0f})"
-                    statement = f"{arm}/{arms[0]} {metric} crosses 1 at ~{found['estimate']:,.0f} {axis}{ci}"
                 row = cast(
                     CrossoverRow,
                     {"arm": arm, "baseline": arms[0], "probe": spec.name, "metric": metric, "axis": axis, "xs": xs},
                 )
                 row.update(cast(CrossoverRow, found))
-                row["statement"] = statement
+                row["point_names"] = [names[x] for x in xs]
                 rows.append(row)
     return rows
+
+
+def judge_crossovers(crossovers: Sequence[CrossoverRow], deltas: Sequence[DeltaRow]) -> None:
+    """Which crossings the data carry (in place): a sign change is stated only when a point on each side of
+    parity has a CI that excludes it (its delta's verdict, judged as the report judges it: over boots, or
+    within boots widened by the band or the A/A noise) or when at least ``stats.CROSSING_SHARE`` of the
+    resampled curves cross the same way; otherwise "no significant crossover in the measured range"."""
+    for c in crossovers:
+        rows = [
+            d
+            for d in deltas
+            if d["arm"] == c["arm"]
+            and d["probe"] == c["probe"]
+            and d["metric"] == c["metric"]
+            and d["point"] in (c.get("point_names") or [])
+        ]
+        verdicts = {d["verdict"] for d in rows}
+        sides = {"better", "worse"} <= verdicts
+        share = float(c.get("share") or 0.0)
+        estimate = c.get("estimate")
+        xs = c["xs"]
+        span = f"{xs[0]:,.0f}–{xs[-1]:,.0f} {c['axis']}"
+        significant = estimate is not None and (sides or share >= stats.CROSSING_SHARE)
+        c["significant"] = significant
+        if estimate is None:
+            c["evidence"] = "the ratio does not change sign"
+            c["statement"] = f"no crossover in the measured range ({span})"
+            continue
+        why = "a point on each side excludes parity" if sides else f"{share:.0%} of resampled curves cross the same way"
+        c["evidence"] = (
+            why
+            if significant
+            else (
+                f"only {share:.0%} of resampled curves cross the same way (needs {stats.CROSSING_SHARE:.0%}) and no "
+                "point on each side excludes parity"
+            )
+        )
+        if significant:
+            ci = ""
+            if c.get("ci_low") is not None:
+                ci = f" (95% CI {c['ci_low']:,.0f}–{c.get('ci_high') or 0.0:,.0f})"
+            c["statement"] = f"{c['arm']}/{c['baseline']} {c['metric']} crosses 1 at ~{estimate:,.0f} {c['axis']}{ci}"
+        else:
+            c["statement"] = f"no significant crossover in the measured range ({span}): {c['evidence']}"
 
 
 def _short_k(tokens: float) -> str:
@@ -324,7 +377,7 @@ def verdict_sentences(
             rows = [d for d in deltas if d["arm"] == arm and d["probe"] == probe and d["metric"] == metric]
             for c in cross:
                 estimate, lo, hi = c.get("estimate"), c.get("ci_low"), c.get("ci_high")
-                if estimate is not None:
+                if estimate is not None and c.get("significant", True):
                     out.append(
                         f"{arm}'s {probe} {metric} relative to {arms[0]} changes sign by "
                         f"{_short_k(estimate)} {c['axis']}"
@@ -937,8 +990,11 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
     arms = run.arms
     seed = run.seed
     data = run.frame
+    platform = bands.platform_of(run.evidence)
     deltas = delta_rows(data, arms, specs, seed)
-    crossovers = crossover_rows(data, arms, specs, seed)
+    used_bands = bands.judge_deltas(deltas, platform)
+    crossovers = crossover_rows(data, arms, specs, seed, platform)
+    judge_crossovers(crossovers, deltas)
     boots = boot_entries(run)
     plan = run.meta.get("plan") or []
     notes = []
@@ -990,6 +1046,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         ),
         "fidelity": fidelity_report.section(run.fidelity_blocks, run.fidelity, arms, settings, seed),
         "flags": flag_summary(run.records),
+        "bands": {"platform": platform, "families": used_bands},
     }
     if blocks:
         report["blocks"] = blocks

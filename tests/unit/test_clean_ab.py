@@ -13,7 +13,7 @@ from pytest_kvcache import stats
 from pytest_kvcache.config.settings import Arm, SettingsError, boot_order, resolve
 from pytest_kvcache.probes import agreement, registry
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
-from pytest_kvcache.report import build, confounds, gates, judge
+from pytest_kvcache.report import bands, build, confounds, gates, judge
 from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.outputs.markdown import fmt_delta
@@ -128,7 +128,9 @@ def test_hierarchical_ci_is_wider_than_pooled_when_boots_drift() -> None:
     arm = [rng.normal(100, 0.2, 8) + shift for shift in (2.0, -2.0, 1.0)]
     ratio, lo, hi = stats.ratio_ci_boots(base, arm)
     _, plo, phi = stats.ratio_ci(np.concatenate(base), np.concatenate(arm))
-    assert ratio == pytest.approx(np.mean([a.mean() for a in arm]) / np.mean([b.mean() for b in base]))
+    # the ratio of the geometric means of the boot means (the t-interval is on their log)
+    geometric = np.exp(np.mean(np.log([a.mean() for a in arm])) - np.mean(np.log([b.mean() for b in base])))
+    assert ratio == pytest.approx(geometric)
     assert lo is not None and hi is not None and plo is not None and phi is not None
     assert (hi - lo) > 2 * (phi - plo)
     assert lo < 1 < hi
@@ -177,7 +179,8 @@ def test_compare_switches_to_boots_with_three_boots_per_arm() -> None:
     )
     row = analysis.compare(three[three["arm"] == "a"], three[three["arm"] == "b"], "decode_tps")
     assert row["ci_method"] == "boots" and row["boots_baseline"] == 3
-    assert row["ratio"] == pytest.approx(112.5 / 102.5)  # mean of boot means
+    assert row["ratio"] == pytest.approx(112.5 / 102.5, rel=1e-4)  # geometric mean of boot means
+    assert row["baseline_value"] == pytest.approx(102.5) and row["arm_value"] == pytest.approx(112.5)
 
 
 def test_pairs_stay_within_a_replicate() -> None:
@@ -247,20 +250,25 @@ def test_noise_band_widens_gates_and_verdicts() -> None:
     data = analysis.frame(records("a", "a", 1, [100, 100.1, 99.9]) + records("b", "b", 1, [102, 102.1, 101.9]))
     gate = gates.parse("decode_tps[short]: <= +1%", arms=["a", "b"])
     one_boot = gates.evaluate([gate], data, ["a", "b"], seed=0)[0]
-    assert (one_boot["outcome"], one_boot["within_boot_outcome"]) == ("inconclusive", "fail")
+    # one boot each: the within-boot CI (+2% [+1.8, +2.2]) widened by the default CPU band straddles +1%
+    assert one_boot["outcome"] == "inconclusive" and one_boot["evidence"]["kind"] == "default band"
     widened = gates.evaluate([gate], data, ["a", "b"], seed=0, noise={("short", "code", "decode_tps"): 0.03})[0]
     assert widened["outcome"] == "inconclusive" and "noise band ±3.0%" in widened["reason"]
-    assert "within_boot_outcome" not in widened  # the A/A band is boot against boot: it decides
+    assert widened["evidence"]["kind"] == "noise run"  # a stored A/A takes the place of the default band
     narrow = gates.evaluate([gate], data, ["a", "b"], seed=0, noise={("short", "code", "decode_tps"): 0.001})[0]
     assert narrow["outcome"] == "fail" and narrow["ci_method"] == "noise band"
     report: Any = {"deltas": analysis.delta_rows(data, ["a", "b"]), "arms": [], "crossovers": []}
     report["agreement"] = {"rows": [], "notes": []}
     assert report["deltas"][0]["verdict"] == "better"
     assert report["deltas"][0]["provisional"] == "1 boot per arm: within-boot CI only"
+    bands.judge_deltas(report["deltas"], "cpu")  # what build() does: +2% is within the CPU band
+    assert report["deltas"][0]["verdict"] == "inconclusive" and "default CPU" in report["deltas"][0]["verdict_note"]
     judge.apply_noise(report, {("short", "code", "decode_tps"): 0.03}, "aa", SPECS)
     assert report["deltas"][0]["verdict"] == "inconclusive"
     assert report["deltas"][0]["verdict_note"] == "within the A/A noise band ±3.0%"
     assert "provisional" not in report["deltas"][0]
+    judge.apply_noise(report, {("short", "code", "decode_tps"): 0.001}, "aa", SPECS)
+    assert report["deltas"][0]["verdict"] == "better"  # judged again from the within-boot CI, not from the band's
 
 
 def test_verdict_words_say_when_they_rest_on_a_within_boot_ci() -> None:

@@ -9,7 +9,7 @@ import pytest
 from pytest_kvcache import stats
 from pytest_kvcache.probes import registry
 from pytest_kvcache.report import frame as report_frame
-from pytest_kvcache.report import gates
+from pytest_kvcache.report import bands, gates
 from pytest_kvcache.report.frame import compare, point_of
 
 SPECS = registry.resolve()
@@ -189,30 +189,57 @@ def test_evaluate_between_baseline_and_absolute() -> None:
     results = gates.evaluate(parsed, data, arms, seed=0)
     assert [r["outcome"] for r in results] == ["pass", "fail", "pass", "fail", "inconclusive"]
     assert results[0]["name"] == "decode_tps[short@code]: int8 >= fp8 * 1.20 (int8/fp8)"
-    assert results[0]["value"] == pytest.approx(sum(int8) / sum(fp8))
+    assert results[0]["value"] == pytest.approx(sum(int8) / sum(fp8), rel=1e-4)  # geometric mean of boot means
     assert results[0]["ci_method"] == "boots" and "within_boot_outcome" not in results[0]
     assert results[-1]["reason"] == "no measured prefill samples"
 
 
-def test_a_ratio_gate_on_one_boot_per_arm_follows_inconclusive() -> None:
-    """With fewer than 3 boots per arm the CI is within-boot: a pass or fail is only what it would be."""
-    data = frame(_records("fp8", [100.0, 101.0, 99.0, 100.5]) + _records("int8", [130.0, 131.0, 129.0, 130.5]))
+def test_one_boot_per_arm_decides_a_gate_missed_or_met_far_beyond_boot_to_boot_variation() -> None:
+    """With fewer than 3 boots per arm the within-boot CI is widened by the default band: +60% decides
+    neither ×1.20 nor ×2.0, but a ×5 gate fails and a ×0.2 gate passes."""
+    data = frame(_records("fp8", [100.0, 101.0, 99.0, 100.5]) + _records("int8", [160.0, 161.0, 159.0, 160.5]))
     arms = ["fp8", "int8"]
     texts = (
         "decode_tps[short]: int8 >= fp8 * 1.20",
-        "decode_tps[short]: int8 >= fp8 * 1.40",
+        "decode_tps[short]: int8 >= fp8 * 2.0",
+        "decode_tps[short]: int8 >= fp8 * 5",
+        "decode_tps[short]: int8 >= fp8 * 0.2",
         "decode_tps[short]: >= 1",
     )
-    results = gates.evaluate([gates.parse(t, arms=arms) for t in texts], data, arms, seed=0)
-    assert [r["outcome"] for r in results] == ["inconclusive", "inconclusive", "pass", "pass"]
-    assert [r.get("within_boot_outcome") for r in results[:2]] == ["pass", "fail"]
-    assert results[1]["reason"] == (
-        "would fail on a within-boot CI (1 boot per arm: within-boot CI only) — follows --kv-inconclusive; "
-        "--kv-replicates=3 or --kv-noise=RUN decides it"
-    )
-    # an absolute gate is judged as it is (no ratio to make provisional), and says which CI it used
-    assert results[0]["ci_method"] == "within-boot" and results[2]["ci_method"] == "within-boot"
-    assert "within_boot_outcome" not in results[2]
+    results = gates.evaluate([gates.parse(t, arms=arms) for t in texts], data, arms, seed=0, platform="cpu")
+    assert [r["outcome"] for r in results] == ["inconclusive", "inconclusive", "fail", "pass", "pass", "pass"]
+    band = bands.band("decode_tps", "cpu")
+    assert band is not None
+    for r in results[:4]:
+        evidence = r["evidence"]
+        assert evidence["kind"] == "default band" and evidence["family"] == "decode rate"
+        assert evidence["boot_sd_pct"] == pytest.approx(band.boot_sd * 100)
+        lo, hi = evidence["within_ci"]
+        assert lo is not None and hi is not None and r["ci_low"] is not None and r["ci_high"] is not None
+        assert r["ci_low"] < lo < hi < r["ci_high"]  # widened, around the same ratio
+        assert "widened by the default CPU decode rate band" in r["reason"]
+    # the open ones say how many more boots per arm would likely decide them; the decided ones do not
+    assert isinstance(results[0]["boots_to_decide"], int) and "boots_to_decide" not in results[2]
+    # an absolute gate's within-boot CI is widened the same way (by one arm's boot variation)
+    assert results[4]["evidence"]["kind"] == "default band" and results[4]["ci_method"] == "within-boot"
+
+
+def test_the_gpu_band_applies_when_the_run_saw_gpus() -> None:
+    assert bands.platform_of({"a": {"gpu_before": {"gpu": True}}}) == "gpu"  # type: ignore[dict-item]
+    assert bands.platform_of({"a": {"gpu_before": {"gpu": False}}, "b": {}}) == "cpu"  # type: ignore[dict-item]
+    gpu, cpu = bands.band("ttft_s", "gpu"), bands.band("ttft_s", "cpu")
+    assert gpu is not None and cpu is not None and gpu.platform == "gpu" and gpu.family == "latency"
+    assert bands.family("my_probe_tps") == "decode rate" and bands.family("queue_s") == "latency"
+    unknown = bands.band("score", "cpu")  # no family: the platform's widest band
+    assert unknown is not None and "no family of its own" in unknown.source
+
+
+def test_boots_to_decide_grows_as_the_estimate_nears_the_threshold() -> None:
+    far = gates.boots_to_decide(0.90, 0.80, 1.01, 0.97, 1, ratio=True)
+    near = gates.boots_to_decide(0.95, 0.85, 1.06, 0.97, 1, ratio=True)
+    assert far is not None and near is not None and far < near
+    assert gates.boots_to_decide(0.97, 0.9, 1.05, 0.97, 1, ratio=True) is None  # on the threshold: never
+    assert gates.boots_to_decide(None, None, None, 0.97, 1, ratio=True) is None
 
 
 def test_gate_on_a_probe_without_valid_samples_is_inconclusive() -> None:
