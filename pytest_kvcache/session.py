@@ -227,13 +227,17 @@ class KvSession:
                 f"  fidelity sized for the CPU: depths {','.join(depth_label(d) for d in st.fidelity_depths)} "
                 f"(elsewhere: --kv-fidelity-depths={','.join(depth_label(d) for d in FIDELITY_DEPTHS)})"
             )
+        if st.max_replicates:
+            lines.append(
+                f"  boot budget: up to {st.rounds} boots per arm (--kv-max-replicates; {st.replicates} planned): "
+                f"{'round' if st.rounds == st.replicates + 1 else 'rounds'} {st.replicates + 1}"
+                f"{'' if st.rounds == st.replicates + 1 else f'–{st.rounds}'} boot only while {self.adaptive_condition()}"
+            )
         for i, entry in enumerate(self.run.plan, 1):
             args = entry.get("args") or []
             extra = f" args={' '.join(args)}" if args else ""
             baseline = " (baseline)" if i == 1 else ""
-            adaptive = (
-                f" (adaptive: only while the CI is wider than ±{st.target_ci_pct:g}%)" if entry.get("extra") else ""
-            )
+            adaptive = f" (adaptive: only while {self.adaptive_condition()})" if entry.get("extra") else ""
             lane = (
                 f" [lane {entry['lane']}{', GPUs ' + str(entry['gpus']) if entry.get('gpus') else ''}]"
                 if "lane" in entry
@@ -244,6 +248,14 @@ class KvSession:
                 f"{extra} — {entry.get('tests', 0)} test(s){adaptive}"
             )
         return lines
+
+    def adaptive_condition(self) -> str:
+        """When an adaptive round boots, in words: a gate is undecided, or a CI is wider than the target."""
+        st = self.settings
+        parts = ["a gate is undecided"] if st.gates else []
+        if st.target_ci_pct is not None and st.replicates >= 2:
+            parts.append(f"a CI is wider than ±{st.target_ci_pct:g}%")
+        return " or ".join(parts) or "needed"
 
     # ------------------------------------------------------------------ the run loop
 

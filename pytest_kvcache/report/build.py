@@ -138,75 +138,68 @@ def rounds_check(
     records: Sequence[Record],
     arms: Sequence[str],
     specs: Specs,
-    target_pct: float,
+    target_pct: float | None,
     seed: int,
     gates: Sequence[str] = (),
     blocks: Mapping[str, int] | None = None,
+    *,
+    platform: bands.Platform = "cpu",
+    noise: Mapping[tuple[str, str, str], float] | None = None,
+    saved: pd.DataFrame | None = None,
+    external: bool = False,
 ) -> tuple[bool, dict[str, object] | None]:
     """Is another round (block) of boots unnecessary? One rule for every probe — short, prefill, agentic,
-    concurrency, a user's — on the same CIs as the report (paired by block under pytest-xdist: ``blocks``
-    maps each boot to its block):
+    concurrency, a user's — on the same evidence as the report (paired by block under pytest-xdist:
+    ``blocks`` maps each boot to its block):
 
-    - a delta judged by a ratio gate against the baseline (``<= +10%``, ``ARM >= BASELINE * F``) is settled
-      when every such gate on it is decided on a CI over boots (wholly on one side of the threshold) —
-      however wide, and not before, however narrow: the gate's margin is the target (a within-boot CI never
-      decides a gate in the report, so it decides nothing here either);
-    - any other delta of a probe's primary metric is settled when its CI half-width ≤ ``target_pct``;
-    - a delta without a CI is not settled.
+    - every gate is evaluated exactly as the report evaluates it (``report.gates.evaluate``, with the A/A
+      noise band, the stored run and the platform's default bands): a round is needed while one of them is
+      undecided — its CI straddles the threshold — however narrow; a gate without data is no reason to boot;
+    - with ``target_pct`` (``--kv-target-ci``), any other delta of a probe's primary metric is settled when
+      its CI half-width ≤ ``target_pct``; a delta without a CI is not settled.
 
-    Returns ``(done, widest)``: the unsettled delta with the widest CI (or, when all are settled, the
-    widest): ``probe``, ``point``, ``metric``, ``arm``, ``half_width_pct`` and ``gate`` (the undecided
-    gate's text, if a gate holds it).
+    Returns ``(done, widest)``: what still needs a round (an undecided gate first, else the unsettled delta
+    with the widest CI; when all are settled, the widest): ``probe``, ``point``, ``metric``, ``arm``,
+    ``half_width_pct`` and ``gate`` (the undecided gate's name, with ``boots_to_decide``).
     """
-    from pytest_kvcache.report.gates import GateError, judge, parse
+    from pytest_kvcache.report.gates import GateError, evaluate, parse
 
-    ratio_gates = []
+    data = frame(records, specs)
+    if "boot" in data:  # as the run folder's loader does: the resampling unit and the block of each row
+        data["unit"] = data["arm"] if external else data["boot"]
+        data["block"] = [(blocks or {}).get(str(b), 0) for b in data["boot"]]
+    parsed = []
     for text in gates:
         try:
-            gate = parse(text, arms=arms)
+            parsed.append(parse(text, arms=arms))
         except GateError:
             continue
-        if gate.kind == "baseline" or (gate.kind == "between" and arms and gate.other == arms[0]):
-            ratio_gates.append(gate)
-    gated = {(g.probe, g.metric) for g in ratio_gates}
-    data = frame(records, specs)
-    if blocks and "boot" in data:
-        data["block"] = [blocks.get(str(b), 0) for b in data["boot"]]
-    rows = [
-        r
-        for r in delta_rows(data, arms, specs, seed)
-        if spec_of(r["probe"], specs).primary_metric == r["metric"] or (r["probe"], r["metric"]) in gated
+    results = evaluate(parsed, data, arms, seed=seed, saved=saved, noise=noise, specs=specs, platform=platform)
+    open_gates = [
+        r for r in results if r["outcome"] == "inconclusive" and (r.get("evidence") or {}).get("kind", "none") != "none"
     ]
-    if not rows:
-        return False, None
-    judged: list[tuple[bool, float | None, DeltaRow, str | None]] = []
-    for row in rows:
-        width = ci_half_width_pct(row)
-        on_it = [
-            g
-            for g in ratio_gates
-            if g.probe == row["probe"]
-            and g.metric == row["metric"]
-            and g.point in (None, row["point"])
-            and (g.kind == "baseline" or g.arm == row["arm"])
-        ]
-        if on_it:
-            over_boots = row.get("ci_method") == "boots"
-            open_ = [
-                g
-                for g in on_it
-                if not over_boots or judge(g.op, row.get("ci_low"), row.get("ci_high"), g.threshold) == "inconclusive"
-            ]
-            judged.append((not open_, width, row, open_[0].text if open_ else None))
-        elif spec_of(row["probe"], specs).primary_metric == row["metric"]:
-            judged.append((width is not None and width <= target_pct, width, row, None))
+    gated = {(g.probe, g.metric) for g in parsed}
+    judged: list[tuple[bool, float | None, DeltaRow]] = []
+    if target_pct is not None:
+        for row in delta_rows(data, arms, specs, seed):
+            if spec_of(row["probe"], specs).primary_metric != row["metric"] or (row["probe"], row["metric"]) in gated:
+                continue
+            width = ci_half_width_pct(row)
+            judged.append((width is not None and width <= target_pct, width, row))
+    if open_gates:
+        gate = open_gates[0]
+        lo, hi = gate["ci_low"], gate["ci_high"]
+        width = (hi - lo) / 2 * 100 if lo is not None and hi is not None else None
+        widest: dict[str, object] = {"gate": gate["name"], "half_width_pct": width}
+        widest["boots_to_decide"] = gate.get("boots_to_decide")
+        widest["open_gates"] = len(open_gates)
+        return False, widest
+    if not judged:
+        return (bool(parsed), None) if parsed else (False, None)
     unsettled = [j for j in judged if not j[0]] or judged
-    _, worst_width, worst, gate_text = max(unsettled, key=lambda j: float("inf") if j[1] is None else j[1])
-    widest: dict[str, object] = {"probe": worst["probe"], "point": worst["point"], "metric": worst["metric"]}
-    widest["arm"] = worst["arm"]
+    _, worst_width, worst = max(unsettled, key=lambda j: float("inf") if j[1] is None else j[1])
+    widest = {"probe": worst["probe"], "point": worst["point"], "metric": worst["metric"], "arm": worst["arm"]}
     widest["half_width_pct"] = worst_width
-    if gate_text:
-        widest["gate"] = gate_text
     return all(j[0] for j in judged), widest
 
 

@@ -78,6 +78,25 @@ def test_replicates_default_to_abba_and_name_boots(tmp_path: Path) -> None:
     assert resolve_cli(tmp_path).order == "sequential"
 
 
+def test_gates_plan_adaptive_rounds_up_to_a_budget_of_three_boots_per_arm(tmp_path: Path) -> None:
+    gated = resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"])
+    assert gated.replicates == 1 and gated.max_replicates == 3 and gated.rounds == 3 and gated.order == "abba"
+    assert [(b.boot_id, b.extra) for b in gated.boots()] == [
+        ("auto.r1", False),
+        ("float16.r1", False),
+        ("float16.r2", True),
+        ("auto.r2", True),
+        ("auto.r3", True),
+        ("float16.r3", True),
+    ]
+    off = resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"], max_replicates="1")
+    assert off.max_replicates is None and [b.boot_id for b in off.boots()] == ["auto", "float16"]
+    assert resolve_cli(tmp_path).max_replicates is None  # no gates: boot what was asked
+    five = resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"], max_replicates="5")
+    assert five.rounds == 5 and sum(b.extra for b in five.boots()) == 8
+    assert resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"], replicates="4").max_replicates is None
+
+
 def test_target_ci_plans_adaptive_rounds_up_to_the_cap(tmp_path: Path) -> None:
     s = resolve_cli(tmp_path, replicates="2", target_ci="1.5%")
     assert s.target_ci_pct == 1.5 and s.max_replicates == 4
@@ -92,7 +111,9 @@ def test_target_ci_plans_adaptive_rounds_up_to_the_cap(tmp_path: Path) -> None:
         ({"order": "abba:3"}, "expected sequential, abba, random or random:SEED"),
         ({"replicates": "0"}, "expected a whole number >= 1"),
         ({"target_ci": "0"}, "between 0 and 100"),
-        ({"max_runs": "9"}, "only apply with --kv-target-ci"),
+        ({"max_runs": "9"}, "only applies with --kv-target-ci"),
+        ({"max_replicates": "3"}, "adds boots only to decide a gate"),
+        ({"fail": ["decode_tps[short]: >= -5%"], "replicates": "2", "max_replicates": "1"}, "at least --kv-replicates"),
         ({"target_ci": "2", "runs": "5", "max_runs": "3"}, "must be at least --kv-runs"),
         ({"allow_diff": ["cache config"]}, "expected a dotted evidence path"),
         ({"noise": "nope"}, "no stored run 'nope'"),
