@@ -768,13 +768,23 @@ class FailureRow(TypedDict):
     first_message: str
 
 
+class EmptyPoint(TypedDict):
+    """A probe point of one arm whose measured requests all failed or were excluded: no valid sample."""
+
+    probe: str
+    point: str
+    arm: str
+    requests: int
+    kinds: list[str]
+
+
 class FailuresSection(TypedDict):
     failed: int
     excluded: int
     measured: int
     rows: list[FailureRow]
-    #: (probe, point, arm) with measured requests and not one valid sample
-    empty_points: list[list[str]]
+    empty_points: list[EmptyPoint]
+    lines: list[str]
 
 
 class Report(TypedDict, total=False):

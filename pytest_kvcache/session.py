@@ -21,7 +21,7 @@ import pytest
 from pytest_kvcache.config.settings import CPU_FIDELITY_DEPTHS, FIDELITY_DEPTHS, Boot, Settings
 from pytest_kvcache.engines.base import Engine
 from pytest_kvcache.engines.registry import EngineRegistry
-from pytest_kvcache.model import Json
+from pytest_kvcache.model import Json, Report
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.prefill import depth_label
 from pytest_kvcache.run.progress import Mode, Progress
@@ -298,12 +298,41 @@ class KvSession:
             self.outcome = Outcome(run=path, error=f"{exc}")
         except Exception as exc:  # the pipeline catches its own; this is the last line of defence
             self.outcome = Outcome(run=path, error=f"{type(exc).__name__}: {exc}")
+        if self.outcome.report is not None:
+            self.junit_properties(self.outcome.report)
         if self.outcome.report is not None and self.outcome.error is None:
             self.config.hook.pytest_kvcache_report(config=self.config, report=self.outcome.report)
             summary = os.environ.get("GITHUB_STEP_SUMMARY")
             if summary:
+                from pytest_kvcache.report.outputs.markdown import gate_summary
+
                 with open(summary, "a", encoding="utf-8") as fh:
+                    fh.write(gate_summary(self.outcome.report))
                     fh.write((path / "report.md").read_text(encoding="utf-8"))
+
+    def junit_properties(self, report: Report) -> None:
+        """Gate outcomes (value, CI, threshold, deciding evidence) and the failed-request count as test-suite
+        properties of ``--junitxml`` (what ``record_testsuite_property`` writes; valid in every junit family)."""
+        xml = next((p for p in self.config.pluginmanager.get_plugins() if hasattr(p, "add_global_property")), None)
+        if xml is None:
+            return
+        from pytest_kvcache.report.outputs.markdown import gate_evidence
+
+        gates = report.get("gates") or []
+        for outcome in ("fail", "inconclusive", "pass"):
+            xml.add_global_property(
+                f"kv_gates_{ {'fail': 'failed', 'pass': 'passed'}.get(outcome, outcome) }",
+                str(sum(1 for g in gates if g["outcome"] == outcome)),
+            )
+        for g in gates:
+            xml.add_global_property(
+                f"kv_gate {g['name']}",
+                f"{g['outcome'].upper()} value {g['value_text']} CI {g['ci_text']} needs {g['threshold_text']} — "
+                f"{gate_evidence(g)}",
+            )
+        failures = report.get("failures")
+        if failures is not None:
+            xml.add_global_property("kv_failed_requests", str(failures["failed"]))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> None:

@@ -44,7 +44,7 @@ from pytest_kvcache.model import (
     SummaryRow,
 )
 from pytest_kvcache.probes import agreement
-from pytest_kvcache.report import bands, confounds
+from pytest_kvcache.report import bands, confounds, failures
 from pytest_kvcache.report import fidelity as fidelity_report
 from pytest_kvcache.report.frame import (
     MIN_BOOTS_FOR_BOOT_CI,
@@ -595,8 +595,29 @@ def block_entries(run: RunData) -> list[BlockEntry]:
     return out
 
 
+def adaptive_text(run: RunData, boots: Sequence[BootEntry]) -> str | None:
+    """How many boots the adaptive rounds added and why (from ``sampling.jsonl``'s round decisions), or None
+    when the plan held no adaptive round."""
+    extra = [b for b in boots if b.get("extra")]
+    if not extra:
+        return None
+    budget = run.settings.get("max_replicates")
+    booted = [b for b in extra if b["status"] in ("ready", "stopped", "failed")]
+    decisions = [s for s in run.sampling if s.get("kind") == "rounds"]
+    why = "; ".join(f"round {s.get('round')}: {s.get('decision')} — {s.get('reason')}" for s in decisions)
+    return (
+        f"Adaptive boots: {len(booted)} of {len(extra)} added (boot budget {budget} per arm, --kv-max-replicates)"
+        + (f" — {why}" if why else "")
+        + "."
+    )
+
+
 def ci_statement(
-    boots: Sequence[BootEntry], arms: Sequence[str], launcher: object = None, blocks: Sequence[BlockEntry] = ()
+    boots: Sequence[BootEntry],
+    arms: Sequence[str],
+    launcher: object = None,
+    blocks: Sequence[BlockEntry] = (),
+    adaptive: str | None = None,
 ) -> CiStatement:
     """How many boots each arm had, and what the report's CIs therefore cover. Against external endpoints
     (``launcher`` "external") nothing is booted: replicates are repeats against one server per arm, one
@@ -621,19 +642,20 @@ def ci_statement(
     if fewest >= MIN_BOOTS_FOR_BOOT_CI and len(lanes) > 1:
         text = (
             f"CIs are computed over boots, paired by block across {len(lanes)} lanes (each block's ratio of its "
-            f"arms' boot means, both on one lane; hierarchical bootstrap: blocks, then samples within a boot); "
-            f"boots per arm: {counts}."
+            f"arms' boot means, both on one lane; a t-interval over the blocks' log ratios); boots per arm: {counts}."
         )
     elif fewest >= MIN_BOOTS_FOR_BOOT_CI:
         text = (
-            f"CIs are computed over boots (hierarchical bootstrap: boots, then samples within a boot); "
-            f"boots per arm: {counts}."
+            f"CIs are computed over boots (a Welch t-interval on the log of the boot means); boots per arm: {counts}."
         )
     else:
         text = (
-            f"CIs cover within-boot noise only (boots per arm: {counts}; "
-            f"boot-to-boot variation is not in them — use --kv-replicates={MIN_BOOTS_FOR_BOOT_CI} or more)."
+            f"CIs cover within-boot noise only (boots per arm: {counts}); verdicts and gates judge them widened by "
+            f"the default boot-to-boot band of each metric family (docs/gates.md) — --kv-replicates="
+            f"{MIN_BOOTS_FOR_BOOT_CI} or more puts boot-to-boot variation in the CIs themselves."
         )
+    if adaptive:
+        text += " " + adaptive
     found: CiStatement = {
         "boots_per_arm": per_arm,
         "method": "boots" if fewest >= MIN_BOOTS_FOR_BOOT_CI else "within-boot",
@@ -1020,7 +1042,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "boots": boots,
         "boot_results": boot_results(data, boots, specs),
         "compile_cache": compile_cache_lines(boots),
-        "ci": ci_statement(boots, arms, run.settings.get("launcher"), blocks),
+        "ci": ci_statement(boots, arms, run.settings.get("launcher"), blocks, adaptive_text(run, boots)),
         "confounds": confound_report(run, boots, allow),
         "agreement": agreed,
         "sampling": run.sampling,
@@ -1040,6 +1062,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "fidelity": fidelity_report.section(run.fidelity_blocks, run.fidelity, arms, settings, seed),
         "flags": flag_summary(run.records),
         "bands": {"platform": platform, "families": used_bands},
+        "failures": failures.section(run.records, arms, specs),
     }
     if blocks:
         report["blocks"] = blocks

@@ -175,9 +175,12 @@ def test_three_boots_give_a_ci_over_boots_and_absolute_gates_use_it() -> None:
     assert evaluate([open_], frame, ["a", "b"], seed=0)[0]["outcome"] == "inconclusive"
     # …nor a large one: 3.35 [-0.81, 7.51] nats
     assert deep["logprob_drift_ci"] == pytest.approx([-0.811, 7.511], abs=1e-3)
-    assert evaluate([parse("logprob_drift[fidelity@200]: b >= 8", arms=["a", "b"])], frame, ["a", "b"], seed=0)[0][
-        "outcome"
-    ] == "fail"
+    assert (
+        evaluate([parse("logprob_drift[fidelity@200]: b >= 8", arms=["a", "b"])], frame, ["a", "b"], seed=0)[0][
+            "outcome"
+        ]
+        == "fail"
+    )
 
 
 def _other_ids(entry: FidelityRecord) -> FidelityRecord:
