@@ -616,7 +616,7 @@ class Run:
             ([f"target ±{target:g}%"] if target is not None else [])
             + (["every gate decided"] if self.settings.gates else [])
         )
-        reason = f"{goal} reached after {done} round(s) ({where})" if done_ci else None
+        reason = f"{goal} after {done} round(s) ({where})" if done_ci else None
         self.log(
             "sampling.jsonl",
             {
