@@ -158,7 +158,7 @@ def main() -> int:
         " " + " ".join(str(r) for r in args.runs) if args.runs else ""
     )
     args.out.write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
-    print(f"| platform | family | boot-to-boot SD | points | median | max |")
+    print("| platform | family | boot-to-boot SD | points | median | max |")
     print("|---|---|---|---|---|---|")
     for platform, families in table["platforms"].items():  # type: ignore[attr-defined]
         for name, e in families.items():

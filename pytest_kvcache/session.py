@@ -231,7 +231,8 @@ class KvSession:
             lines.append(
                 f"  boot budget: up to {st.rounds} boots per arm (--kv-max-replicates; {st.replicates} planned): "
                 f"{'round' if st.rounds == st.replicates + 1 else 'rounds'} {st.replicates + 1}"
-                f"{'' if st.rounds == st.replicates + 1 else f'–{st.rounds}'} boot only while {self.adaptive_condition()}"
+                f"{'' if st.rounds == st.replicates + 1 else f'–{st.rounds}'} boot only while "
+                f"{self.adaptive_condition()}"
             )
         for i, entry in enumerate(self.run.plan, 1):
             args = entry.get("args") or []

@@ -94,7 +94,8 @@ LEVEL = {"auto": {1: 100.0, 2: 104.0, 3: 96.0}, "float16": {1: 100.0, 2: 96.0, 3
 
 def sample(rate: float) -> Sample:
     tokens = 101
-    return Sample(ok=True, first_token_s=0.01, last_token_s=0.01 + (tokens - 1) / rate, end_s=0.02 + (tokens - 1) / rate,
+    window = (tokens - 1) / rate
+    return Sample(ok=True, first_token_s=0.01, last_token_s=0.01 + window, end_s=0.02 + window,
                   completion_tokens=tokens, token_chunks=tokens, first_chunk_tokens=1, token_clock="usage",
                   prompt_tokens=10, chunks=tokens + 1)
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -8,8 +9,8 @@ import pytest
 
 from pytest_kvcache import stats
 from pytest_kvcache.probes import registry
-from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report import bands, gates
+from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.frame import compare, point_of
 
 SPECS = registry.resolve()
@@ -258,3 +259,77 @@ def test_point_and_pairing() -> None:
     arm = pd.DataFrame({"pair": [(1, 0), (1, 1), (1, 2)], "valid": [True] * 3, "decode_tps": [2.0, 4.0, 6.0]})
     result = compare(base, arm, "decode_tps", seed=0)
     assert result["paired"] and result["ci_low"] == pytest.approx(2.0) and result["verdict"] == "better"
+
+
+def _prefill(arm: str, boot: str, replicate: int, depth: int, values: list[float]) -> list[dict[str, Any]]:
+    return [
+        {
+            "arm": arm,
+            "boot": boot,
+            "replicate": replicate,
+            "probe": "prefill",
+            "depth": depth,
+            "phase": "measured",
+            "index": i,
+            "ok": True,
+            "excluded_reason": None,
+            "metrics": {"prefill_tps": v},
+            "sample": {"prompt_tokens": depth},
+        }
+        for i, v in enumerate(values)
+    ]
+
+
+def _crossings(recs: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+    from pytest_kvcache.report import build as report_build
+
+    specs = registry.resolve()
+    data = frame(recs)
+    data["unit"], data["block"] = data["boot"], 0
+    deltas = report_build.delta_rows(data, ["a", "b"], specs, 0)
+    bands.judge_deltas(deltas, "cpu")
+    rows = report_build.crossover_rows(data, ["a", "b"], specs, 0, "cpu")
+    report_build.judge_crossovers(rows, deltas)
+    return rows, deltas
+
+
+def test_a_flat_noisy_curve_gives_no_crossover() -> None:
+    """The arm's ratio wanders around 1 (the point estimate does change sign), no point's CI excludes parity
+    once boot-to-boot variation is in it: no crossover is stated, in the row, the verdict or the plot."""
+    from pytest_kvcache.report import build as report_build
+
+    recs: list[dict[str, Any]] = []
+    for depth, wobble in zip((1000, 2000, 4000, 8000, 16000), (1.02, 0.99, 1.015, 0.985, 1.01), strict=True):
+        recs += _prefill("a", "a", 1, depth, [100.0, 103.0, 97.0])
+        recs += _prefill("b", "b", 1, depth, [100.0 * wobble, 103.0 * wobble, 97.0 * wobble])
+    rows, deltas = _crossings(recs)
+    (row,) = [r for r in rows if r["metric"] == "prefill_tps"]
+    assert row["estimate"] is not None  # the point estimate crosses 1 …
+    assert row["significant"] is False  # … the data do not carry it
+    assert row["statement"].startswith("no significant crossover in the measured range (1,000–16,000 depth)")
+    sentences = report_build.verdict_sentences(deltas, rows, ["a", "b"], registry.resolve())
+    assert not any("changes sign" in s for s in sentences)
+    assert any("no significant crossover" in s for s in sentences)
+
+
+def test_a_curve_that_really_crosses_gives_a_crossover_with_its_interval() -> None:
+    """3 boots per arm; the arm is 1.6× the baseline at 1k–2k and 0.5× at 8k–16k: points on each side
+    exclude parity, so the crossing is stated with its CI."""
+    from pytest_kvcache.report import build as report_build
+
+    recs: list[dict[str, Any]] = []
+    shape = {1000: 1.6, 2000: 1.5, 4000: 1.1, 8000: 0.6, 16000: 0.5}
+    for r, drift in zip((1, 2, 3), (1.0, 1.02, 0.98), strict=True):
+        for depth, ratio in shape.items():
+            recs += _prefill("a", f"a.r{r}", r, depth, [100.0 * drift, 101.0 * drift, 99.0 * drift])
+            recs += _prefill("b", f"b.r{r}", r, depth, [100.0 * ratio * drift, 101.0 * ratio, 99.0 * ratio])
+    rows, deltas = _crossings(recs)
+    (row,) = [r for r in rows if r["metric"] == "prefill_tps"]
+    assert row["ci_method"] == "boots" and row["significant"] is True
+    assert row["evidence"] == "a point on each side excludes parity"
+    assert row["estimate"] is not None and 4000 < row["estimate"] < 8000
+    lo, hi = row["ci_low"], row["ci_high"]
+    assert lo is not None and hi is not None and lo <= row["estimate"] <= hi
+    assert row["statement"].startswith("b/a prefill_tps crosses 1 at ~") and "(95% CI " in row["statement"]
+    sentences = report_build.verdict_sentences(deltas, rows, ["a", "b"], registry.resolve())
+    assert any("relative to a changes sign by" in s for s in sentences)
