@@ -148,3 +148,71 @@ def test_a_gate_on_its_threshold_adds_boots_up_to_the_budget_then_warns(
     failing = pytester.runpytest_subprocess(*steady_args(standin_args), gate, "--kv-inconclusive=fail")
     assert failing.ret == 1, failing.stdout.str()
     failing.stdout.fnmatch_lines(["*gate INCONCLUSIVE: decode_tps[[]steady@flat]*", "*1 gate(s) failed: exit code 1*"])
+
+
+REJECTED_PROBE = """
+import pytest
+
+from pytest_kvcache.probes.registry import ProbeSpec, register
+from pytest_kvcache.probes.short import chat_payload
+
+register(ProbeSpec(name="mixed", title="Mixed prompts", metrics=("decode_tps", "ttft_s"), primary_metric="decode_tps"))
+
+PROMPTS = {"fits": "Name one prime.", "too_long": "word " * 400}
+
+
+@pytest.mark.mixed
+@pytest.mark.parametrize("shape", list(PROMPTS))
+def test_mixed(kv_server, kv_client, kv_record, shape):
+    payload = chat_payload(kv_server.model, [{"role": "user", "content": PROMPTS[shape]}], "greedy", 8)
+    for i in range(2):
+        kv_record(kv_client.stream_chat(payload), probe="mixed", shape=shape, phase="measured", index=i)
+"""
+
+
+def test_a_point_whose_every_request_fails_is_in_every_output_and_the_verdict_block(
+    pytester: pytest.Pytester, standin_args: list[str]
+) -> None:
+    """The stand-in refuses prompts over its --max-model-len (HTTP 400, vLLM's message): the "too_long" point
+    of a user's probe fails every request in both arms. report.json, report.md, report.html and the terminal
+    all say so, the tables show the point as FAILED, and the page's verdict block gives the count in red."""
+    pytester.makepyfile(test_mixed=REJECTED_PROBE)
+    args = [a for a in standin_args if a not in ("-m", "short") and not a.startswith("--kv-engine-args")]
+    tag = next(a for a in standin_args if a.startswith("--kv-engine-args")).split("=", 1)[1]
+    result = pytester.runpytest_subprocess(
+        *args,
+        f"--kv-engine-args={tag} --standin-short-context --max-model-len 200",
+        "-m",
+        "mixed",
+        "-p",
+        "no:randomly",
+        "--kv-arms=auto,float16",
+    )
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*failures and exclusions: 4 of 8 measured request(s) failed — see Failures and exclusions.",
+            "*auto mixed: 2 failed (http_error) at too_long; no valid sample left at too_long — first: HTTP 400: "
+            "This model's maximum context length is 200 tokens*",
+        ]
+    )
+    run = latest(pytester)
+    found = report_of(pytester)["failures"]
+    assert (found["failed"], found["excluded"], found["measured"]) == (4, 0, 8)
+    assert [(r["arm"], r["kind"], r["count"], r["points_removed"]) for r in found["rows"]] == [
+        ("auto", "http_error", 2, ["too_long"]),
+        ("float16", "http_error", 2, ["too_long"]),
+    ]
+    assert "maximum context length is 200 tokens" in found["rows"][0]["first_message"]
+    assert [(e["point"], e["arm"], e["requests"]) for e in found["empty_points"]] == [
+        ("too_long", "auto", 2),
+        ("too_long", "float16", 2),
+    ]
+    md = (run / "report.md").read_text()
+    assert "## Failures and exclusions" in md and "4 of 8 measured request(s) failed" in md
+    assert "| auto | mixed | failed | http_error | 2 | too_long | too_long | HTTP 400: This model's" in md
+    assert "FAILED (2 of 2: http_error)" in md  # the table's cell, not a missing row
+    html = (run / "report.html").read_text()
+    verdict = html[html.index('<section id="verdict"') : html.index("</section>")]
+    assert '<span id="failed-requests" class="chip bad">4 failed requests</span>' in verdict
+    assert "<h2>Failures and exclusions</h2>" in html and "FAILED (2 of 2: http_error)" in html
