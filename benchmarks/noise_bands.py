@@ -4,7 +4,9 @@ For every run folder: its platform (GPU when a boot's evidence saw a GPU), and f
 and metric with 2 or more boots, the spread of the boots' means on the log scale with the part the samples
 within each boot explain taken out (method of moments: var(log boot mean) − mean(within CV² / n), at least 0)
 — the boot-to-boot standard deviation σ_b of that point. Copies of one arm in an A/A run (``auto``,
-``auto.2``) are one arm: their boots are boots of the same configuration.
+``auto.2``) are one arm: their boots are boots of the same configuration. Samples the run flagged
+``host_cpu_busy`` (the host busy outside the engine and the client, docs/host-cpu.md) are left out: they
+measure the other work on the host, not the boot.
 
 A family's band is the ``--quantile`` (default 0.9) of its points' σ_b on one platform: most points of every
 committed workload sit inside it, so a gate judged with it at one or two boots per arm keeps its false alarms
@@ -48,6 +50,20 @@ def arm_of(name: str) -> str:
     return re.sub(r"\.\d+$", "", name)
 
 
+def _busy(busy: set[tuple[object, ...]], key: tuple[object, object, object, object]) -> bool:
+    boot, probe, point, index = key
+    return any(b[0] == boot and b[1] == probe and b[5] == index and point in {b[2], _label(b)} for b in busy)
+
+
+def _label(b: tuple[object, ...]) -> str:
+    depth, turn = b[3], b[4]
+    if turn is not None:
+        return f"turn{turn}"
+    if isinstance(depth, int):
+        return f"{depth // 1000}k" if depth % 1000 == 0 else str(depth)
+    return str(b[2])
+
+
 def points(run_dir: Path) -> tuple[str, list[dict[str, object]]]:
     """The run's platform and one entry per arm, probe, point and metric with 2+ boots: σ_b and its df."""
     run = load(run_dir)
@@ -56,6 +72,14 @@ def points(run_dir: Path) -> tuple[str, list[dict[str, object]]]:
     if data.empty:
         return platform, []
     data = data[data["valid"]].copy()
+    if "flagged" in data and run.records:  # a sample that saw the host busy measured the other work, not the boot
+        busy = {
+            (r.get("boot"), r.get("probe"), r.get("shape"), r.get("depth"), r.get("turn"), r.get("index"))
+            for r in run.records
+            if "host_cpu_busy" in (r.get("flags") or [])
+        }
+        keys = zip(data["boot"], data["probe"], data["point"], data["index"], strict=True)
+        data = data[[not _busy(busy, k) for k in keys]]
     data["config"] = [arm_of(str(a)) for a in data["arm"]]
     found: list[dict[str, object]] = []
     for (config, probe, point), group in data.groupby(["config", "probe", "point"]):
@@ -64,7 +88,7 @@ def points(run_dir: Path) -> tuple[str, list[dict[str, object]]]:
             if name is None or metric in ("prompt_tokens", "cached_tokens"):
                 continue
             per_boot = group.groupby("boot")[metric].agg(lambda v: [float(x) for x in v if x is not None and x == x])
-            stats = [(np.mean(v), np.var(v, ddof=1) / len(v) if len(v) > 1 else 0.0) for v in per_boot if v]
+            stats = [(np.mean(v), np.var(v, ddof=1) / len(v)) for v in per_boot if len(v) >= 2]
             stats = [(m, w) for m, w in stats if m > 0]
             if len(stats) < 2:
                 continue

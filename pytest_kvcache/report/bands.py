@@ -23,12 +23,16 @@ Platform = Literal["cpu", "gpu"]
 #: Metric families: metrics whose boot-to-boot spread is alike.
 FAMILIES: dict[str, tuple[str, ...]] = {
     "decode rate": ("decode_tps", "wall_tps", "aggregate_tps", "stream_tps_median"),
-    "latency": ("ttft_s", "engine_ttft_s", "ttft_p95_s", "engine_queue_s", "engine_decode_s"),
+    "latency": ("ttft_s", "engine_ttft_s", "ttft_p95_s", "engine_decode_s"),
+    #: time in the engine's queue: near zero when idle, so its relative spread is no latency's
+    "queueing": ("engine_queue_s",),
     "prefill rate": ("prefill_tps", "engine_prefill_s"),
     "acceptance": ("acceptance_length", "acceptance_rate"),
     "fidelity": ("logprob_drift", "kl_topk", "nll_delta"),
 }
 FILE = "noise_bands.json"
+#: The families a metric of unknown kind may be: its band is the widest of theirs.
+TIMING = ("decode rate", "latency", "prefill rate")
 
 
 def family(metric: str) -> str | None:
@@ -80,14 +84,15 @@ def table() -> dict[str, Any]:
 
 def band(metric: str, platform: Platform) -> Band | None:
     """The default band of ``metric``'s family on ``platform``; an unknown family gets the platform's widest
-    band (conservative); None where the table has nothing for the platform."""
+    timing band (conservative); None where the table has nothing for the platform."""
     bands = (table().get("platforms") or {}).get(platform) or {}
     if not bands:
         return None
     name = family(metric)
     entry = bands.get(name) if name is not None else None
     if entry is None:
-        name, entry = max(bands.items(), key=lambda kv: float(kv[1]["boot_sd"]))
+        timing = {k: v for k, v in bands.items() if k in TIMING} or bands
+        name, entry = max(timing.items(), key=lambda kv: float(kv[1]["boot_sd"]))
         source = f"{entry['source']}; {metric} has no family of its own: the widest {platform.upper()} band"
         return Band(platform, str(name), float(entry["boot_sd"]), source)
     return Band(platform, str(name), float(entry["boot_sd"]), str(entry["source"]))
