@@ -310,9 +310,14 @@ def widen_ratio(
 def widen_mean(
     mean: float, lo: float, hi: float, boot_sd: float, boots: int, confidence: float = CONFIDENCE
 ) -> tuple[float, float]:
-    """A within-boot CI of one arm's mean widened by boot-to-boot variation (:func:`widen_ratio` for a mean:
-    the boot component is ``(mean · boot_sd)² / boots``)."""
+    """A within-boot CI of one arm's mean widened by boot-to-boot variation (:func:`widen_ratio` for a mean):
+    on the log scale for a positive mean, so a time or a rate never reaches 0, with a boot component of
+    ``boot_sd² / boots``; linearly otherwise (``(mean · boot_sd)² / boots``)."""
     z = t_quantile(math.inf, confidence)
+    if mean > 0 and lo > 0 and hi > 0:
+        se_within = (math.log(hi) - math.log(lo)) / (2 * z)
+        total = math.sqrt(se_within**2 + boot_sd**2 / max(boots, 1))
+        return mean * math.exp(-z * total), mean * math.exp(z * total)
     se_within = (hi - lo) / (2 * z)
     total = math.sqrt(se_within**2 + (abs(mean) * boot_sd) ** 2 / max(boots, 1))
     return mean - z * total, mean + z * total

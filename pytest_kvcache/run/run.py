@@ -611,12 +611,12 @@ class Run:
         elif widest and isinstance(width, float):
             where = f"widest: {widest['arm']} {widest['probe']}@{widest['point']} {widest['metric']} ±{width:.2f}%"
         else:
-            where = "no CI yet"
+            where = "" if done_ci else "no CI yet"
         goal = " and ".join(
-            ([f"target ±{target:g}%"] if target is not None else [])
+            ([f"target ±{target:g}% reached"] if target is not None else [])
             + (["every gate decided"] if self.settings.gates else [])
         )
-        reason = f"{goal} after {done} round(s) ({where})" if done_ci else None
+        reason = f"{goal} after {done} round(s)" + (f" ({where})" if where else "") if done_ci else None
         self.log(
             "sampling.jsonl",
             {

@@ -37,7 +37,7 @@ def test_requests_the_engine_rejects_are_in_every_output_and_the_verdict_block(a
         ("auto", "http_error", 2, ["past_context"]),
         (SECOND_ARM, "http_error", 2, ["past_context"]),
     ]
-    assert rows[0]["first_message"].startswith("HTTP 400: ") and "maximum context length" in rows[0]["first_message"]
+    assert rows[0]["first_message"].startswith("HTTP 400: ") and "max_model_len=131072" in rows[0]["first_message"]
     assert found["failed"] >= 4
     md = (ab_run.folder / "report.md").read_text()
     assert "## Failures and exclusions" in md and "| auto | overflow | failed | http_error | 2 |" in md

@@ -74,7 +74,7 @@ def test_failing_gate_exits_1_with_its_numbers(pytester: pytest.Pytester, args: 
     result.stdout.fnmatch_lines(
         [
             "gate FAIL: wall_tps[[]short@code]: float16 >= auto * 50 (float16/auto) — value *× CI [[]*×, *×], "
-            "needs >= 50.000×",
+            "needs >= 50.000× — CI over boots (boots 3 and 3: t-interval)",
             "1 gate(s) failed: exit code 1",
         ]
     )

@@ -514,9 +514,10 @@ def note_lines(report: Report) -> list[str]:
 
 #: What every delta in the report is (report.md's and report.html's last words).
 DELTA_NOTE = (
-    "Deltas: ratio of means arm/baseline − 1, with the 95% bootstrap CI in brackets — over boots (boots, "
-    "then samples) with 3+ boots per arm, else within boots, paired by request or turn where the probe "
-    "pairs them; verdict direction-aware, inconclusive when the CI contains 0."
+    "Deltas: ratio of means arm/baseline − 1, with the 95% CI in brackets — over boots with 3+ boots per arm (a "
+    "t-interval on the log of the boot means), else the within-boot bootstrap CI, paired by request or turn where "
+    "the probe pairs them, whose verdict is judged on it widened by the default boot-to-boot band (or the A/A "
+    "noise band); verdict direction-aware, inconclusive when that CI contains 0."
 )
 
 
