@@ -77,7 +77,8 @@ def run_pytest(workdir: Path, *args: str, timeout: float = 900, engine_args: str
 
 
 #: A user's probe whose requests the engine rejects: ``max_tokens`` past the model's context is HTTP 400
-#: ("max_tokens=10000000 cannot be greater than max_model_len=131072", vLLM CPU 0.32), at once, in every arm. It rides along in ``ab_run``.
+#: ("max_tokens=10000000 cannot be greater than max_model_len=131072", vLLM CPU 0.32), at once, in every
+#: arm. It rides along in ``ab_run``.
 OVERFLOW_PROBE = """
 import pytest
 
