@@ -97,7 +97,7 @@ def points(run_dir: Path) -> tuple[str, list[dict[str, object]]]:
             sigma = math.sqrt(max(float(np.var(logs, ddof=1)) - within, 0.0))
             found.append(
                 {
-                    "run": str(run_dir),
+                    "run": _rel(run_dir),
                     "config": config,
                     "probe": probe,
                     "point": point,
@@ -108,6 +108,10 @@ def points(run_dir: Path) -> tuple[str, list[dict[str, object]]]:
                 }
             )
     return platform, found
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def derive(runs: list[Path], quantile: float) -> dict[str, object]:
@@ -151,7 +155,7 @@ def derive(runs: list[Path], quantile: float) -> dict[str, object]:
         "its arm's level (boot-to-boot, within-boot noise taken out)",
         "command": "python benchmarks/noise_bands.py " + " ".join(str(r) for r in runs if str(r) not in DEFAULT_RUNS),
         "quantile": quantile,
-        "runs": [str(r) for r in runs],
+        "runs": [_rel(r) for r in runs],
         "families": {name: list(metrics) for name, metrics in bands.FAMILIES.items()},
         "platforms": platforms,
     }
