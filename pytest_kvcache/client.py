@@ -171,8 +171,9 @@ class Limits:
     request_timeout_s: float = 600.0
     stall_timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
-    #: Before the first byte, a request may wait ``first_token_floor_s + prompt tokens / min_prefill_tps``
-    #: (vLLM sends nothing until prefill ends); None: the stall timeout applies from the start.
+    #: Before its first token, a request may wait ``first_token_floor_s + prompt tokens / min_prefill_tps``
+    #: after send (prefill; a chunk without a token — a role chunk, an empty delta — does not end it); None:
+    #: the stall timeout applies from the start.
     first_token_floor_s: float | None = None
     min_prefill_tps: float = 500.0
     #: The server sends its response headers as soon as it takes a request (vLLM does, queued or not;
@@ -185,21 +186,21 @@ class Limits:
         return min(self.stall_timeout_s, self.request_timeout_s)
 
     def first_token_limit_s(self, prompt_tokens: int) -> float:
-        """How long a request of ``prompt_tokens`` may wait for its first byte (never less than the stall
-        timeout, never more than the request timeout)."""
+        """How long after send a request of ``prompt_tokens`` may wait for its first token (never less than the
+        stall timeout, never more than the request timeout)."""
         if self.first_token_floor_s is None:
             return self.read_timeout_s
         limit = self.first_token_floor_s + prompt_tokens / self.min_prefill_tps
         return min(max(limit, self.read_timeout_s), self.request_timeout_s)
 
     def first_token_failure(self, sample: Sample, limit: float, tokens: int, estimated: bool) -> Sample:
-        """Fail ``sample`` for a first byte that did not come within ``limit``."""
+        """Fail ``sample`` for a first token that did not come within ``limit`` of send."""
         if self.first_token_floor_s is None or limit <= self.read_timeout_s:
             return sample.fail("stall", f"no response for {self.read_timeout_s:g} s (--kv-stall-timeout)")
         about = "~" if estimated else ""
         return sample.fail(
             "first_token_timeout",
-            f"no first byte within the first-token limit of {limit:.4g} s (--kv-first-token-floor "
+            f"no first token within the first-token limit of {limit:.4g} s (--kv-first-token-floor "
             f"{self.first_token_floor_s:g} s + {about}{tokens:,} prompt tokens / --kv-min-prefill-tps "
             f"{self.min_prefill_tps:g}); raise either for deeper or slower prefills",
         )
@@ -352,16 +353,17 @@ class Client:
     ) -> Sample:
         """Send one streamed chat completion and measure it. ``payload`` must set ``stream: true``.
 
-        Until the first byte arrives the first-token limit applies (``first_token_limit_s`` of
-        ``prompt_tokens``, estimated from the payload's length when not given); after it, the stall timeout
-        between chunks.
+        Until the first token arrives the first-token limit applies, counted from send
+        (``first_token_limit_s`` of ``prompt_tokens``, estimated from the payload's length when not given); a
+        chunk that carries no token (a role chunk, an empty delta) does not end it. After the first token, the
+        stall timeout applies between chunks.
         """
         body = json.dumps(payload).encode()
         tokens, estimated = prompt_size(body, prompt_tokens)
         first_limit = self.first_token_limit_s(tokens)
         sample = Sample(send_unix_s=time.time())
         t0 = sample.send_perf_s = time.perf_counter()
-        first_byte = [False]
+        first_token = [False]
         try:
             try:
                 response = self._send(body, first_limit)
@@ -379,14 +381,14 @@ class Client:
                 message = _error_message(response)
                 self._drop_connection()
                 return sample.fail("http_error", f"HTTP {response.status}: {message}")
-            self._read_stream(response, sample, t0, keep_text, first_byte)
+            self._read_stream(response, sample, t0, keep_text, first_token, first_limit)
             if sample.ok or sample.error_kind in ("missing_usage", "zero_tokens", "no_token_clock"):
                 response.read()  # the end of the chunked body: the connection stays reusable
             else:
                 self._drop_connection()
         except TimeoutError:
             self._drop_connection()
-            if not first_byte[0]:
+            if not first_token[0]:
                 return self.limits.first_token_failure(sample, first_limit, tokens, estimated)
             return self.limits.stall_failure(sample)
         except (http.client.IncompleteRead, http.client.HTTPException, ConnectionError) as exc:
@@ -402,21 +404,31 @@ class Client:
         return sample
 
     def _read_stream(
-        self, response: http.client.HTTPResponse, sample: Sample, t0: float, keep_text: bool, first_byte: list[bool]
+        self,
+        response: http.client.HTTPResponse,
+        sample: Sample,
+        t0: float,
+        keep_text: bool,
+        first_token: list[bool],
+        first_limit_s: float,
     ) -> None:
         clock = TokenClock(sample, keep_text)
+        sock = self._conn.sock if self._conn is not None else None
         while raw := response.readline():
             now = time.perf_counter() - t0
-            if not first_byte[0]:
-                first_byte[0] = True  # from now on the stall timeout applies between chunks
-                if self._conn is not None and self._conn.sock is not None:
-                    self._conn.sock.settimeout(self.read_timeout_s)
             if now > self.limits.request_timeout_s:
                 sample.end_s = now
                 self.limits.timeout_failure(sample)
                 return
             if clock.line(raw, now):
                 break
+            if first_token[0] or sock is None:
+                continue
+            if clock.has_token:
+                first_token[0] = True  # from now on the stall timeout applies between chunks
+                sock.settimeout(self.read_timeout_s)
+            else:  # a chunk without a token: the first-token limit still runs, from send
+                sock.settimeout(max(first_limit_s - (time.perf_counter() - t0), 0.001))
         clock.finish(time.perf_counter() - t0)
 
 
@@ -448,6 +460,12 @@ class TokenClock:
         self.done = False
         self.text: list[str] = []
         self.tool_calls: dict[int, dict[str, Any]] = {}
+
+    @property
+    def has_token(self) -> bool:
+        """Whether a chunk has carried a token yet (a running token count ≥ 1, or content, reasoning or a tool
+        call): the end of the first-token limit. A role chunk or an empty delta is not one."""
+        return self.first_usage is not None or self.first_content is not None
 
     def line(self, raw: bytes, now: float) -> bool:
         """One line of the body, arrived ``now`` seconds after send. True: stop reading (``[DONE]`` or a

@@ -128,7 +128,10 @@ class _Stream(asyncio.Protocol):
         #: message `_failed` writes from the limits)
         self.failure: tuple[ErrorKind, str] | None = None
         self.lost: Exception | None = None  # how the connection ended (None: closed cleanly, or still open)
-        self.body_seen = False
+        #: whether a chunk has carried a token (`TokenClock.has_token`): the first-token limit ends there
+        self.token_seen = False
+        self._head = b""
+        self._clock = TokenClock(Sample())
         self.failed_at = 0.0
         self.done: asyncio.Future[None] | None = None
         self._parser = httptools.HttpResponseParser(self)
@@ -163,7 +166,18 @@ class _Stream(asyncio.Protocol):
             self._headers_timer.cancel()
 
     def on_body(self, body: bytes) -> None:
-        self.body_seen = True  # from now on the stall timeout applies (before: the first-token limit)
+        if self.token_seen:
+            return
+        # Until the first token the first-token limit applies (a role chunk or an empty delta does not end
+        # it): the body's first lines go through the timing model's own token test, then no more parsing.
+        self._head += body
+        *complete, self._head = self._head.split(b"\n")
+        for line in complete:
+            self._clock.line(line, 0.0)
+            if self._clock.has_token:
+                self.token_seen = True  # from now on the stall timeout applies between chunks
+                self._head = b""
+                return
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -388,9 +402,9 @@ class _Trial:
                     continue
                 if now - s.send_perf_s > limits.request_timeout_s:
                     s.fail("timeout")
-                elif not s.body_seen and now - s.send_perf_s > s.first_limit_s:
+                elif not s.token_seen and now - s.send_perf_s > s.first_limit_s:
                     s.fail("first_token_timeout")
-                elif s.body_seen and now - s.last_rx > limits.read_timeout_s:
+                elif s.token_seen and now - s.last_rx > limits.read_timeout_s:
                     s.fail("stall")
 
     def _lagged(self, since: float) -> None:

@@ -403,6 +403,10 @@ class DeltaRow(Comparison, total=False):
     metric: str
     noise_pct: float | None
     verdict_note: str
+    #: a within-boot delta: the default boot-to-boot band its verdict was judged with (SD of log boot means,
+    #: percent) and the widened CI it was judged on (``report.bands.judge_deltas``)
+    band_pct: float
+    judged_ci: list[float]
 
 
 class CrossoverRow(TypedDict, total=False):
@@ -417,8 +421,18 @@ class CrossoverRow(TypedDict, total=False):
     ci_high: float | None
     statement: str
     #: "boots" (whole boots resampled, paired by block under pytest-xdist, as the deltas' CIs) or
-    #: "within-boot" (samples within points).
+    #: "within-boot" (samples within points, each resampled curve moved by a boot effect from the band).
     ci_method: str
+    #: the share of resampled curves that cross 1 the same way as the estimate
+    share: float
+    points: int
+    #: the points of the curve, by name (``4k``, ``turn3``), as the deltas name them
+    point_names: list[str]
+    #: within boots: the SD of the boot effect each resampled curve was moved by (percent)
+    boot_sd_pct: float
+    #: whether the data carry the crossing (a point on each side excludes parity, or share ≥ 95%), and why
+    significant: bool
+    evidence: str
 
 
 class ResolvedArm(TypedDict):
@@ -695,11 +709,32 @@ class SavedSection(TypedDict):
     warnings: list[str]
 
 
+class GateEvidence(TypedDict, total=False):
+    """What decided a gate (``report.gates.evaluate``), with its figures."""
+
+    #: "boots" (3+ boots a side: the CI over boots), "noise run" (a stored A/A's band, --kv-noise), "default
+    #: band" (the within-boot CI widened by the metric family's default boot-to-boot band), "within-boot"
+    #: (no band for the platform), or "none" (no CI: no or too few samples)
+    kind: str
+    text: str
+    boots_baseline: int
+    boots_arm: int
+    #: the within-boot CI before it was widened (noise run, default band)
+    within_ci: list[float | None]
+    band_pct: float
+    platform: str
+    family: str
+    #: the default band: the standard deviation of log(one boot's mean), percent
+    boot_sd_pct: float
+    source: str
+
+
 class _GateExtras(TypedDict, total=False):
-    #: for ratio gates: "boots", "within-boot" or "noise band" (the CI the outcome was judged on)
+    #: "boots", "within-boot" or "noise band" (the CI the outcome was judged on)
     ci_method: str
-    #: what a ratio gate on a within-boot CI would have said; its ``outcome`` is then "inconclusive"
-    within_boot_outcome: Outcome
+    evidence: GateEvidence
+    #: an open gate: how many more boots per arm would likely decide it (None: not within 30)
+    boots_to_decide: int | None
 
 
 class GateResult(_GateExtras):
@@ -763,6 +798,45 @@ class CostSection(TypedDict):
     per_boot: list[dict[str, Json]]
 
 
+class BandsUsed(TypedDict):
+    platform: str
+    families: dict[str, float]
+
+
+class FailureRow(TypedDict):
+    """Failed or excluded measured requests of one arm, probe and kind (an error kind or an exclusion)."""
+
+    arm: str
+    probe: str
+    kind: str
+    #: "failed" (the request did not complete) or "excluded" (measured, then left out)
+    status: str
+    count: int
+    #: the points it removed every sample of (shown as failed in the tables), and the points it touched
+    points_removed: list[str]
+    points: list[str]
+    first_message: str
+
+
+class EmptyPoint(TypedDict):
+    """A probe point of one arm whose measured requests all failed or were excluded: no valid sample."""
+
+    probe: str
+    point: str
+    arm: str
+    requests: int
+    kinds: list[str]
+
+
+class FailuresSection(TypedDict):
+    failed: int
+    excluded: int
+    measured: int
+    rows: list[FailureRow]
+    empty_points: list[EmptyPoint]
+    lines: list[str]
+
+
 class Report(TypedDict, total=False):
     """``report.json``: a pure function of the loaded run folder, the gates, the noise run and the saved run."""
 
@@ -802,3 +876,7 @@ class Report(TypedDict, total=False):
     noise: NoiseSection
     compare: SavedSection
     gates: list[GateResult]
+    #: the default boot-to-boot bands within-boot verdicts were judged with: platform, family → SD percent
+    bands: BandsUsed
+    #: every failed or excluded measured request, per arm × probe × kind (``report.failures``)
+    failures: FailuresSection

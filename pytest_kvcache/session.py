@@ -21,7 +21,7 @@ import pytest
 from pytest_kvcache.config.settings import CPU_FIDELITY_DEPTHS, FIDELITY_DEPTHS, Boot, Settings
 from pytest_kvcache.engines.base import Engine
 from pytest_kvcache.engines.registry import EngineRegistry
-from pytest_kvcache.model import Json
+from pytest_kvcache.model import Json, Report
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.prefill import depth_label
 from pytest_kvcache.run.progress import Mode, Progress
@@ -257,13 +257,18 @@ class KvSession:
                 f"  fidelity sized for the CPU: depths {','.join(depth_label(d) for d in st.fidelity_depths)} "
                 f"(elsewhere: --kv-fidelity-depths={','.join(depth_label(d) for d in FIDELITY_DEPTHS)})"
             )
+        if st.max_replicates:
+            lines.append(
+                f"  boot budget: up to {st.rounds} boots per arm (--kv-max-replicates; {st.replicates} planned): "
+                f"{'round' if st.rounds == st.replicates + 1 else 'rounds'} {st.replicates + 1}"
+                f"{'' if st.rounds == st.replicates + 1 else f'–{st.rounds}'} boot only while "
+                f"{self.adaptive_condition()}"
+            )
         for i, entry in enumerate(self.run.plan, 1):
             args = entry.get("args") or []
             extra = f" args={' '.join(args)}" if args else ""
             baseline = " (baseline)" if i == 1 else ""
-            adaptive = (
-                f" (adaptive: only while the CI is wider than ±{st.target_ci_pct:g}%)" if entry.get("extra") else ""
-            )
+            adaptive = f" (adaptive: only while {self.adaptive_condition()})" if entry.get("extra") else ""
             lane = (
                 f" [lane {entry['lane']}{', GPUs ' + str(entry['gpus']) if entry.get('gpus') else ''}]"
                 if "lane" in entry
@@ -274,6 +279,14 @@ class KvSession:
                 f"{extra} — {entry.get('tests', 0)} test(s){adaptive}"
             )
         return lines
+
+    def adaptive_condition(self) -> str:
+        """When an adaptive round boots, in words: a gate is undecided, or a CI is wider than the target."""
+        st = self.settings
+        parts = ["a gate is undecided"] if st.gates else []
+        if st.target_ci_pct is not None and st.replicates >= 2:
+            parts.append(f"a CI is wider than ±{st.target_ci_pct:g}%")
+        return " or ".join(parts) or "needed"
 
     # ------------------------------------------------------------------ the run loop
 
@@ -316,15 +329,44 @@ class KvSession:
             self.outcome = Outcome(run=path, error=f"{exc}")
         except Exception as exc:  # the pipeline catches its own; this is the last line of defence
             self.outcome = Outcome(run=path, error=f"{type(exc).__name__}: {exc}")
+        if self.outcome.report is not None:
+            self.junit_properties(self.outcome.report)
         if self.outcome.report is not None and self.outcome.error is None:
             self.config.hook.pytest_kvcache_report(config=self.config, report=self.outcome.report)
             summary = os.environ.get("GITHUB_STEP_SUMMARY")
             if summary:
+                from pytest_kvcache.report.outputs.markdown import gate_summary
+
                 try:
                     with open(summary, "a", encoding="utf-8") as fh:
+                        fh.write(gate_summary(self.outcome.report))
                         fh.write((path / "report.md").read_text(encoding="utf-8"))
                 except OSError as exc:  # the report stands; the job summary is a copy
                     self.outcome.messages.append(f"warning: GITHUB_STEP_SUMMARY: cannot append to {summary}: {exc}")
+
+    def junit_properties(self, report: Report) -> None:
+        """Gate outcomes (value, CI, threshold, deciding evidence) and the failed-request count as test-suite
+        properties of ``--junitxml`` (what ``record_testsuite_property`` writes; valid in every junit family)."""
+        xml = next((p for p in self.config.pluginmanager.get_plugins() if hasattr(p, "add_global_property")), None)
+        if xml is None:
+            return
+        from pytest_kvcache.report.outputs.markdown import gate_evidence
+
+        gates = report.get("gates") or []
+        for outcome in ("fail", "inconclusive", "pass"):
+            xml.add_global_property(
+                f"kv_gates_{ {'fail': 'failed', 'pass': 'passed'}.get(outcome, outcome) }",
+                str(sum(1 for g in gates if g["outcome"] == outcome)),
+            )
+        for g in gates:
+            xml.add_global_property(
+                f"kv_gate {g['name']}",
+                f"{g['outcome'].upper()} value {g['value_text']} CI {g['ci_text']} needs {g['threshold_text']} — "
+                f"{gate_evidence(g)}",
+            )
+        failures = report.get("failures")
+        if failures is not None:
+            xml.add_global_property("kv_failed_requests", str(failures["failed"]))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> None:

@@ -216,6 +216,38 @@ def lane_order(
     )
 
 
+#: With gates, the boots per arm a run may grow to by default while a gate is undecided (``--kv-max-replicates``).
+GATE_BOOT_BUDGET = 3
+
+
+def boot_budget(
+    given: int | None, replicates: int, *, gates: bool, target_ci: float | None, launcher: str
+) -> int | None:
+    """``--kv-max-replicates``, resolved: the most boots per arm a run grows to, one counterbalanced round of
+    every arm at a time, while something is undecided — a gate (``--kv-fail``), or with ``--kv-target-ci`` and
+    2+ replicates a CI wider than the target. None: no adaptive rounds (the run boots what it was asked).
+
+    Default: with gates, :data:`GATE_BOOT_BUDGET` (never fewer than ``--kv-replicates``); with
+    ``--kv-target-ci`` and 2+ replicates, 2 × replicates; the larger when both apply. ``1`` (or the number of
+    replicates) turns it off. Against external endpoints nothing is booted, so no rounds are added by default.
+    """
+    adaptive = gates or (target_ci is not None and replicates >= 2)
+    if given is not None:
+        if not gates and target_ci is None:
+            raise SettingsError(
+                "--kv-max-replicates adds boots only to decide a gate (--kv-fail) or to reach --kv-target-ci"
+            )
+        if given < replicates:
+            raise SettingsError(f"--kv-max-replicates ({given}) must be at least --kv-replicates ({replicates})")
+        return given if adaptive and given > replicates else None
+    budget = 0
+    if gates and launcher != "external":
+        budget = max(budget, GATE_BOOT_BUDGET)
+    if target_ci is not None and replicates >= 2:
+        budget = max(budget, 2 * replicates)
+    return budget if budget > replicates else None
+
+
 def parse_gpu_groups(raw: str) -> tuple[str, ...]:
     """``0,1;2,3`` → ``("0,1", "2,3")``: one group of cards (indices or UUIDs) per lane; no card twice."""
     groups = tuple(g.strip().replace(" ", "") for g in str(raw).split(";") if g.strip())
@@ -331,11 +363,10 @@ class Settings:
 
     @property
     def rounds(self) -> int:
-        """Boots per arm the plan holds: ``--kv-replicates``, or up to ``--kv-max-replicates`` when
-        ``--kv-target-ci`` may add rounds."""
-        if self.target_ci_pct is not None and self.replicates >= 2 and self.max_replicates:
-            return max(self.replicates, self.max_replicates)
-        return self.replicates
+        """Boots per arm the plan holds: ``--kv-replicates``, and up to the boot budget ``--kv-max-replicates``
+        when rounds may be added (an undecided gate, or a CI wider than ``--kv-target-ci``; see
+        :func:`boot_budget`). Rounds past ``--kv-replicates`` are adaptive: booted only while needed."""
+        return max(self.replicates, self.max_replicates or 0)
 
     def boots(self) -> tuple[Boot, ...]:
         return lane_order(self.arms, self.rounds, self.lanes, self.order, self.order_seed, planned=self.replicates)
@@ -393,7 +424,7 @@ class Settings:
             "order_seed": self.order_seed,
             "target_ci_pct": self.target_ci_pct,
             "max_runs": self.max_runs,
-            "max_replicates": self.rounds if self.target_ci_pct is not None else None,
+            "max_replicates": self.max_replicates,
             "noise": self.noise,
             "store": self.store,
             "allow_diff": list(self.allow_diff),
@@ -1019,7 +1050,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec("max_runs", "with --kv-target-ci: measured requests per probe shape at most (default 4 × runs).", "N"),
     OptionSpec(
-        "max_replicates", "with --kv-target-ci and 2+ replicates: boots per arm at most (default 2 × replicates).", "N"
+        "max_replicates",
+        "the boot budget: boots per arm a run may grow to, one counterbalanced round at a time, while a gate is "
+        "undecided (default with --kv-fail: 3) or a CI is wider than --kv-target-ci (with 2+ replicates: "
+        "2 × replicates); 1 turns it off.",
+        "N",
     ),
     OptionSpec(
         "noise",
@@ -1397,20 +1432,20 @@ def resolve(
     compare = judged.compare.name if judged.compare else None
 
     replicates = get("replicates", lambda raw: _count(1)(str(raw)), 1)
-    order, order_seed = get("order", _order, ("abba" if replicates >= 2 else "sequential", None))
     seed = get("seed", lambda raw: _count(0)(str(raw)), 0)
     target_ci = get("target_ci", _pct, None)
     runs = get("runs", lambda raw: _count(1)(str(raw)), 5)
     max_runs = get("max_runs", lambda raw: _count(1)(str(raw)), None)
     max_replicates = get("max_replicates", lambda raw: _count(1)(str(raw)), None)
-    if target_ci is None and (max_runs is not None or max_replicates is not None):
-        raise SettingsError("--kv-max-runs and --kv-max-replicates only apply with --kv-target-ci")
+    if target_ci is None and max_runs is not None:
+        raise SettingsError("--kv-max-runs only applies with --kv-target-ci")
     if max_runs is not None and max_runs < runs:
         raise SettingsError(f"--kv-max-runs ({max_runs}) must be at least --kv-runs ({runs})")
-    if max_replicates is not None and max_replicates < replicates:
-        raise SettingsError(f"--kv-max-replicates ({max_replicates}) must be at least --kv-replicates ({replicates})")
-    if target_ci is not None and replicates >= 2 and max_replicates is None:
-        max_replicates = 2 * replicates
+    max_replicates = boot_budget(
+        max_replicates, replicates, gates=bool(judged.gates), target_ci=target_ci, launcher=launcher
+    )
+    rounds = max(replicates, max_replicates or 0)
+    order, order_seed = get("order", _order, ("abba" if rounds >= 2 else "sequential", None))
     noise = judged.noise.name if judged.noise else None
     full_check = get("self_check", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False)
     no_check = get("no_self_check", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False)

@@ -44,7 +44,7 @@ from pytest_kvcache.model import (
     SummaryRow,
 )
 from pytest_kvcache.probes import agreement
-from pytest_kvcache.report import confounds
+from pytest_kvcache.report import bands, confounds, failures
 from pytest_kvcache.report import cost as cost_report
 from pytest_kvcache.report import energy as energy_report
 from pytest_kvcache.report import fidelity as fidelity_report
@@ -140,82 +140,75 @@ def rounds_check(
     records: Sequence[Record],
     arms: Sequence[str],
     specs: Specs,
-    target_pct: float,
+    target_pct: float | None,
     seed: int,
     gates: Sequence[str] = (),
     blocks: Mapping[str, int] | None = None,
+    *,
+    platform: bands.Platform = "cpu",
+    noise: Mapping[tuple[str, str, str], float] | None = None,
+    saved: pd.DataFrame | None = None,
+    external: bool = False,
 ) -> tuple[bool, dict[str, object] | None]:
     """Is another round (block) of boots unnecessary? One rule for every probe — short, prefill, agentic,
-    concurrency, a user's — on the same CIs as the report (paired by block under pytest-xdist: ``blocks``
-    maps each boot to its block):
+    concurrency, a user's — on the same evidence as the report (paired by block under pytest-xdist:
+    ``blocks`` maps each boot to its block):
 
-    - a delta judged by a ratio gate against the baseline (``<= +10%``, ``ARM >= BASELINE * F``) is settled
-      when every such gate on it is decided on a CI over boots (wholly on one side of the threshold) —
-      however wide, and not before, however narrow: the gate's margin is the target (a within-boot CI never
-      decides a gate in the report, so it decides nothing here either);
-    - any other delta of a probe's primary metric is settled when its CI half-width ≤ ``target_pct``;
-    - a delta without a CI is not settled.
+    - every gate is evaluated exactly as the report evaluates it (``report.gates.evaluate``, with the A/A
+      noise band, the stored run and the platform's default bands): a round is needed while one of them is
+      undecided — its CI straddles the threshold — however narrow; a gate without data is no reason to boot;
+    - with ``target_pct`` (``--kv-target-ci``), any other delta of a probe's primary metric is settled when
+      its CI half-width ≤ ``target_pct``; a delta without a CI is not settled.
 
-    Returns ``(done, widest)``: the unsettled delta with the widest CI (or, when all are settled, the
-    widest): ``probe``, ``point``, ``metric``, ``arm``, ``half_width_pct`` and ``gate`` (the undecided
-    gate's text, if a gate holds it).
+    Returns ``(done, widest)``: what still needs a round (an undecided gate first, else the unsettled delta
+    with the widest CI; when all are settled, the widest): ``probe``, ``point``, ``metric``, ``arm``,
+    ``half_width_pct`` and ``gate`` (the undecided gate's name, with ``boots_to_decide``).
     """
-    from pytest_kvcache.report.gates import GateError, judge, parse
+    from pytest_kvcache.report.gates import GateError, evaluate, parse
 
-    ratio_gates = []
+    data = frame(records, specs)
+    if "boot" in data:  # as the run folder's loader does: the resampling unit and the block of each row
+        data["unit"] = data["arm"] if external else data["boot"]
+        data["block"] = [(blocks or {}).get(str(b), 0) for b in data["boot"]]
+    parsed = []
     for text in gates:
         try:
-            gate = parse(text, arms=arms)
+            parsed.append(parse(text, arms=arms))
         except GateError:
             continue
-        if gate.kind == "baseline" or (gate.kind == "between" and arms and gate.other == arms[0]):
-            ratio_gates.append(gate)
-    gated = {(g.probe, g.metric) for g in ratio_gates}
-    data = frame(records, specs)
-    if blocks and "boot" in data:
-        data["block"] = [blocks.get(str(b), 0) for b in data["boot"]]
-    rows = [
-        r
-        for r in delta_rows(data, arms, specs, seed)
-        if spec_of(r["probe"], specs).primary_metric == r["metric"] or (r["probe"], r["metric"]) in gated
+    results = evaluate(parsed, data, arms, seed=seed, saved=saved, noise=noise, specs=specs, platform=platform)
+    open_gates = [
+        r for r in results if r["outcome"] == "inconclusive" and (r.get("evidence") or {}).get("kind", "none") != "none"
     ]
-    if not rows:
-        return False, None
-    judged: list[tuple[bool, float | None, DeltaRow, str | None]] = []
-    for row in rows:
-        width = ci_half_width_pct(row)
-        on_it = [
-            g
-            for g in ratio_gates
-            if g.probe == row["probe"]
-            and g.metric == row["metric"]
-            and g.point in (None, row["point"])
-            and (g.kind == "baseline" or g.arm == row["arm"])
-        ]
-        if on_it:
-            over_boots = row.get("ci_method") == "boots"
-            open_ = [
-                g
-                for g in on_it
-                if not over_boots or judge(g.op, row.get("ci_low"), row.get("ci_high"), g.threshold) == "inconclusive"
-            ]
-            judged.append((not open_, width, row, open_[0].text if open_ else None))
-        elif spec_of(row["probe"], specs).primary_metric == row["metric"]:
-            judged.append((width is not None and width <= target_pct, width, row, None))
+    gated = {(g.probe, g.metric) for g in parsed}
+    judged: list[tuple[bool, float | None, DeltaRow]] = []
+    if target_pct is not None:
+        for row in delta_rows(data, arms, specs, seed):
+            if spec_of(row["probe"], specs).primary_metric != row["metric"] or (row["probe"], row["metric"]) in gated:
+                continue
+            width = ci_half_width_pct(row)
+            judged.append((width is not None and width <= target_pct, width, row))
+    if open_gates:
+        gate = open_gates[0]
+        lo, hi = gate["ci_low"], gate["ci_high"]
+        width = (hi - lo) / 2 * 100 if lo is not None and hi is not None else None
+        widest: dict[str, object] = {"gate": gate["name"], "half_width_pct": width}
+        widest["boots_to_decide"] = gate.get("boots_to_decide")
+        widest["open_gates"] = len(open_gates)
+        return False, widest
+    if not judged:
+        return (bool(parsed), None) if parsed else (False, None)
     unsettled = [j for j in judged if not j[0]] or judged
-    _, worst_width, worst, gate_text = max(unsettled, key=lambda j: float("inf") if j[1] is None else j[1])
-    widest: dict[str, object] = {"probe": worst["probe"], "point": worst["point"], "metric": worst["metric"]}
-    widest["arm"] = worst["arm"]
+    _, worst_width, worst = max(unsettled, key=lambda j: float("inf") if j[1] is None else j[1])
+    widest = {"probe": worst["probe"], "point": worst["point"], "metric": worst["metric"], "arm": worst["arm"]}
     widest["half_width_pct"] = worst_width
-    if gate_text:
-        widest["gate"] = gate_text
     return all(j[0] for j in judged), widest
 
 
 def _curve(
     data: pd.DataFrame, probe: str, arm: str, metric: str, specs: Specs
-) -> list[tuple[float, dict[str, list[float]]]]:
-    """(x, {boot: values}) per point of a curve: x = depth, or the mean prompt tokens of a turn."""
+) -> list[tuple[float, dict[str, list[float]], str]]:
+    """(x, {boot: values}, point) per point of a curve: x = depth, or the mean prompt tokens of a turn."""
     spec = spec_of(probe, specs)
     sub = data[(data["probe"] == probe) & (data["arm"] == arm)]
     key = "unit" if "unit" in sub else "boot"
@@ -227,7 +220,7 @@ def _curve(
         x = float(at["depth"].iloc[0]) if spec.curve_x == "depth" else float(at["prompt_tokens"].dropna().mean())
         found = {str(unit): v for unit, g in at.groupby(key, sort=False) if (v := values(g, metric))}
         if found:
-            out.append((x, found))
+            out.append((x, found, str(point)))
     return out
 
 
@@ -239,7 +232,13 @@ def _nearest(curve: Mapping[float, object], x: float) -> float:
     return min(curve, key=lambda c: abs(c - x))
 
 
-def crossover_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: int) -> list[CrossoverRow]:
+def crossover_rows(
+    data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: int, platform: bands.Platform = "cpu"
+) -> list[CrossoverRow]:
+    """Where each arm's curve (prefill by depth, agentic by prompt tokens) crosses the baseline's, with the
+    resampled crossing's CI and share; :func:`judge_crossovers` then decides which are significant. Within
+    boots, each resample also moves the curve by a boot effect drawn from the default band (a boot is one
+    engine along the whole curve)."""
     rows: list[CrossoverRow] = []
     if data.empty or len(arms) < 2:
         return rows
@@ -249,9 +248,11 @@ def crossover_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: 
     )
     for spec in sorted(specs.values(), key=lambda s: (s.order, s.name)):
         for metric in spec.curve:
-            base = dict(_curve(data, spec.name, arms[0], metric, specs))
+            base_curve = _curve(data, spec.name, arms[0], metric, specs)
+            base = {x: found for x, found, _ in base_curve}
+            names = {x: point for x, _, point in base_curve}
             for arm in arms[1:]:
-                curve = dict(_curve(data, spec.name, arm, metric, specs))
+                curve = {x: found for x, found, _ in _curve(data, spec.name, arm, metric, specs)}
                 xs = [x for x in sorted(base) if x in curve or any(abs(x - c) / max(x, 1) < 0.02 for c in curve)]
                 if len(xs) < 2:
                     continue
@@ -261,26 +262,71 @@ def crossover_rows(data: pd.DataFrame, arms: Sequence[str], specs: Specs, seed: 
                 if boots >= MIN_BOOTS_FOR_BOOT_CI:  # the same unit as every delta's CI: boots (blocks)
                     found = stats.crossover_boots(xs, base_vals, arm_vals, blocks=blocks, seed=seed)
                 else:
+                    band = bands.band(metric, platform)
+                    per_side = [max(min(len(v) for v in vals), 1) for vals in (base_vals, arm_vals)]
+                    boot_sd = band.boot_sd * (1 / per_side[0] + 1 / per_side[1]) ** 0.5 if band else 0.0
                     found = stats.crossover(
-                        xs, [_pooled(b) for b in base_vals], [_pooled(a) for a in arm_vals], seed=seed
+                        xs,
+                        [_pooled(b) for b in base_vals],
+                        [_pooled(a) for a in arm_vals],
+                        boot_sd=boot_sd,
+                        seed=seed,
                     )
+                    found["boot_sd_pct"] = boot_sd * 100
                 found["ci_method"] = "boots" if boots >= MIN_BOOTS_FOR_BOOT_CI else "within-boot"
                 axis = "depth" if spec.curve_x == "depth" else "prompt tokens"
-                if found["estimate"] is None:
-                    statement = f"no crossover in the measured range ({xs[0]:,.0f}–{xs[-1]:,.0f} {axis})"
-                else:
-                    ci = ""
-                    if found["ci_low"] is not None:
-                        ci = f" (95% CI {found['ci_low']:,.0f}–{found['ci_high']:,.0f})"
-                    statement = f"{arm}/{arms[0]} {metric} crosses 1 at ~{found['estimate']:,.0f} {axis}{ci}"
                 row = cast(
                     CrossoverRow,
                     {"arm": arm, "baseline": arms[0], "probe": spec.name, "metric": metric, "axis": axis, "xs": xs},
                 )
                 row.update(cast(CrossoverRow, found))
-                row["statement"] = statement
+                row["point_names"] = [names[x] for x in xs]
                 rows.append(row)
     return rows
+
+
+def judge_crossovers(crossovers: Sequence[CrossoverRow], deltas: Sequence[DeltaRow]) -> None:
+    """Which crossings the data carry (in place): a sign change is stated only when a point on each side of
+    parity has a CI that excludes it (its delta's verdict, judged as the report judges it: over boots, or
+    within boots widened by the band or the A/A noise) or when at least ``stats.CROSSING_SHARE`` of the
+    resampled curves cross the same way; otherwise "no significant crossover in the measured range"."""
+    for c in crossovers:
+        rows = [
+            d
+            for d in deltas
+            if d["arm"] == c["arm"]
+            and d["probe"] == c["probe"]
+            and d["metric"] == c["metric"]
+            and d["point"] in (c.get("point_names") or [])
+        ]
+        verdicts = {d["verdict"] for d in rows}
+        sides = {"better", "worse"} <= verdicts
+        share = float(c.get("share") or 0.0)
+        estimate = c.get("estimate")
+        xs = c["xs"]
+        span = f"{xs[0]:,.0f}–{xs[-1]:,.0f} {c['axis']}"
+        significant = estimate is not None and (sides or share >= stats.CROSSING_SHARE)
+        c["significant"] = significant
+        if estimate is None:
+            c["evidence"] = "the ratio does not change sign"
+            c["statement"] = f"no crossover in the measured range ({span})"
+            continue
+        why = "a point on each side excludes parity" if sides else f"{share:.0%} of resampled curves cross the same way"
+        c["evidence"] = (
+            why
+            if significant
+            else (
+                f"only {share:.0%} of resampled curves cross the same way (needs {stats.CROSSING_SHARE:.0%}) and no "
+                "point on each side excludes parity"
+            )
+        )
+        if significant:
+            ci = ""
+            if c.get("ci_low") is not None:
+                ci = f" (95% CI {c['ci_low']:,.0f}–{c.get('ci_high') or 0.0:,.0f})"
+            c["statement"] = f"{c['arm']}/{c['baseline']} {c['metric']} crosses 1 at ~{estimate:,.0f} {c['axis']}{ci}"
+        else:
+            c["statement"] = f"no significant crossover in the measured range ({span}): {c['evidence']}"
 
 
 def _short_k(tokens: float) -> str:
@@ -326,7 +372,7 @@ def verdict_sentences(
             rows = [d for d in deltas if d["arm"] == arm and d["probe"] == probe and d["metric"] == metric]
             for c in cross:
                 estimate, lo, hi = c.get("estimate"), c.get("ci_low"), c.get("ci_high")
-                if estimate is not None:
+                if estimate is not None and c.get("significant", True):
                     out.append(
                         f"{arm}'s {probe} {metric} relative to {arms[0]} changes sign by "
                         f"{_short_k(estimate)} {c['axis']}"
@@ -551,8 +597,29 @@ def block_entries(run: RunData) -> list[BlockEntry]:
     return out
 
 
+def adaptive_text(run: RunData, boots: Sequence[BootEntry]) -> str | None:
+    """How many boots the adaptive rounds added and why (from ``sampling.jsonl``'s round decisions), or None
+    when the plan held no adaptive round."""
+    extra = [b for b in boots if b.get("extra")]
+    if not extra:
+        return None
+    budget = run.settings.get("max_replicates")
+    booted = [b for b in extra if b["status"] in ("ready", "stopped", "failed")]
+    decisions = [s for s in run.sampling if s.get("kind") == "rounds"]
+    why = "; ".join(f"round {s.get('round')}: {s.get('decision')} — {s.get('reason')}" for s in decisions)
+    return (
+        f"Adaptive boots: {len(booted)} of {len(extra)} added (boot budget {budget} per arm, --kv-max-replicates)"
+        + (f" — {why}" if why else "")
+        + "."
+    )
+
+
 def ci_statement(
-    boots: Sequence[BootEntry], arms: Sequence[str], launcher: object = None, blocks: Sequence[BlockEntry] = ()
+    boots: Sequence[BootEntry],
+    arms: Sequence[str],
+    launcher: object = None,
+    blocks: Sequence[BlockEntry] = (),
+    adaptive: str | None = None,
 ) -> CiStatement:
     """How many boots each arm had, and what the report's CIs therefore cover. Against external endpoints
     (``launcher`` "external") nothing is booted: replicates are repeats against one server per arm, one
@@ -577,19 +644,20 @@ def ci_statement(
     if fewest >= MIN_BOOTS_FOR_BOOT_CI and len(lanes) > 1:
         text = (
             f"CIs are computed over boots, paired by block across {len(lanes)} lanes (each block's ratio of its "
-            f"arms' boot means, both on one lane; hierarchical bootstrap: blocks, then samples within a boot); "
-            f"boots per arm: {counts}."
+            f"arms' boot means, both on one lane; a t-interval over the blocks' log ratios); boots per arm: {counts}."
         )
     elif fewest >= MIN_BOOTS_FOR_BOOT_CI:
         text = (
-            f"CIs are computed over boots (hierarchical bootstrap: boots, then samples within a boot); "
-            f"boots per arm: {counts}."
+            f"CIs are computed over boots (a Welch t-interval on the log of the boot means); boots per arm: {counts}."
         )
     else:
         text = (
-            f"CIs cover within-boot noise only (boots per arm: {counts}; "
-            f"boot-to-boot variation is not in them — use --kv-replicates={MIN_BOOTS_FOR_BOOT_CI} or more)."
+            f"CIs cover within-boot noise only (boots per arm: {counts}); verdicts and gates judge them widened by "
+            f"the default boot-to-boot band of each metric family (docs/gates.md) — --kv-replicates="
+            f"{MIN_BOOTS_FOR_BOOT_CI} or more puts boot-to-boot variation in the CIs themselves."
         )
+    if adaptive:
+        text += " " + adaptive
     found: CiStatement = {
         "boots_per_arm": per_arm,
         "method": "boots" if fewest >= MIN_BOOTS_FOR_BOOT_CI else "within-boot",
@@ -939,8 +1007,11 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
     arms = run.arms
     seed = run.seed
     data = run.frame
+    platform = bands.platform_of(run.evidence)
     deltas = delta_rows(data, arms, specs, seed)
-    crossovers = crossover_rows(data, arms, specs, seed)
+    used_bands = bands.judge_deltas(deltas, platform)
+    crossovers = crossover_rows(data, arms, specs, seed, platform)
+    judge_crossovers(crossovers, deltas)
     boots = boot_entries(run)
     plan = run.meta.get("plan") or []
     notes = []
@@ -974,7 +1045,7 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "boots": boots,
         "boot_results": boot_results(data, boots, specs),
         "compile_cache": compile_cache_lines(boots),
-        "ci": ci_statement(boots, arms, run.settings.get("launcher"), blocks),
+        "ci": ci_statement(boots, arms, run.settings.get("launcher"), blocks, adaptive_text(run, boots)),
         "confounds": confound_report(run, boots, allow),
         "agreement": agreed,
         "sampling": run.sampling,
@@ -994,6 +1065,8 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "fidelity": fidelity_report.section(run.fidelity_blocks, run.fidelity, arms, settings, seed),
         "energy": energy_report.section(data, run.energy, arms, specs),
         "flags": flag_summary(run.records),
+        "bands": {"platform": platform, "families": used_bands},
+        "failures": failures.section(run.records, arms, specs),
     }
     if blocks:
         report["blocks"] = blocks

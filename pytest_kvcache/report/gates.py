@@ -8,26 +8,28 @@ Conditions::
     ttft_s[prefill@10k]: <= saved +5%             against the stored run given by --kv-compare
 
 A selector is ``PROBE`` or ``PROBE@POINT`` (a shape, a depth like ``10k`` or ``turnN``); without a point
-the gate expands to one gate per point. A gate passes when the 95% CI lies on the right side of the
-threshold, fails when it lies wholly on the wrong side, and is inconclusive when it straddles it (or
-when there is no data).
+the gate expands to one gate per point. A gate passes when the 95% CI of its deciding evidence (over boots,
+or within boots widened by boot-to-boot variation) lies on the right side of the threshold, fails when it
+lies wholly on the wrong side, and is inconclusive when it straddles it (or when there is no data).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pytest_kvcache.model import GateResult, Outcome
+from pytest_kvcache.model import Comparison, GateEvidence, GateResult, Outcome
 from pytest_kvcache.probes import registry
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from pytest_kvcache.probes.registry import ProbeSpec
+    from pytest_kvcache.report.bands import Platform
 
 Op = Literal[">=", "<=", ">", "<"]
 Kind = Literal["between", "baseline", "absolute", "saved"]
@@ -143,7 +145,8 @@ def check(gate: Gate, specs: Mapping[str, ProbeSpec]) -> None:
 
 
 def judge(op: str, lo: float | None, hi: float | None, threshold: float) -> Outcome:
-    """pass / fail / inconclusive for a CI [lo, hi] against ``op threshold``."""
+    """pass / fail / inconclusive for a CI [lo, hi] against ``op threshold``: fail only when the whole CI is
+    on the wrong side (the data show the miss), pass only when it is wholly on the right side."""
     if lo is None or hi is None:
         return "inconclusive"
     if op in (">=", ">"):
@@ -155,6 +158,46 @@ def judge(op: str, lo: float | None, hi: float | None, threshold: float) -> Outc
     return "pass" if ok else "fail" if bad else "inconclusive"
 
 
+#: How far :func:`boots_to_decide` looks: beyond this many boots per arm a gate is "not within reach".
+MAX_BOOTS_AHEAD = 30
+
+
+def boots_to_decide(
+    value: float | None,
+    lo: float | None,
+    hi: float | None,
+    threshold: float,
+    boots: int,
+    *,
+    ratio: bool,
+) -> int | None:
+    """How many more boots per arm would likely decide an open gate: its CI's half-width shrinks like
+    ``1/sqrt(boots)`` (its quantile from the normal one below 3 boots to Student's t over boots from 3 on),
+    against the distance of the estimate from the threshold (log scale for a ratio). None: not within
+    :data:`MAX_BOOTS_AHEAD` boots per arm (the estimate sits on the threshold), or no CI to start from."""
+    from pytest_kvcache import stats
+    from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI
+
+    if value is None or lo is None or hi is None or hi <= lo:
+        return None
+    if ratio:
+        if value <= 0 or lo <= 0 or threshold <= 0:
+            return None
+        distance = abs(math.log(value) - math.log(threshold))
+        half = (math.log(hi) - math.log(lo)) / 2
+    else:
+        distance, half = abs(value - threshold), (hi - lo) / 2
+    n = max(boots, 1)
+    quantile = stats.t_quantile(2 * n - 2 if n >= MIN_BOOTS_FOR_BOOT_CI else math.inf)
+    spread = half / quantile * math.sqrt(n)  # the standard error of one boot per arm
+    for more in range(1, MAX_BOOTS_AHEAD - n + 1):
+        m = n + more
+        q = stats.t_quantile(2 * m - 2 if m >= MIN_BOOTS_FOR_BOOT_CI else math.inf)
+        if q * spread / math.sqrt(m) < distance:
+            return more
+    return None
+
+
 def evaluate(
     gates: Sequence[Gate],
     data: pd.DataFrame,
@@ -164,24 +207,25 @@ def evaluate(
     saved: pd.DataFrame | None = None,
     noise: Mapping[tuple[str, str, str], float] | None = None,
     specs: Mapping[str, ProbeSpec] | None = None,
+    platform: Platform = "cpu",
 ) -> list[GateResult]:
     """Evaluate gates on the report's frame (``report.frame.frame``); ``saved`` is a stored run's frame.
 
-    ``seed`` is the run's ``--kv-seed``: a gate's CI is the report's CI of the same delta. ``noise`` (an
-    A/A run's band per (probe, point, metric), in ratio units) widens every ratio's CI by the band before
-    it is judged: a difference counts only beyond the noise floor. ``specs`` (the run's) tell which probes
-    measure against the baseline already (fidelity): their absolute gates without an arm judge every arm
-    but the baseline.
+    ``seed`` is the run's ``--kv-seed``: a gate's CI is the report's CI of the same delta. Each gate is
+    decided by the first evidence that applies (its ``evidence`` says which, with its figures):
+
+    1. ``boots``: 3+ boots per side — the CI over boots (blocks under pytest-xdist), as the report's delta;
+    2. ``noise run``: a stored A/A run's band for the probe, point and metric (``noise``, ratio units) —
+       the within-boot CI widened by it;
+    3. ``default band``: the within-boot CI widened by the default boot-to-boot band of the metric's family
+       on ``platform`` (``report.bands``), shrinking with the boots each side had.
+
+    A gate fails only when that CI lies wholly on the wrong side of the threshold, passes when it lies
+    wholly on the right side, and is otherwise inconclusive (with ``boots_to_decide``: how many more boots
+    per arm would likely decide it). ``specs`` (the run's) tell which probes measure against the baseline
+    already (fidelity): their absolute gates without an arm judge every arm but the baseline.
     """
-    from pytest_kvcache import stats
-    from pytest_kvcache.report.frame import (
-        MIN_BOOTS_FOR_BOOT_CI,
-        by_boot,
-        compare,
-        point_sort,
-        provisional_note,
-        values,
-    )
+    from pytest_kvcache.report.frame import by_boot, compare, point_sort, values
 
     results: list[GateResult] = []
     for gate in gates:
@@ -216,17 +260,7 @@ def evaluate(
                     mine = at[at["arm"] == arm] if not at.empty else at
                     found = values(mine, gate.metric) if not mine.empty else []
                     groups = by_boot(mine, gate.metric) if not mine.empty else []
-                    over_boots = len(groups) >= MIN_BOOTS_FOR_BOOT_CI
-                    if over_boots:  # the boot is the unit: boot-to-boot variation is in the CI
-                        mean, lo, hi = stats.mean_ci_boots(groups, seed=seed)
-                    else:
-                        mean, lo, hi = stats.mean_ci(found, seed=seed)
-                    outcome = judge(gate.op, lo, hi, gate.threshold)
-                    reason = "no valid samples" if not found else "too few samples for a CI" if lo is None else ""
-                    result = _result(gate, f"{label} ({arm})", outcome, mean, lo, hi, reason)
-                    if found:
-                        result["ci_method"] = "boots" if over_boots else "within-boot"
-                    results.append(result)
+                    results.append(_absolute(gate, f"{label} ({arm})", found, groups, seed, platform, arm=arm))
                 continue
             for who, base, other in pairs:
                 if base.empty or other.empty:
@@ -235,29 +269,111 @@ def evaluate(
                     )
                     continue
                 cmp = compare(base, other, gate.metric, seed=seed)
-                lo, hi = cmp["ci_low"], cmp["ci_high"]
                 band = (noise or {}).get((gate.probe, point, gate.metric))
-                reason = "" if lo is not None else "too few samples for a CI"
-                if band is not None and lo is not None and hi is not None:
-                    lo, hi = lo - band, hi + band
-                    reason = f"CI widened by the A/A noise band ±{band * 100:.1f}%"
-                outcome = judge(gate.op, lo, hi, gate.threshold)
-                within = None
-                if band is None and cmp["ci_method"] == "within-boot" and outcome != "inconclusive":
-                    # boot-to-boot variation is not in this CI: the gate follows --kv-inconclusive
-                    within = outcome
-                    note = provisional_note(max(1, min(cmp["boots_baseline"], cmp["boots_arm"])))
-                    reason = (
-                        f"would {outcome} on a within-boot CI ({note}) — follows --kv-inconclusive; "
-                        f"--kv-replicates={MIN_BOOTS_FOR_BOOT_CI} or --kv-noise=RUN decides it"
-                    )
-                    outcome = "inconclusive"
-                result = _result(gate, f"{label} ({who})", outcome, cmp["ratio"], lo, hi, reason, ratio=True)
-                result["ci_method"] = cmp["ci_method"] if band is None else "noise band"
-                if within is not None:
-                    result["within_boot_outcome"] = within
-                results.append(result)
+                results.append(_ratio(gate, f"{label} ({who})", cmp, band, platform))
     return results
+
+
+def _boots_note(boots_base: int, boots_arm: int) -> str:
+    return f"boots {boots_base} and {boots_arm}"
+
+
+def _ratio(gate: Gate, name: str, cmp: Comparison, band: float | None, platform: Platform) -> GateResult:
+    """One ratio gate (between arms, against the baseline, against a saved run) on its deciding evidence."""
+    from pytest_kvcache import stats
+    from pytest_kvcache.report import bands
+
+    lo, hi, ratio = cmp["ci_low"], cmp["ci_high"], cmp["ratio"]
+    boots_base, boots_arm = max(cmp["boots_baseline"], 1), max(cmp["boots_arm"], 1)
+    evidence: GateEvidence = {"kind": "none", "boots_baseline": cmp["boots_baseline"], "boots_arm": cmp["boots_arm"]}
+    reason = ""
+    if lo is None or hi is None or ratio is None:
+        reason = "too few samples for a CI" if ratio is not None else "no valid samples"
+    elif cmp["ci_method"] == "boots":
+        evidence.update({"kind": "boots", "text": f"CI over boots ({_boots_note(boots_base, boots_arm)}: t-interval)"})
+    elif band is not None:
+        evidence.update(
+            {
+                "kind": "noise run",
+                "within_ci": [lo, hi],
+                "band_pct": band * 100,
+                "text": f"within-boot CI widened by the A/A noise band ±{band * 100:.1f}% (--kv-noise)",
+            }
+        )
+        lo, hi = lo - band, hi + band
+    elif (found := bands.band(gate.metric, platform)) is not None:
+        wide_lo, wide_hi = stats.widen_ratio(ratio, lo, hi, found.boot_sd, boots_base, boots_arm)
+        evidence.update(
+            {
+                "kind": "default band",
+                "within_ci": [lo, hi],
+                "platform": platform,
+                "family": found.family,
+                "boot_sd_pct": found.boot_sd * 100,
+                "source": found.source,
+                "text": f"within-boot CI ({_boots_note(boots_base, boots_arm)}) widened by {found.describe()}",
+            }
+        )
+        lo, hi = wide_lo, wide_hi
+    outcome = judge(gate.op, lo, hi, gate.threshold)
+    reason = reason or str(evidence.get("text", ""))
+    result = _result(gate, name, outcome, ratio, lo, hi, reason, ratio=True)
+    result["ci_method"] = cmp["ci_method"] if evidence["kind"] != "noise run" else "noise band"
+    result["evidence"] = evidence
+    if outcome == "inconclusive" and evidence["kind"] != "none":
+        result["boots_to_decide"] = boots_to_decide(
+            ratio, lo, hi, gate.threshold, min(boots_base, boots_arm), ratio=True
+        )
+    return result
+
+
+def _absolute(
+    gate: Gate,
+    name: str,
+    found: Sequence[float],
+    groups: Sequence[Sequence[float]],
+    seed: int,
+    platform: Platform,
+    *,
+    arm: str,
+) -> GateResult:
+    """One absolute gate (one arm's mean against a number) on its deciding evidence."""
+    from pytest_kvcache import stats
+    from pytest_kvcache.report import bands
+    from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI
+
+    boots = len(groups)
+    evidence: GateEvidence = {"kind": "none", "boots_arm": boots}
+    if boots >= MIN_BOOTS_FOR_BOOT_CI:  # the boot is the unit: boot-to-boot variation is in the CI
+        mean, lo, hi = stats.mean_ci_boots(groups, seed=seed)
+        evidence.update({"kind": "boots", "text": f"CI over boots ({boots} boots: t-interval)"})
+    else:
+        mean, lo, hi = stats.mean_ci(found, seed=seed)
+        band = bands.band(gate.metric, platform)
+        if mean is not None and lo is not None and hi is not None and band is not None:
+            evidence.update(
+                {
+                    "kind": "default band",
+                    "within_ci": [lo, hi],
+                    "platform": platform,
+                    "family": band.family,
+                    "boot_sd_pct": band.boot_sd * 100,
+                    "source": band.source,
+                    "text": f"within-boot CI ({boots} boot{'' if boots == 1 else 's'}) widened by {band.describe()}",
+                }
+            )
+            lo, hi = stats.widen_mean(mean, lo, hi, band.boot_sd, max(boots, 1))
+        elif mean is not None and lo is not None:
+            evidence.update({"kind": "within-boot", "text": "within-boot CI (no default band for this platform)"})
+    outcome = judge(gate.op, lo, hi, gate.threshold)
+    reason = "no valid samples" if not found else "too few samples for a CI" if lo is None else ""
+    result = _result(gate, name, outcome, mean, lo, hi, reason or str(evidence.get("text", "")))
+    if found:
+        result["ci_method"] = "boots" if evidence["kind"] == "boots" else "within-boot"
+    result["evidence"] = evidence
+    if outcome == "inconclusive" and evidence["kind"] != "none":
+        result["boots_to_decide"] = boots_to_decide(mean, lo, hi, gate.threshold, max(boots, 1), ratio=False)
+    return result
 
 
 def _result(

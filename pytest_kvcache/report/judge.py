@@ -16,7 +16,8 @@ from pytest_kvcache import stats
 from pytest_kvcache.model import GateResult, Report, SavedRow, SavedSection
 from pytest_kvcache.probes.registry import COUNT_METRICS
 from pytest_kvcache.report import gates as gate_grammar
-from pytest_kvcache.report.build import build, report_verdicts
+from pytest_kvcache.report.bands import platform_of
+from pytest_kvcache.report.build import build, judge_crossovers, report_verdicts
 from pytest_kvcache.report.frame import Specs, compare
 from pytest_kvcache.report.load import RunData
 
@@ -55,7 +56,9 @@ def noise_bands(noise: RunData) -> Bands:
 
 
 def apply_noise(report: Report, bands: Bands, name: str, specs: Specs) -> None:
-    """Judge every delta against the A/A noise band: better/worse only when the CI clears 1 ± band."""
+    """Judge every within-boot delta against the A/A noise band instead of the default band: better/worse
+    only when the CI clears 1 ± band. A delta over boots (3+ boots per arm) keeps its verdict: its CI covers
+    boot-to-boot variation already, and a gate on it is judged on that CI too."""
     missing = 0
     for d in report["deltas"]:
         band = bands.get((d["probe"], d["point"], d["metric"]))
@@ -64,10 +67,13 @@ def apply_noise(report: Report, bands: Bands, name: str, specs: Specs) -> None:
             missing += 1
             continue
         lo, hi = d["ci_low"], d["ci_high"]
-        if d["verdict"] != "inconclusive" and lo is not None and hi is not None:
+        if d.get("ci_method") == "within-boot" and lo is not None and hi is not None:
             judged = stats.verdict(d["metric"], lo - band, hi + band)
             d["verdict"] = judged
             d.pop("provisional", None)  # the A/A band is boot against boot: it covers boot-to-boot variation
+            d.pop("band_pct", None)
+            d.pop("judged_ci", None)
+            d.pop("verdict_note", None)
             if judged == "inconclusive":
                 d["verdict_note"] = f"within the A/A noise band ±{band * 100:.1f}%"
     report["noise"] = {
@@ -75,6 +81,7 @@ def apply_noise(report: Report, bands: Bands, name: str, specs: Specs) -> None:
         "bands": [{"probe": p, "point": q, "metric": m, "band_pct": b * 100} for (p, q, m), b in bands.items()],
         "missing": missing,
     }
+    judge_crossovers(report["crossovers"], report["deltas"])
     report["verdicts"] = report_verdicts(report, specs)
 
 
@@ -152,7 +159,9 @@ def judge(
         report["compare"] = compare_with_saved(report, data, saved, seed, specs)
         old = saved.frame
         done.messages += report["compare"]["warnings"]
-    done.gate_results = gate_grammar.evaluate(parsed, data, arms, seed=seed, saved=old, noise=bands, specs=specs)
+    done.gate_results = gate_grammar.evaluate(
+        parsed, data, arms, seed=seed, saved=old, noise=bands, specs=specs, platform=platform_of(run.evidence)
+    )
     bad = {"fail"} | ({"inconclusive"} if inconclusive == "fail" else set())
     done.failed_gates = [g for g in done.gate_results if g["outcome"] in bad]
     report["gates"] = done.gate_results

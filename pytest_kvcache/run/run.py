@@ -144,6 +144,7 @@ class Run:
         self.interrupted = False
         self.closed = False
         self.round_decisions: dict[int, str | None] = {}
+        self._judging: tuple[dict[tuple[str, str, str], float], Any] | None = None
         self.agreement_due: dict[str, list[tuple[str, str, Payload]]] = {}
         self._lock = threading.Lock()
         self.listeners: list[RunListener] = []
@@ -543,48 +544,18 @@ class Run:
     # ------------------------------------------------------------------ adaptive rounds
 
     def skip_reason(self, boot: Boot) -> str | None:
-        """Why an adaptive round's boot does not run (its round's deltas are already narrow enough).
-
-        Decided once per round, when its first boot is due, from everything measured so far; logged to
-        ``sampling.jsonl``.
+        """Why an adaptive round's boot does not run: every gate is decided (and, with ``--kv-target-ci``,
+        every delta is narrow enough) — judged by the report's own gate evaluation on everything measured so
+        far. Decided once per round, when its first boot is due; logged to ``sampling.jsonl``.
         """
         target = self.settings.target_ci_pct
-        if not boot.extra or target is None or self.role == "worker":  # the controller decides for workers
+        if not boot.extra or self.role == "worker":  # the controller decides for workers
             return None
         if boot.replicate not in self.round_decisions:
             if self.round_decisions.get(boot.replicate - 1):
                 reason = self.round_decisions[boot.replicate - 1]
             else:
-                from pytest_kvcache.report.build import rounds_check
-
-                arms = [a.name for a in self.settings.arms]
-                specs = probe_registry.resolve()
-                blocks = {b.boot_id: b.block for b in self.settings.boots()} if self.settings.lanes > 1 else None
-                done_ci, widest = rounds_check(
-                    self.records, arms, specs, target, self.settings.seed, self.settings.gates, blocks
-                )
-                width = widest.get("half_width_pct") if widest else None
-                where = (
-                    f"widest: {widest['arm']} {widest['probe']}@{widest['point']} {widest['metric']} ±{width:.2f}%"
-                    if widest and isinstance(width, float)
-                    else "no CI yet"
-                )
-                if widest and widest.get("gate"):
-                    where += f"; gate {widest['gate']} still undecided"
-                done = boot.replicate - 1
-                reason = f"target ±{target:g}% reached after {done} round(s) ({where})" if done_ci else None
-                self.log(
-                    "sampling.jsonl",
-                    {
-                        "kind": "rounds",
-                        "round": boot.replicate,
-                        "rounds_done": done,
-                        "target_pct": target,
-                        "widest": widest,
-                        "decision": "skip" if reason else "boot",
-                        "reason": reason or f"CI still wider than ±{target:g}% after {done} round(s) ({where})",
-                    },
-                )
+                reason = self._decide_round(boot.replicate, target)
             self.round_decisions[boot.replicate] = reason
         reason = self.round_decisions[boot.replicate]
         if reason:
@@ -592,6 +563,77 @@ class Run:
                 if entry.get("boot") == boot.boot_id:
                     entry["skipped"] = reason
             self.write_meta(status="running")
+        return reason
+
+    def _judging_inputs(self) -> tuple[dict[tuple[str, str, str], float], Any]:
+        """The stored A/A run's noise bands and the stored run's frame, as the report judges with them
+        (``--kv-noise``, ``--kv-compare``), read once."""
+        if self._judging is None:
+            from pytest_kvcache.report.judge import noise_bands
+            from pytest_kvcache.report.load import RunFolderError, load
+
+            options = self.settings.report_options()
+            bands: dict[tuple[str, str, str], float] = {}
+            saved = None
+            try:
+                if options.noise is not None:
+                    bands = noise_bands(load(options.noise, "A/A run (--kv-noise)"))
+                if options.compare is not None:
+                    saved = load(options.compare, "stored run (--kv-compare)").frame
+            except RunFolderError:
+                pass  # the report says what is wrong with it; the round decision judges without it
+            self._judging = (bands, saved)
+        return self._judging
+
+    def _decide_round(self, round_: int, target: float | None) -> str | None:
+        from pytest_kvcache.report.bands import platform_of
+        from pytest_kvcache.report.build import rounds_check
+
+        arms = [a.name for a in self.settings.arms]
+        specs = probe_registry.resolve()
+        blocks = {b.boot_id: b.block for b in self.settings.boots()} if self.settings.lanes > 1 else None
+        bands, saved = self._judging_inputs()
+        done_ci, widest = rounds_check(
+            self.records,
+            arms,
+            specs,
+            target,
+            self.settings.seed,
+            self.settings.gates,
+            blocks,
+            platform=platform_of(self.evidence),
+            noise=bands,
+            saved=saved,
+            external=self.settings.launcher == "external",
+        )
+        done = round_ - 1
+        width = widest.get("half_width_pct") if widest else None
+        if widest and widest.get("gate"):
+            more = widest.get("boots_to_decide")
+            likely = f"; likely decided after {more} more boot(s) per arm" if isinstance(more, int) else ""
+            others = int(str(widest.get("open_gates") or 1)) - 1
+            where = f"gate {widest['gate']} still undecided{f' (and {others} more)' if others else ''}{likely}"
+        elif widest and isinstance(width, float):
+            where = f"widest: {widest['arm']} {widest['probe']}@{widest['point']} {widest['metric']} ±{width:.2f}%"
+        else:
+            where = "" if done_ci else "no CI yet"
+        goal = " and ".join(
+            ([f"target ±{target:g}% reached"] if target is not None else [])
+            + (["every gate decided"] if self.settings.gates else [])
+        )
+        reason = f"{goal} after {done} round(s)" + (f" ({where})" if where else "") if done_ci else None
+        self.log(
+            "sampling.jsonl",
+            {
+                "kind": "rounds",
+                "round": round_,
+                "rounds_done": done,
+                "target_pct": target,
+                "widest": widest,
+                "decision": "skip" if reason else "boot",
+                "reason": reason or f"round {round_} boots after {done} round(s): {where}",
+            },
+        )
         return reason
 
     # ------------------------------------------------------------------ fidelity

@@ -76,15 +76,38 @@ def run_pytest(workdir: Path, *args: str, timeout: float = 900, engine_args: str
     return Run(proc.returncode, proc.stdout + proc.stderr, latest.resolve() if latest.exists() else latest, tag)
 
 
+#: A user's probe whose requests the engine rejects: ``max_tokens`` past the model's context is HTTP 400
+#: ("max_tokens=10000000 cannot be greater than max_model_len=131072", vLLM CPU 0.32), at once, in every
+#: arm. It rides along in ``ab_run``.
+OVERFLOW_PROBE = """
+import pytest
+
+from pytest_kvcache.probes.registry import ProbeSpec, register
+from pytest_kvcache.probes.short import chat_payload
+
+register(ProbeSpec(name="overflow", title="Past the context", metrics=("decode_tps",), primary_metric="decode_tps"))
+
+
+@pytest.mark.overflow
+def test_overflow(kv_server, kv_client, kv_record):
+    payload = chat_payload(kv_server.model, [{"role": "user", "content": "Count on."}], "greedy", 10_000_000)
+    for i in range(2):
+        kv_record(kv_client.stream_chat(payload), probe="overflow", shape="past_context", phase="measured", index=i)
+"""
+
+
 @pytest.fixture(scope="session")
 def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """One real two-arm A/B on the embedded default — short, depth and concurrency probes — shared by the
-    assertions of this tier (2 boots). Small depths and a shortened session: the code path is the main job's."""
+    """One real two-arm A/B on the embedded default — short, depth and concurrency probes, and a user's probe
+    the engine rejects (``OVERFLOW_PROBE``) — shared by the assertions of this tier (2 boots). Small depths and
+    a shortened session: the code path is the main job's."""
+    workdir = tmp_path_factory.mktemp("ab")
+    (workdir / "test_overflow.py").write_text(OVERFLOW_PROBE, encoding="utf-8")
     return run_pytest(
-        tmp_path_factory.mktemp("ab"),
+        workdir,
         f"--kv-arms=auto,{SECOND_ARM}",
         "-m",
-        "short or depth or concurrency",
+        "short or depth or concurrency or overflow",
         "--kv-concurrency=8",
         "--kv-concurrency-max-tokens=32",
         "--kv-warmups=1",

@@ -22,8 +22,32 @@ pytestmark = pytest.mark.engine
 
 def test_ab_run_passes_and_leaves_nothing_running(ab_run: Run) -> None:
     assert ab_run.returncode == 0, ab_run.output
-    assert "14 passed" in ab_run.output
+    assert "16 passed" in ab_run.output  # 14 of the stock probes, 2 of the user's probe the engine rejects
     assert not vllm_processes(ab_run.tag)
+
+
+def test_requests_the_engine_rejects_are_in_every_output_and_the_verdict_block(ab_run: Run) -> None:
+    """The user's probe asked for more tokens than the model's context (HTTP 400 from real vLLM, at once):
+    its point fails every request in both arms, and report.json, report.md, report.html (its verdict
+    block) and the terminal all say so, with vLLM's own message."""
+    report = json.loads((ab_run.folder / "report.json").read_text())
+    found = report["failures"]
+    rows = [r for r in found["rows"] if r["probe"] == "overflow"]
+    assert [(r["arm"], r["kind"], r["count"], r["points_removed"]) for r in rows] == [
+        ("auto", "http_error", 2, ["past_context"]),
+        (SECOND_ARM, "http_error", 2, ["past_context"]),
+    ]
+    assert rows[0]["first_message"].startswith("HTTP 400: ") and "max_model_len=131072" in rows[0]["first_message"]
+    assert found["failed"] >= 4
+    md = (ab_run.folder / "report.md").read_text()
+    assert "## Failures and exclusions" in md and "| auto | overflow | failed | http_error | 2 |" in md
+    assert "FAILED (2 of 2: http_error)" in md
+    html = (ab_run.folder / "report.html").read_text()
+    verdict = html[html.index('<section id="verdict"') : html.index("</section>")]
+    assert f"{found['failed']} failed requests</span>" in verdict and 'class="chip bad"' in verdict
+    assert f"failures and exclusions: {found['failed']} of {found['measured']} measured request(s) failed" in (
+        ab_run.output
+    )
 
 
 def test_ab_run_is_in_the_run_store_history(ab_run: Run, private_run_store: Path) -> None:

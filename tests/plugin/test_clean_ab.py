@@ -113,7 +113,13 @@ def test_target_ci_skips_adaptive_rounds_once_narrow_enough(pytester: pytest.Pyt
         *args, "--kv-arms=auto,float16", "--kv-replicates=2", "--kv-target-ci=90", "--kv-max-replicates=3", "-v", "-rs"
     )
     assert result.ret == 0, result.stdout.str()
-    result.stdout.fnmatch_lines(["*5. auto.r3*(adaptive: only while the CI is wider than ±90%)*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*boot budget: up to 3 boots per arm (--kv-max-replicates; 2 planned): round 3 boot only while a CI is "
+            "wider than ±90%",
+            "*5. auto.r3*(adaptive: only while a CI is wider than ±90%)*",
+        ]
+    )
     result.assert_outcomes(passed=4, skipped=2)
     result.stdout.fnmatch_lines(["*adaptive round 3 not booted: target ±90% reached after 2 round(s)*"])
     run = latest(pytester)

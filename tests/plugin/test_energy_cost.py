@@ -51,7 +51,7 @@ def args(standin_args: list[str], tag: str) -> list[str]:
 
 def test_energy_rows_gates_and_the_cost_line_on_a_fake_gpu(pytester: pytest.Pytester, args: list[str]) -> None:
     pytester.makeconftest(FAKE_GPU)
-    gates = ["--kv-fail=energy_per_token[short]: <= 100", "--kv-fail=energy_per_token[short]: float16 <= auto * 1.5"]
+    gates = ["--kv-fail=energy_per_token[short]: <= 100", "--kv-fail=energy_per_token[short]: float16 <= auto * 5"]
     result = pytester.runpytest_subprocess(*args, *gates)
     assert result.ret == 0, result.stdout.str()
     run = latest(pytester)
@@ -78,11 +78,13 @@ def test_energy_rows_gates_and_the_cost_line_on_a_fake_gpu(pytester: pytest.Pyte
     deltas = [d for d in report["deltas"] if d["metric"] == "energy_per_token"]
     assert {d["point"] for d in deltas} == {"code", "narrative"} and all(d["ci_low"] is not None for d in deltas)
 
-    # gateable like any metric: absolute per arm, and between arms (one boot a side: within-boot, so it warns)
+    # gateable like any metric: absolute per arm, and between arms (one boot a side: the within-boot CI widened
+    # by the default GPU band of energy's family, the decode rate's, decides a gate met by far)
     absolute = [g for g in report["gates"] if g["gate"] == "energy_per_token[short]: <= 100"]
     assert len(absolute) == 4 and all(g["outcome"] == "pass" for g in absolute)
-    between = [g for g in report["gates"] if "float16 <= auto * 1.5" in g["gate"]]
-    assert len(between) == 2 and all(g.get("within_boot_outcome") == "pass" for g in between)
+    between = [g for g in report["gates"] if "float16 <= auto * 5" in g["gate"]]
+    assert len(between) == 2 and all(g["outcome"] == "pass" for g in between)
+    assert all("GPU decode rate band" in str(g["evidence"]) for g in between), between
 
     # the cost: one card, split, on every first screen
     cost = report["cost"]

@@ -13,7 +13,7 @@ from pytest_kvcache import stats
 from pytest_kvcache.config.settings import Arm, SettingsError, boot_order, resolve
 from pytest_kvcache.probes import agreement, registry
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
-from pytest_kvcache.report import build, confounds, gates, judge
+from pytest_kvcache.report import bands, build, confounds, gates, judge
 from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.outputs.markdown import fmt_delta
@@ -78,6 +78,25 @@ def test_replicates_default_to_abba_and_name_boots(tmp_path: Path) -> None:
     assert resolve_cli(tmp_path).order == "sequential"
 
 
+def test_gates_plan_adaptive_rounds_up_to_a_budget_of_three_boots_per_arm(tmp_path: Path) -> None:
+    gated = resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"])
+    assert gated.replicates == 1 and gated.max_replicates == 3 and gated.rounds == 3 and gated.order == "abba"
+    assert [(b.boot_id, b.extra) for b in gated.boots()] == [
+        ("auto.r1", False),
+        ("float16.r1", False),
+        ("float16.r2", True),
+        ("auto.r2", True),
+        ("auto.r3", True),
+        ("float16.r3", True),
+    ]
+    off = resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"], max_replicates="1")
+    assert off.max_replicates is None and [b.boot_id for b in off.boots()] == ["auto", "float16"]
+    assert resolve_cli(tmp_path).max_replicates is None  # no gates: boot what was asked
+    five = resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"], max_replicates="5")
+    assert five.rounds == 5 and sum(b.extra for b in five.boots()) == 8
+    assert resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"], replicates="4").max_replicates is None
+
+
 def test_target_ci_plans_adaptive_rounds_up_to_the_cap(tmp_path: Path) -> None:
     s = resolve_cli(tmp_path, replicates="2", target_ci="1.5%")
     assert s.target_ci_pct == 1.5 and s.max_replicates == 4
@@ -92,7 +111,9 @@ def test_target_ci_plans_adaptive_rounds_up_to_the_cap(tmp_path: Path) -> None:
         ({"order": "abba:3"}, "expected sequential, abba, random or random:SEED"),
         ({"replicates": "0"}, "expected a whole number >= 1"),
         ({"target_ci": "0"}, "between 0 and 100"),
-        ({"max_runs": "9"}, "only apply with --kv-target-ci"),
+        ({"max_runs": "9"}, "only applies with --kv-target-ci"),
+        ({"max_replicates": "3"}, "adds boots only to decide a gate"),
+        ({"fail": ["decode_tps[short]: >= -5%"], "replicates": "2", "max_replicates": "1"}, "at least --kv-replicates"),
         ({"target_ci": "2", "runs": "5", "max_runs": "3"}, "must be at least --kv-runs"),
         ({"allow_diff": ["cache config"]}, "expected a dotted evidence path"),
         ({"noise": "nope"}, "no stored run 'nope'"),
@@ -128,7 +149,9 @@ def test_hierarchical_ci_is_wider_than_pooled_when_boots_drift() -> None:
     arm = [rng.normal(100, 0.2, 8) + shift for shift in (2.0, -2.0, 1.0)]
     ratio, lo, hi = stats.ratio_ci_boots(base, arm)
     _, plo, phi = stats.ratio_ci(np.concatenate(base), np.concatenate(arm))
-    assert ratio == pytest.approx(np.mean([a.mean() for a in arm]) / np.mean([b.mean() for b in base]))
+    # the ratio of the geometric means of the boot means (the t-interval is on their log)
+    geometric = np.exp(np.mean(np.log([a.mean() for a in arm])) - np.mean(np.log([b.mean() for b in base])))
+    assert ratio == pytest.approx(geometric)
     assert lo is not None and hi is not None and plo is not None and phi is not None
     assert (hi - lo) > 2 * (phi - plo)
     assert lo < 1 < hi
@@ -177,7 +200,8 @@ def test_compare_switches_to_boots_with_three_boots_per_arm() -> None:
     )
     row = analysis.compare(three[three["arm"] == "a"], three[three["arm"] == "b"], "decode_tps")
     assert row["ci_method"] == "boots" and row["boots_baseline"] == 3
-    assert row["ratio"] == pytest.approx(112.5 / 102.5)  # mean of boot means
+    assert row["ratio"] == pytest.approx(112.5 / 102.5, rel=1e-4)  # geometric mean of boot means
+    assert row["baseline_value"] == pytest.approx(102.5) and row["arm_value"] == pytest.approx(112.5)
 
 
 def test_pairs_stay_within_a_replicate() -> None:
@@ -195,9 +219,9 @@ def test_rounds_check_reports_the_widest_delta() -> None:
 
 
 def test_rounds_check_stops_on_a_decided_gate_and_not_before() -> None:
-    """One rule with the gates: a delta a ratio gate judges is settled when the gate is decided on a CI over
-    boots — however wide — and not while the gate straddles its threshold, however narrow; a within-boot
-    CI decides no gate (as in the report)."""
+    """One rule with the gates, the report's own evaluation: a round is needed while a gate is undecided —
+    however narrow its CI — and not once every gate is decided, however wide; a gate missed or met far beyond
+    boot-to-boot variation is decided by one boot per arm (the within-boot CI widened by the default band)."""
 
     def boots(arm: str, levels: list[float], spread: float) -> list[dict[str, Any]]:
         return [
@@ -212,11 +236,16 @@ def test_rounds_check_stops_on_a_decided_gate_and_not_before() -> None:
     assert not check(noisy, ["a", "b"], SPECS, 5.0, 0)[0]  # type: ignore[arg-type]
     assert check(noisy, ["a", "b"], SPECS, 5.0, 0, ["decode_tps[short]: >= -80%"])[0]  # type: ignore[arg-type]
     done, widest = check(narrow, ["a", "b"], SPECS, 5.0, 0, ["decode_tps[short]: >= +10%"])  # type: ignore[arg-type]
-    assert not done and widest is not None and widest["gate"] == "decode_tps[short]: >= +10%"
+    assert not done and widest is not None and widest["gate"] == "decode_tps[short@code]: >= +10% (b/a)"
+    assert widest["boots_to_decide"] is None  # +10.0% against +10%: on the threshold
     assert check(narrow, ["a", "b"], SPECS, 5.0, 0, ["decode_tps[short]: b >= a * 1.05"])[0]  # type: ignore[arg-type]
+    # gates only (no --kv-target-ci): a decided gate ends the rounds
+    assert check(narrow, ["a", "b"], SPECS, None, 0, ["decode_tps[short]: b >= a * 1.05"])[0]  # type: ignore[arg-type]
     one_boot = records("a", "a", 1, [100, 100.1, 99.9]) + records("b", "b", 1, [110, 110.2, 109.8])
-    done, widest = check(one_boot, ["a", "b"], SPECS, 5.0, 0, ["decode_tps[short]: >= -60%"])  # type: ignore[arg-type]
-    assert not done and widest is not None and widest["gate"] == "decode_tps[short]: >= -60%"
+    done, widest = check(one_boot, ["a", "b"], SPECS, None, 0, ["decode_tps[short]: >= +5%"])  # type: ignore[arg-type]
+    assert not done and widest is not None and widest["gate"] == "decode_tps[short@code]: >= +5% (b/a)"
+    assert check(one_boot, ["a", "b"], SPECS, None, 0, ["decode_tps[short]: >= -90%"])[0]  # type: ignore[arg-type]
+    assert check(one_boot, ["a", "b"], SPECS, None, 0, ["decode_tps[short]: b >= a * 9"])[0]  # type: ignore[arg-type]
 
 
 def test_ci_statement_says_what_the_cis_cover() -> None:
@@ -247,20 +276,25 @@ def test_noise_band_widens_gates_and_verdicts() -> None:
     data = analysis.frame(records("a", "a", 1, [100, 100.1, 99.9]) + records("b", "b", 1, [102, 102.1, 101.9]))
     gate = gates.parse("decode_tps[short]: <= +1%", arms=["a", "b"])
     one_boot = gates.evaluate([gate], data, ["a", "b"], seed=0)[0]
-    assert (one_boot["outcome"], one_boot["within_boot_outcome"]) == ("inconclusive", "fail")
+    # one boot each: the within-boot CI (+2% [+1.8, +2.2]) widened by the default CPU band straddles +1%
+    assert one_boot["outcome"] == "inconclusive" and one_boot["evidence"]["kind"] == "default band"
     widened = gates.evaluate([gate], data, ["a", "b"], seed=0, noise={("short", "code", "decode_tps"): 0.03})[0]
     assert widened["outcome"] == "inconclusive" and "noise band ±3.0%" in widened["reason"]
-    assert "within_boot_outcome" not in widened  # the A/A band is boot against boot: it decides
+    assert widened["evidence"]["kind"] == "noise run"  # a stored A/A takes the place of the default band
     narrow = gates.evaluate([gate], data, ["a", "b"], seed=0, noise={("short", "code", "decode_tps"): 0.001})[0]
     assert narrow["outcome"] == "fail" and narrow["ci_method"] == "noise band"
     report: Any = {"deltas": analysis.delta_rows(data, ["a", "b"]), "arms": [], "crossovers": []}
     report["agreement"] = {"rows": [], "notes": []}
     assert report["deltas"][0]["verdict"] == "better"
     assert report["deltas"][0]["provisional"] == "1 boot per arm: within-boot CI only"
+    bands.judge_deltas(report["deltas"], "cpu")  # what build() does: +2% is within the CPU band
+    assert report["deltas"][0]["verdict"] == "inconclusive" and "default CPU" in report["deltas"][0]["verdict_note"]
     judge.apply_noise(report, {("short", "code", "decode_tps"): 0.03}, "aa", SPECS)
     assert report["deltas"][0]["verdict"] == "inconclusive"
     assert report["deltas"][0]["verdict_note"] == "within the A/A noise band ±3.0%"
     assert "provisional" not in report["deltas"][0]
+    judge.apply_noise(report, {("short", "code", "decode_tps"): 0.001}, "aa", SPECS)
+    assert report["deltas"][0]["verdict"] == "better"  # judged again from the within-boot CI, not from the band's
 
 
 def test_verdict_words_say_when_they_rest_on_a_within_boot_ci() -> None:

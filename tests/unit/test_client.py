@@ -133,10 +133,15 @@ def test_one_connection_carries_consecutive_requests_and_recovers_after_a_drop()
 # ------------------------------------------------------------------------------ first token vs stall
 
 
-def first_token(ttft_s: float, *, prompt_tokens: int = 200, floor_s: float = 0.5, tps: float = 200.0):
-    """A ``prompt_tokens`` prompt whose first byte comes after ``ttft_s``: the stall timeout is 0.3 s; the
-    first-token limit is ``floor_s + prompt_tokens / tps`` (0.5 + 200/200 = 1.5 s by default)."""
-    schedule = Schedule(ttft_s=ttft_s, itl_s=0.002, completion_tokens=6, prompt_tokens=prompt_tokens)
+def first_token(
+    ttft_s: float, *, prompt_tokens: int = 200, floor_s: float = 0.5, tps: float = 200.0, role_chunk: str = "with_first"
+):
+    """A ``prompt_tokens`` prompt whose first token comes after ``ttft_s``: the stall timeout is 0.3 s; the
+    first-token limit is ``floor_s + prompt_tokens / tps`` (0.5 + 200/200 = 1.5 s by default). ``role_chunk``
+    "early": the server sends a role chunk (no token) as soon as the request arrives."""
+    schedule = Schedule(
+        ttft_s=ttft_s, itl_s=0.002, completion_tokens=6, prompt_tokens=prompt_tokens, role_chunk=role_chunk
+    )
     with (
         StreamServer(schedule) as server,
         Client(
@@ -152,11 +157,25 @@ def test_a_first_byte_later_than_the_stall_timeout_but_within_the_first_token_li
     assert sample.first_token_s is not None and sample.first_token_s >= 0.9
 
 
+def test_a_role_chunk_at_once_does_not_start_the_stall_timeout() -> None:
+    """A server that sends an empty role chunk at once and its first token after a slow prefill (0.9 s, past
+    the 0.3 s stall timeout, within the 1.5 s first-token limit): measured, not failed as a stall."""
+    sample = first_token(0.9, role_chunk="early")
+    assert sample.ok, sample.error
+    assert sample.first_token_s is not None and sample.first_token_s >= 0.9
+
+
+def test_a_role_chunk_at_once_then_no_token_within_the_first_token_limit_fails_naming_it() -> None:
+    sample = first_token(2.5, role_chunk="early")
+    assert not sample.ok and sample.error_kind == "first_token_timeout", sample.error
+    assert sample.error is not None and sample.error.startswith("no first token within the first-token limit of 1.5 s")
+
+
 def test_a_first_byte_past_the_first_token_limit_fails_naming_it() -> None:
     sample = first_token(2.5)
     assert not sample.ok and sample.error_kind == "first_token_timeout"
     assert sample.error == (
-        "no first byte within the first-token limit of 1.5 s (--kv-first-token-floor 0.5 s + 200 prompt tokens / "
+        "no first token within the first-token limit of 1.5 s (--kv-first-token-floor 0.5 s + 200 prompt tokens / "
         "--kv-min-prefill-tps 200); raise either for deeper or slower prefills"
     )
 

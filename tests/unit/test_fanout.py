@@ -95,6 +95,19 @@ def test_a_request_longer_than_the_request_timeout(server: StreamServer) -> None
     assert sample.error_kind == "timeout" and "longer than 0.3 s" in (sample.error or "")
 
 
+def test_a_role_chunk_at_once_does_not_start_the_stall_timeout_of_a_stream() -> None:
+    """The many-stream client applies the same rule: the first token (0.6 s) comes after the stall timeout
+    (0.2 s) but within the first-token limit (0.3 + 1000/1000 = 1.3 s); the role chunk came at once."""
+    schedule = Schedule(ttft_s=0.6, itl_s=0.002, completion_tokens=4, prompt_tokens=1000, role_chunk="early")
+    with (
+        StreamServer(schedule) as server,
+        Fanout(server.url, stall_timeout_s=0.2, first_token_floor_s=0.3, min_prefill_tps=1000) as f,
+    ):
+        (sample,) = f.trial([chat_payload(4, "role-first")], prompt_tokens=[1000]).samples
+    assert sample.ok, sample.error
+    assert sample.first_token_s is not None and sample.first_token_s >= 0.6
+
+
 def test_a_first_token_later_than_its_limit() -> None:
     schedule = Schedule(ttft_s=1.0, completion_tokens=4, prompt_tokens=200)
     with (

@@ -45,7 +45,10 @@ def test_a_gate_and_the_report_give_one_ci_for_one_delta(seed: int) -> None:
     done = judge.judge(report, run, ["decode_tps[short@code]: b >= a * 0.9"])
     (delta,) = [d for d in report["deltas"] if d["metric"] == "decode_tps"]
     (gate,) = done.gate_results
-    assert (gate["ci_low"], gate["ci_high"]) == (delta["ci_low"], delta["ci_high"])
+    # one boot a side: the gate is judged on the interval the delta's verdict was judged on (the within-boot
+    # CI widened by the default band), and says what it widened
+    assert [gate["ci_low"], gate["ci_high"]] == delta["judged_ci"]
+    assert gate["evidence"]["within_ci"] == [delta["ci_low"], delta["ci_high"]]
     assert report["seed"] == seed
 
 

@@ -45,7 +45,10 @@ def test_better_and_worse_carry_a_sign_and_paths_are_code(rendered: tuple[str, d
     page, _ = rendered
     better = re.findall(r'<td class="better">([^<]*)</td>', page)
     worse = re.findall(r'<td class="worse">([^<]*)</td>', page)
-    assert better and worse
+    unsure = [c for c in re.findall(r'<td class="inconclusive">([^<]*)</td>', page) if not c.startswith("?")]
+    # one boot per arm on a GPU: only what clears the default GPU band is better or worse (int8's slower
+    # prefill and agentic decode); a few percent on short requests is inconclusive
+    assert worse and unsure and all(c.startswith("≈") for c in unsure)
     assert all(c.startswith("▲") for c in better) and all(c.startswith("▼") for c in worse)
     assert "<code>/work/main/fixtures/qwen3-8b-shape</code>" in page and "`" not in page.split("<body>")[1]
     assert page.count('<div class="scroll">') >= 4  # every table scrolls inside its own box

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -8,8 +9,8 @@ import pytest
 
 from pytest_kvcache import stats
 from pytest_kvcache.probes import registry
+from pytest_kvcache.report import bands, gates
 from pytest_kvcache.report import frame as report_frame
-from pytest_kvcache.report import gates
 from pytest_kvcache.report.frame import compare, point_of
 
 SPECS = registry.resolve()
@@ -189,30 +190,57 @@ def test_evaluate_between_baseline_and_absolute() -> None:
     results = gates.evaluate(parsed, data, arms, seed=0)
     assert [r["outcome"] for r in results] == ["pass", "fail", "pass", "fail", "inconclusive"]
     assert results[0]["name"] == "decode_tps[short@code]: int8 >= fp8 * 1.20 (int8/fp8)"
-    assert results[0]["value"] == pytest.approx(sum(int8) / sum(fp8))
+    assert results[0]["value"] == pytest.approx(sum(int8) / sum(fp8), rel=1e-4)  # geometric mean of boot means
     assert results[0]["ci_method"] == "boots" and "within_boot_outcome" not in results[0]
     assert results[-1]["reason"] == "no measured prefill samples"
 
 
-def test_a_ratio_gate_on_one_boot_per_arm_follows_inconclusive() -> None:
-    """With fewer than 3 boots per arm the CI is within-boot: a pass or fail is only what it would be."""
-    data = frame(_records("fp8", [100.0, 101.0, 99.0, 100.5]) + _records("int8", [130.0, 131.0, 129.0, 130.5]))
+def test_one_boot_per_arm_decides_a_gate_missed_or_met_far_beyond_boot_to_boot_variation() -> None:
+    """With fewer than 3 boots per arm the within-boot CI is widened by the default band: +60% decides
+    neither ×1.20 nor ×2.0, but a ×5 gate fails and a ×0.2 gate passes."""
+    data = frame(_records("fp8", [100.0, 101.0, 99.0, 100.5]) + _records("int8", [160.0, 161.0, 159.0, 160.5]))
     arms = ["fp8", "int8"]
     texts = (
         "decode_tps[short]: int8 >= fp8 * 1.20",
-        "decode_tps[short]: int8 >= fp8 * 1.40",
+        "decode_tps[short]: int8 >= fp8 * 2.0",
+        "decode_tps[short]: int8 >= fp8 * 5",
+        "decode_tps[short]: int8 >= fp8 * 0.2",
         "decode_tps[short]: >= 1",
     )
-    results = gates.evaluate([gates.parse(t, arms=arms) for t in texts], data, arms, seed=0)
-    assert [r["outcome"] for r in results] == ["inconclusive", "inconclusive", "pass", "pass"]
-    assert [r.get("within_boot_outcome") for r in results[:2]] == ["pass", "fail"]
-    assert results[1]["reason"] == (
-        "would fail on a within-boot CI (1 boot per arm: within-boot CI only) — follows --kv-inconclusive; "
-        "--kv-replicates=3 or --kv-noise=RUN decides it"
-    )
-    # an absolute gate is judged as it is (no ratio to make provisional), and says which CI it used
-    assert results[0]["ci_method"] == "within-boot" and results[2]["ci_method"] == "within-boot"
-    assert "within_boot_outcome" not in results[2]
+    results = gates.evaluate([gates.parse(t, arms=arms) for t in texts], data, arms, seed=0, platform="cpu")
+    assert [r["outcome"] for r in results] == ["inconclusive", "inconclusive", "fail", "pass", "pass", "pass"]
+    band = bands.band("decode_tps", "cpu")
+    assert band is not None
+    for r in results[:4]:
+        evidence = r["evidence"]
+        assert evidence["kind"] == "default band" and evidence["family"] == "decode rate"
+        assert evidence["boot_sd_pct"] == pytest.approx(band.boot_sd * 100)
+        lo, hi = evidence["within_ci"]
+        assert lo is not None and hi is not None and r["ci_low"] is not None and r["ci_high"] is not None
+        assert r["ci_low"] < lo < hi < r["ci_high"]  # widened, around the same ratio
+        assert "widened by the default CPU decode rate band" in r["reason"]
+    # the open ones say how many more boots per arm would likely decide them; the decided ones do not
+    assert isinstance(results[0]["boots_to_decide"], int) and "boots_to_decide" not in results[2]
+    # an absolute gate's within-boot CI is widened the same way (by one arm's boot variation)
+    assert results[4]["evidence"]["kind"] == "default band" and results[4]["ci_method"] == "within-boot"
+
+
+def test_the_gpu_band_applies_when_the_run_saw_gpus() -> None:
+    assert bands.platform_of({"a": {"gpu_before": {"gpu": True}}}) == "gpu"  # type: ignore[dict-item]
+    assert bands.platform_of({"a": {"gpu_before": {"gpu": False}}, "b": {}}) == "cpu"  # type: ignore[dict-item]
+    gpu, cpu = bands.band("ttft_s", "gpu"), bands.band("ttft_s", "cpu")
+    assert gpu is not None and cpu is not None and gpu.platform == "gpu" and gpu.family == "latency"
+    assert bands.family("my_probe_tps") == "decode rate" and bands.family("queue_s") == "latency"
+    unknown = bands.band("score", "cpu")  # no family: the platform's widest band
+    assert unknown is not None and "no family of its own" in unknown.source
+
+
+def test_boots_to_decide_grows_as_the_estimate_nears_the_threshold() -> None:
+    far = gates.boots_to_decide(0.90, 0.80, 1.01, 0.97, 1, ratio=True)
+    near = gates.boots_to_decide(0.95, 0.85, 1.06, 0.97, 1, ratio=True)
+    assert far is not None and near is not None and far < near
+    assert gates.boots_to_decide(0.97, 0.9, 1.05, 0.97, 1, ratio=True) is None  # on the threshold: never
+    assert gates.boots_to_decide(None, None, None, 0.97, 1, ratio=True) is None
 
 
 def test_gate_on_a_probe_without_valid_samples_is_inconclusive() -> None:
@@ -231,3 +259,77 @@ def test_point_and_pairing() -> None:
     arm = pd.DataFrame({"pair": [(1, 0), (1, 1), (1, 2)], "valid": [True] * 3, "decode_tps": [2.0, 4.0, 6.0]})
     result = compare(base, arm, "decode_tps", seed=0)
     assert result["paired"] and result["ci_low"] == pytest.approx(2.0) and result["verdict"] == "better"
+
+
+def _prefill(arm: str, boot: str, replicate: int, depth: int, values: list[float]) -> list[dict[str, Any]]:
+    return [
+        {
+            "arm": arm,
+            "boot": boot,
+            "replicate": replicate,
+            "probe": "prefill",
+            "depth": depth,
+            "phase": "measured",
+            "index": i,
+            "ok": True,
+            "excluded_reason": None,
+            "metrics": {"prefill_tps": v},
+            "sample": {"prompt_tokens": depth},
+        }
+        for i, v in enumerate(values)
+    ]
+
+
+def _crossings(recs: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+    from pytest_kvcache.report import build as report_build
+
+    specs = registry.resolve()
+    data = frame(recs)
+    data["unit"], data["block"] = data["boot"], 0
+    deltas = report_build.delta_rows(data, ["a", "b"], specs, 0)
+    bands.judge_deltas(deltas, "cpu")
+    rows = report_build.crossover_rows(data, ["a", "b"], specs, 0, "cpu")
+    report_build.judge_crossovers(rows, deltas)
+    return rows, deltas
+
+
+def test_a_flat_noisy_curve_gives_no_crossover() -> None:
+    """The arm's ratio wanders around 1 (the point estimate does change sign), no point's CI excludes parity
+    once boot-to-boot variation is in it: no crossover is stated, in the row, the verdict or the plot."""
+    from pytest_kvcache.report import build as report_build
+
+    recs: list[dict[str, Any]] = []
+    for depth, wobble in zip((1000, 2000, 4000, 8000, 16000), (1.02, 0.99, 1.015, 0.985, 1.01), strict=True):
+        recs += _prefill("a", "a", 1, depth, [100.0, 103.0, 97.0])
+        recs += _prefill("b", "b", 1, depth, [100.0 * wobble, 103.0 * wobble, 97.0 * wobble])
+    rows, deltas = _crossings(recs)
+    (row,) = [r for r in rows if r["metric"] == "prefill_tps"]
+    assert row["estimate"] is not None  # the point estimate crosses 1 …
+    assert row["significant"] is False  # … the data do not carry it
+    assert row["statement"].startswith("no significant crossover in the measured range (1,000–16,000 depth)")
+    sentences = report_build.verdict_sentences(deltas, rows, ["a", "b"], registry.resolve())
+    assert not any("changes sign" in s for s in sentences)
+    assert any("no significant crossover" in s for s in sentences)
+
+
+def test_a_curve_that_really_crosses_gives_a_crossover_with_its_interval() -> None:
+    """3 boots per arm; the arm is 1.6× the baseline at 1k–2k and 0.5× at 8k–16k: points on each side
+    exclude parity, so the crossing is stated with its CI."""
+    from pytest_kvcache.report import build as report_build
+
+    recs: list[dict[str, Any]] = []
+    shape = {1000: 1.6, 2000: 1.5, 4000: 1.1, 8000: 0.6, 16000: 0.5}
+    for r, drift in zip((1, 2, 3), (1.0, 1.02, 0.98), strict=True):
+        for depth, ratio in shape.items():
+            recs += _prefill("a", f"a.r{r}", r, depth, [100.0 * drift, 101.0 * drift, 99.0 * drift])
+            recs += _prefill("b", f"b.r{r}", r, depth, [100.0 * ratio * drift, 101.0 * ratio, 99.0 * ratio])
+    rows, deltas = _crossings(recs)
+    (row,) = [r for r in rows if r["metric"] == "prefill_tps"]
+    assert row["ci_method"] == "boots" and row["significant"] is True
+    assert row["evidence"] == "a point on each side excludes parity"
+    assert row["estimate"] is not None and 4000 < row["estimate"] < 8000
+    lo, hi = row["ci_low"], row["ci_high"]
+    assert lo is not None and hi is not None and lo <= row["estimate"] <= hi
+    assert row["statement"].startswith("b/a prefill_tps crosses 1 at ~") and "(95% CI " in row["statement"]
+    sentences = report_build.verdict_sentences(deltas, rows, ["a", "b"], registry.resolve())
+    assert any("relative to a changes sign by" in s for s in sentences)

@@ -17,7 +17,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from pytest_kvcache.model import DeltaRow, Report, SavedRow
-from pytest_kvcache.report import cost, energy
+from pytest_kvcache.report import cost, energy, failures
 from pytest_kvcache.report.outputs import markdown as md
 
 if TYPE_CHECKING:
@@ -114,6 +114,10 @@ def _tables(report: Report) -> list[Table]:
         head = ["Comparison", "Arms", "Shape", "Identical", "First divergence (mean index)", "Mean abs(Δ logprob)"]
         notes = [f"not available: {n}" for n in report["agreement"]["notes"]]
         tables.append(Table("Output agreement (greedy token ids)", head, _plain(agreement), notes=notes))
+    lost = report.get("failures")
+    if lost:
+        rows = failures.table(lost)
+        tables.append(Table("Failures and exclusions", failures.HEADER, _plain(rows), lost["lines"][0]))
     compare = report.get("compare")
     if compare:
         saved = [
@@ -177,7 +181,10 @@ def _template() -> jinja2.Template:
 
 def render(report: Report, images: Mapping[str, bytes]) -> str:
     """The report as one self-contained HTML page, with the plots inlined."""
-    gates = [dict(g, mark=GATE_MARKS.get(g["outcome"], "")) for g in report.get("gates") or []]
+    gates = [
+        dict(g, mark=GATE_MARKS.get(g["outcome"], ""), evidence_text=md.gate_evidence(g))
+        for g in report.get("gates") or []
+    ]
     counts = {k: sum(1 for g in gates if g["outcome"] == k) for k in ("pass", "fail", "inconclusive")}
     found = report.get("confounds") or {}
     status = found.get("status")
@@ -190,7 +197,10 @@ def render(report: Report, images: Mapping[str, bytes]) -> str:
         for name, png in images.items()
     ]
     ci = report.get("ci")
+    lost = report.get("failures")
     return _template().render(
+        failed_requests=lost["failed"] if lost else 0,
+        failure_headline=failures.headline(lost["failed"], lost["excluded"], lost["measured"]) if lost else "",
         run_id=report.get("run_id"),
         model=report.get("model"),
         status=report.get("status"),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pytest_kvcache.model import BootEntry, DeltaRow, Json, Report, SavedRow
+from pytest_kvcache.model import BootEntry, DeltaRow, GateResult, Json, Report, SavedRow
 from pytest_kvcache.probes.registry import ENERGY_METRICS, ProbeSpec
-from pytest_kvcache.report import cost, energy
+from pytest_kvcache.report import cost, energy, failures
 from pytest_kvcache.report.energy import joules_text
 from pytest_kvcache.report.fidelity import nats
 
@@ -230,9 +230,18 @@ def ab_rows(report: Report) -> list[tuple[str, list[str], list[DeltaRow | None]]
     deltas = {(d["probe"], d["point"], d["metric"], d["arm"]): d for d in report["deltas"]}
     rows: list[tuple[str, list[str], list[DeltaRow | None]]] = []
     seen: set[tuple[str, str, str]] = set()
-    for s in report["summary"]:
-        key = (s["probe"], s["point"], s["metric"])
-        spec = specs.get(s["probe"])
+    found = report.get("failures")
+    empty = {(e["probe"], e["point"], e["arm"]): e for e in (found["empty_points"] if found else [])}
+    keys = [(s["probe"], s["point"], s["metric"]) for s in report["summary"]]
+    # a point where every measured request failed has no summary row: it shows as failed, not as missing
+    listed = {(p, q) for p, q, _ in keys}
+    for probe, point, _ in empty:
+        spec = specs.get(probe)
+        if (probe, point) not in listed and spec is not None:
+            keys.append((probe, point, spec.primary_metric))
+            listed.add((probe, point))
+    for key in keys:
+        spec = specs.get(key[0])
         if key in seen or (spec is not None and spec.own_section):
             continue
         seen.add(key)
@@ -240,11 +249,27 @@ def ab_rows(report: Report) -> list[tuple[str, list[str], list[DeltaRow | None]]
         cells = [_label(specs.get(probe), probe, point, metric)]
         for arm in arms:
             stat = means.get((probe, point, metric, arm))
+            gone = empty.get((probe, point, arm))
+            if gone is not None:
+                cells.append(f"FAILED ({gone['requests']} of {gone['requests']}: {', '.join(gone['kinds'])})")
+                continue
             cells.append(
                 fmt(stat.get("mean"), metric) + (f" (n={stat.get('n')})" if stat.get("n") != 1 else "") if stat else "–"
             )
         rows.append((probe, cells, [deltas.get((probe, point, metric, arm)) for arm in arms[1:]]))
     return rows
+
+
+def failure_lines(report: Report) -> list[str]:
+    """report.md's "Failures and exclusions" section (always there: none is a finding too)."""
+    found = report.get("failures")
+    if not found:
+        return []
+    lines = ["", "## Failures and exclusions", "", found["lines"][0]]
+    rows = failures.table(found)
+    if rows:
+        lines += ["", *_md_table(failures.HEADER, rows)]
+    return lines
 
 
 def ab_tables(report: Report) -> dict[str, list[list[str]]]:
@@ -519,10 +544,48 @@ def note_lines(report: Report) -> list[str]:
 
 #: What every delta in the report is (report.md's and report.html's last words).
 DELTA_NOTE = (
-    "Deltas: ratio of means arm/baseline − 1, with the 95% bootstrap CI in brackets — over boots (boots, "
-    "then samples) with 3+ boots per arm, else within boots, paired by request or turn where the probe "
-    "pairs them; verdict direction-aware, inconclusive when the CI contains 0."
+    "Deltas: ratio of means arm/baseline − 1, with the 95% CI in brackets — over boots with 3+ boots per arm (a "
+    "t-interval on the log of the boot means), else the within-boot bootstrap CI, paired by request or turn where "
+    "the probe pairs them, whose verdict is judged on it widened by the default boot-to-boot band (or the A/A "
+    "noise band); verdict direction-aware, inconclusive when that CI contains 0."
 )
+
+
+def gate_evidence(gate: GateResult) -> str:
+    """What decided a gate, and for an open one how many more boots would likely decide it."""
+    text = (gate.get("evidence") or {}).get("text") or gate.get("reason") or ""
+    if gate["outcome"] == "inconclusive" and "boots_to_decide" in gate:
+        more = gate.get("boots_to_decide")
+        text += f"; likely decided by {more} more boot(s) per arm" if more else "; not within reach of more boots"
+    return text
+
+
+def gate_table(gates: Sequence[GateResult]) -> list[str]:
+    """The gates as a table: outcome, name, value, CI, threshold and deciding evidence."""
+    return _md_table(
+        ["Outcome", "Gate", "Value", "95% CI", "Threshold", "Decided by"],
+        [
+            [
+                g["outcome"].upper(),
+                g["name"],
+                g.get("value_text", "–"),
+                g.get("ci_text", "–"),
+                g.get("threshold_text", "–"),
+                gate_evidence(g),
+            ]
+            for g in gates
+        ],
+    )
+
+
+def gate_summary(report: Report) -> str:
+    """The gates first, for the GitHub step summary: a headline with the counts, then the table."""
+    gates = report.get("gates") or []
+    if not gates:
+        return ""
+    counts = {k: sum(1 for g in gates if g["outcome"] == k) for k in ("fail", "inconclusive", "pass")}
+    head = ", ".join(f"{n} {k.upper()}" for k, n in counts.items() if n)
+    return "\n".join([f"## pytest-kvcache gates: {head}", "", *gate_table(gates), ""]) + "\n"
 
 
 def markdown(report: Report, plots: Sequence[str] = ()) -> str:
@@ -601,21 +664,9 @@ def markdown(report: Report, plots: Sequence[str] = ()) -> str:
     if report.get("verdicts"):
         lines += ["", "## Verdict", ""]
         lines += [f"- {v}" for v in report["verdicts"]]
+    lines += failure_lines(report)
     if gates:
-        lines += ["", "## Gates", ""]
-        lines += _md_table(
-            ["Gate", "Outcome", "Value", "95% CI", "Threshold"],
-            [
-                [
-                    g["name"],
-                    g["outcome"].upper(),
-                    g.get("value_text", "–"),
-                    g.get("ci_text", "–"),
-                    g.get("threshold_text", "–"),
-                ]
-                for g in gates
-            ],
-        )
+        lines += ["", "## Gates", "", *gate_table(gates)]
     sampling = sampling_lines(report)
     if sampling:
         lines += ["", "## Sampling", ""] + [f"- {line}" for line in sampling]

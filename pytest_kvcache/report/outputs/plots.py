@@ -168,7 +168,7 @@ def _pct(ratio: float | None, fallback: float) -> float:
 
 def delta_figure(report: Report, spec: ProbeSpec, plt: Any) -> Figure | None:
     """Each arm against the baseline along the probe's curve: ratio − 1 (%) with its 95% CI as a band, the
-    zero line, and a crossover (with its interval) where the report found one."""
+    zero line, and a crossover (with its interval) where the report found a significant one."""
     arms = [a["name"] for a in report["arms"]]
     deltas = [d for d in report["deltas"] if d["probe"] == spec.name and d["metric"] in spec.curve]
     metrics = [m for m in spec.curve if any(d["metric"] == m and d.get("delta_pct") is not None for d in deltas)]
@@ -200,7 +200,12 @@ def delta_figure(report: Report, spec: ProbeSpec, plt: Any) -> Figure | None:
             hi = [_pct(d.get("ci_high"), y) for d, y in zip(mine, ys, strict=True)]
             ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.18, linewidth=0)
             for c in crossings:
-                if c["arm"] == arm and c["metric"] == metric and c.get("estimate") is not None:
+                if (
+                    c["arm"] == arm
+                    and c["metric"] == metric
+                    and c.get("estimate") is not None
+                    and c.get("significant", True)
+                ):
                     estimate = float(c["estimate"] or 0.0)
                     if c.get("ci_low") is not None and c.get("ci_high") is not None:
                         ax.axvspan(

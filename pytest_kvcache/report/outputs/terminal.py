@@ -19,6 +19,7 @@ from pytest_kvcache.report.outputs.markdown import (
     fidelity_table,
     fmt,
     fmt_delta,
+    gate_evidence,
     growth_lines,
     order_lines,
     probe_specs,
@@ -221,10 +222,15 @@ def report_lines(report: Report) -> list[Line]:
         out.append(Line(f"against stored run {compare['baseline_run']}:"))
         for row in compare["rows"]:
             out.append(Line(f"  {row['arm']} {row['probe']}@{row['point']} {row['metric']}: {fmt_delta(row)}"))
+    found = report.get("failures")
+    if found:
+        tone: Tone = "red" if found["failed"] else "yellow" if found["excluded"] else "plain"
+        out.append(Line("failures and exclusions: " + found["lines"][0], tone))
+        out += [Line(f"  {line}", tone) for line in found["lines"][1:]]
     for g in report.get("gates") or []:
         ci = f" CI {g['ci_text']}" if g["ci_low"] is not None else ""
-        why = f" — {g['reason']}" if g["reason"] else ""
-        tone: Tone = "red" if g["outcome"] == "fail" else "yellow" if g["outcome"] == "inconclusive" else "plain"
+        why = f" — {gate_evidence(g)}" if gate_evidence(g) else ""
+        tone = "red" if g["outcome"] == "fail" else "yellow" if g["outcome"] == "inconclusive" else "plain"
         text = (
             f"gate {g['outcome'].upper()}: {g['name']} — value {g['value_text']}{ci}, needs {g['threshold_text']}{why}"
         )

@@ -108,10 +108,16 @@ class StallingClient(Client):
     stall_s = 0.08
 
     def _read_stream(
-        self, response: http.client.HTTPResponse, sample: Sample, t0: float, keep_text: bool, first_byte: list[bool]
+        self,
+        response: http.client.HTTPResponse,
+        sample: Sample,
+        t0: float,
+        keep_text: bool,
+        first_token: list[bool],
+        first_limit_s: float,
     ) -> None:
         time.sleep(self.stall_s)
-        super()._read_stream(response, sample, t0, keep_text, first_byte)
+        super()._read_stream(response, sample, t0, keep_text, first_token, first_limit_s)
 
 
 def test_an_injected_client_stall_is_measured_as_error() -> None:

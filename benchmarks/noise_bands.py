@@ -1,0 +1,200 @@
+"""Derive the default boot-to-boot bands (``pytest_kvcache/data/noise_bands.json``) from committed run folders.
+
+For every run folder: its platform (GPU when a boot's evidence saw a GPU), and for every arm, probe, point
+and metric with 2 or more boots, the spread of the boots' means on the log scale with the part the samples
+within each boot explain taken out (method of moments: var(log boot mean) − mean(within CV² / n), at least 0)
+— the boot-to-boot standard deviation σ_b of that point. Copies of one arm in an A/A run (``auto``,
+``auto.2``) are one arm: their boots are boots of the same configuration. Samples the run flagged
+``host_cpu_busy`` (the host busy outside the engine and the client, docs/host-cpu.md) are left out: they
+measure the other work on the host, not the boot.
+
+A family's band is the ``--quantile`` (default 0.9) of its points' σ_b on one platform: most points of every
+committed workload sit inside it, so a gate judged with it at one or two boots per arm keeps its false alarms
+low (``benchmarks/gate_power.py`` measures them), and an undecided gate gets more boots, where the band no
+longer matters (3+ boots: the CI is over boots). A family without points on a platform takes the other
+platform's band.
+
+    python benchmarks/noise_bands.py                      # the committed runs, written to the package
+    python benchmarks/noise_bands.py RUN_DIR ... --out FILE --print
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from pytest_kvcache.report import bands
+from pytest_kvcache.report.load import load
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The committed multi-boot runs (and A/A pairs) the default bands come from. Left out:
+#: h200-scale-out-one-card (two lanes sharing one card at once: boots disturb each other by design) and
+#: single-boot runs without a copy of an arm (no boot-to-boot spread to see).
+DEFAULT_RUNS = (
+    "docs/results/cpu-aa/run",
+    "docs/results/h200-replicated/run",
+    "docs/results/h200-agreement/run",
+    "docs/results/h200-fidelity/run",
+)
+OUT = ROOT / "pytest_kvcache" / "data" / bands.FILE
+
+
+def arm_of(name: str) -> str:
+    """``auto.2`` → ``auto``: a copy of an arm is the same configuration."""
+    return re.sub(r"\.\d+$", "", name)
+
+
+def _busy(busy: set[tuple[object, ...]], key: tuple[object, object, object, object]) -> bool:
+    boot, probe, point, index = key
+    return any(b[0] == boot and b[1] == probe and b[5] == index and point in {b[2], _label(b)} for b in busy)
+
+
+def _label(b: tuple[object, ...]) -> str:
+    depth, turn = b[3], b[4]
+    if turn is not None:
+        return f"turn{turn}"
+    if isinstance(depth, int):
+        return f"{depth // 1000}k" if depth % 1000 == 0 else str(depth)
+    return str(b[2])
+
+
+def points(run_dir: Path) -> tuple[str, list[dict[str, object]]]:
+    """The run's platform and one entry per arm, probe, point and metric with 2+ boots: σ_b and its df."""
+    run = load(run_dir)
+    platform = bands.platform_of(run.evidence)
+    data = run.frame
+    if data.empty:
+        return platform, []
+    data = data[data["valid"]].copy()
+    if "flagged" in data and run.records:  # a sample that saw the host busy measured the other work, not the boot
+        busy = {
+            (r.get("boot"), r.get("probe"), r.get("shape"), r.get("depth"), r.get("turn"), r.get("index"))
+            for r in run.records
+            if "host_cpu_busy" in (r.get("flags") or [])
+        }
+        keys = zip(data["boot"], data["probe"], data["point"], data["index"], strict=True)
+        data = data[[not _busy(busy, k) for k in keys]]
+    data["config"] = [arm_of(str(a)) for a in data["arm"]]
+    found: list[dict[str, object]] = []
+    for (config, probe, point), group in data.groupby(["config", "probe", "point"]):
+        for metric in group.columns:
+            name = bands.family(str(metric))
+            if name is None or metric in ("prompt_tokens", "cached_tokens"):
+                continue
+            per_boot = group.groupby("boot")[metric].agg(lambda v: [float(x) for x in v if x is not None and x == x])
+            stats = [(np.mean(v), np.var(v, ddof=1) / len(v)) for v in per_boot if len(v) >= 2]
+            stats = [(m, w) for m, w in stats if m > 0]
+            if len(stats) < 2:
+                continue
+            logs = np.log([m for m, _ in stats])
+            within = float(np.mean([w / m**2 for m, w in stats]))
+            sigma = math.sqrt(max(float(np.var(logs, ddof=1)) - within, 0.0))
+            found.append(
+                {
+                    "run": _rel(run_dir),
+                    "config": config,
+                    "probe": probe,
+                    "point": point,
+                    "metric": metric,
+                    "family": name,
+                    "boots": len(stats),
+                    "boot_sd": sigma,
+                }
+            )
+    return platform, found
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def derive(runs: list[Path], quantile: float) -> dict[str, object]:
+    by: dict[str, dict[str, list[dict[str, object]]]] = {}
+    used: dict[str, list[str]] = {}
+    for run_dir in runs:
+        platform, found = points(run_dir)
+        for p in found:
+            by.setdefault(platform, {}).setdefault(str(p["family"]), []).append(p)
+        if found:
+            used.setdefault(platform, []).append(
+                str(run_dir.relative_to(ROOT) if run_dir.is_relative_to(ROOT) else run_dir)
+            )
+    platforms: dict[str, dict[str, object]] = {}
+    for platform, families in by.items():
+        out: dict[str, object] = {}
+        for name, found in sorted(families.items()):
+            sds = np.asarray([float(str(p["boot_sd"])) for p in found])
+            worst = max(found, key=lambda p: float(str(p["boot_sd"])))
+            value = float(np.quantile(sds, quantile))
+            out[name] = {
+                "boot_sd": round(value, 4),
+                "points": len(found),
+                "median": round(float(np.median(sds)), 4),
+                "max": round(float(sds.max()), 4),
+                "max_at": f"{worst['config']} {worst['probe']}@{worst['point']} {worst['metric']} ({worst['run']})",
+                "source": f"{quantile:.0%} quantile of σ_b over {len(found)} points of {', '.join(used[platform])}",
+            }
+        platforms[platform] = out
+    for platform, other in (("cpu", "gpu"), ("gpu", "cpu")):
+        mine = platforms.setdefault(platform, {})
+        for name, entry in (platforms.get(other) or {}).items():
+            if name not in mine and isinstance(entry, dict):
+                mine[name] = {
+                    **entry,
+                    "source": f"no {platform.upper()} points: the {other.upper()} band ({entry['source']})",
+                }
+    return {
+        "version": 1,
+        "what": "per platform and metric family: boot_sd, the standard deviation of log(one boot's mean) around "
+        "its arm's level (boot-to-boot, within-boot noise taken out)",
+        "command": "python benchmarks/noise_bands.py " + " ".join(str(r) for r in runs if str(r) not in DEFAULT_RUNS),
+        "quantile": quantile,
+        "runs": [_rel(r) for r in runs],
+        "families": {name: list(metrics) for name, metrics in bands.FAMILIES.items()},
+        "platforms": platforms,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="*", type=Path, help="run folders (default: the committed ones)")
+    parser.add_argument("--quantile", type=float, default=0.9)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--print", action="store_true", help="print every point's σ_b")
+    args = parser.parse_args()
+    runs = [r if r.is_absolute() else ROOT / r for r in (args.runs or [Path(r) for r in DEFAULT_RUNS])]
+    missing = [str(r) for r in runs if not (r / "run.json").is_file()]
+    if missing:
+        print(f"noise_bands: not run folders: {', '.join(missing)}", file=sys.stderr)
+        return 4
+    if args.print:
+        for run_dir in runs:
+            platform, found = points(run_dir)
+            for p in found:
+                print(
+                    f"{platform} {p['family']:>12} {float(str(p['boot_sd'])) * 100:6.2f}%  {p['boots']} boots  "
+                    f"{p['config']} {p['probe']}@{p['point']} {p['metric']}  ({run_dir.name})"
+                )
+    table = derive(runs, args.quantile)
+    table["command"] = "python benchmarks/noise_bands.py" + (
+        " " + " ".join(str(r) for r in args.runs) if args.runs else ""
+    )
+    args.out.write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
+    print("| platform | family | boot-to-boot SD | points | median | max |")
+    print("|---|---|---|---|---|---|")
+    for platform, families in table["platforms"].items():  # type: ignore[attr-defined]
+        for name, e in families.items():
+            figures = f"{e['boot_sd'] * 100:.1f}% | {e['points']} | {e['median'] * 100:.1f}% | {e['max'] * 100:.1f}%"
+            print(f"| {platform.upper()} | {name} | {figures} |")
+    print(f"written: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""Default boot-to-boot bands: how far one boot's mean of a metric sits from its arm's level, per metric
+family and platform, measured from committed multi-boot runs (``benchmarks/noise_bands.py`` writes
+``pytest_kvcache/data/noise_bands.json``; docs/gates.md says where each figure comes from).
+
+A within-boot CI cannot see the next boot. With fewer than 3 boots per arm a gate (and a delta's verdict)
+is judged on its within-boot CI widened by the family's band (``stats.widen_ratio``), unless a stored A/A
+(``--kv-noise``) gives the run's own band. Reads data only; no pytest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Literal
+
+from pytest_kvcache.model import DeltaRow, Evidence
+
+Platform = Literal["cpu", "gpu"]
+
+#: Metric families: metrics whose boot-to-boot spread is alike.
+FAMILIES: dict[str, tuple[str, ...]] = {
+    #: energy per output token is power over the decode rate: it inherits the rate's boot-to-boot spread
+    "decode rate": ("decode_tps", "wall_tps", "aggregate_tps", "stream_tps_median", "energy_per_token"),
+    "latency": ("ttft_s", "engine_ttft_s", "ttft_p95_s", "engine_decode_s"),
+    #: time in the engine's queue: near zero when idle, so its relative spread is no latency's
+    "queueing": ("engine_queue_s",),
+    "prefill rate": ("prefill_tps", "engine_prefill_s", "energy_per_prompt_token"),
+    "acceptance": ("acceptance_length", "acceptance_rate"),
+    "fidelity": ("logprob_drift", "kl_topk", "nll_delta"),
+}
+FILE = "noise_bands.json"
+#: The families a metric of unknown kind may be: its band is the widest of theirs.
+TIMING = ("decode rate", "latency", "prefill rate")
+
+
+def family(metric: str) -> str | None:
+    """The family of a metric: by name, else by its unit (``*_tps`` a rate, ``*_s`` a time); None: unknown."""
+    for name, metrics in FAMILIES.items():
+        if metric in metrics:
+            return name
+    if metric.endswith("_tps"):
+        return "decode rate"
+    if metric.endswith("_s"):
+        return "latency"
+    return None
+
+
+def platform_of(evidence: Mapping[str, Evidence]) -> Platform:
+    """A run is GPU when any boot's evidence saw a GPU (NVML before the boot), else CPU."""
+    return "gpu" if any((e.get("gpu_before") or {}).get("gpu") for e in evidence.values()) else "cpu"
+
+
+@dataclass(frozen=True)
+class Band:
+    """One family's band on one platform: the standard deviation of log(boot mean) (``boot_sd``, a share)."""
+
+    platform: Platform
+    family: str
+    boot_sd: float
+    source: str
+
+    @property
+    def one_boot_pct(self) -> float:
+        """The 95% half-width (percent) the band adds to a ratio of one boot against one boot."""
+        return 100 * 1.96 * self.boot_sd * 2**0.5
+
+    def describe(self) -> str:
+        return f"the default {self.platform.upper()} {self.family} band (boot-to-boot SD {self.boot_sd * 100:.1f}%)"
+
+
+@cache
+def _table() -> dict[str, Any]:
+    text = resources.files("pytest_kvcache").joinpath("data", FILE).read_text(encoding="utf-8")
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def table() -> dict[str, Any]:
+    """``noise_bands.json`` as written by ``benchmarks/noise_bands.py``."""
+    return _table()
+
+
+def band(metric: str, platform: Platform) -> Band | None:
+    """The default band of ``metric``'s family on ``platform``; an unknown family gets the platform's widest
+    timing band (conservative); None where the table has nothing for the platform."""
+    bands = (table().get("platforms") or {}).get(platform) or {}
+    if not bands:
+        return None
+    name = family(metric)
+    entry = bands.get(name) if name is not None else None
+    if entry is None:
+        timing = {k: v for k, v in bands.items() if k in TIMING} or bands
+        name, entry = max(timing.items(), key=lambda kv: float(kv[1]["boot_sd"]))
+        source = f"{entry['source']}; {metric} has no family of its own: the widest {platform.upper()} band"
+        return Band(platform, str(name), float(entry["boot_sd"]), source)
+    return Band(platform, str(name), float(entry["boot_sd"]), str(entry["source"]))
+
+
+def judge_deltas(deltas: list[DeltaRow], platform: Platform) -> dict[str, float]:
+    """Judge every within-boot delta's verdict on its CI widened by the family's default band (in place), as
+    a gate on it is judged: better or worse only beyond boot-to-boot variation. A delta over boots keeps its
+    verdict (its CI covers boots). Returns the bands used, family → boot-to-boot SD (percent)."""
+    from pytest_kvcache import stats
+
+    used: dict[str, float] = {}
+    for d in deltas:
+        lo, hi, ratio = d.get("ci_low"), d.get("ci_high"), d.get("ratio")
+        if d.get("ci_method") != "within-boot" or lo is None or hi is None or ratio is None:
+            continue
+        found = band(d["metric"], platform)
+        if found is None or ratio <= 0:
+            continue
+        used[found.family] = found.boot_sd * 100
+        boots = (max(d.get("boots_baseline", 1), 1), max(d.get("boots_arm", 1), 1))
+        wide_lo, wide_hi = stats.widen_ratio(ratio, lo, hi, found.boot_sd, *boots)
+        d["band_pct"] = found.boot_sd * 100
+        d["judged_ci"] = [wide_lo, wide_hi]
+        judged = stats.verdict(d["metric"], wide_lo, wide_hi)
+        if d["verdict"] != "inconclusive" and judged == "inconclusive":
+            d["verdict_note"] = (
+                f"within the default {platform.upper()} boot-to-boot band (SD {found.boot_sd * 100:.1f}%)"
+            )
+        d["verdict"] = judged
+        if judged != "inconclusive":
+            d["provisional"] = (
+                f"{min(boots)} boot{'' if min(boots) == 1 else 's'} per arm: within-boot CI widened by the "
+                f"default {platform.upper()} {found.family} band"
+            )
+        else:
+            d.pop("provisional", None)
+    return used
