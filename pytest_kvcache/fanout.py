@@ -547,6 +547,8 @@ class _Sessions(_Trial):
         self.streams.append(stream)
         stream.send(due)
         await stream.done
+        if stream.transport is not None and not stream.closed:
+            stream.transport.close()  # a session's next turn comes on a new connection: free the server's
 
     async def _session(self, index: int, plan: SessionPlan, start_perf_s: float, warm: asyncio.Semaphore) -> None:
         first = self._first[index]

@@ -29,12 +29,6 @@ from pytest_kvcache.probes.prefill import haystack, salt_for
 
 SloMetric = Literal["ttft", "itl"]
 
-#: The SLO the embedded CPU default is judged by: the tiny model answers a cached turn in ~30–130 ms on 2 busy
-#: cores and prefills a 2K-token context from scratch in ~150–300 ms (docs/probes/capacity.md).
-CPU_SLO = "ttft_p95<=200ms,itl_p95<=100ms"
-#: The SLO elsewhere (a GPU): an interactive agent's bound, and the issue's example.
-GPU_SLO = "ttft_p95<=2s,itl_p95<=60ms"
-
 #: Warmup turns (turn 0: the whole context prefilled) in flight at once per client process: enough to keep an
 #: engine's prefill busy, few enough that none waits past its first-token limit behind the others.
 WARM_CONCURRENCY = 8
@@ -345,8 +339,6 @@ def context(salt: str, repeats: int, pad_words: int) -> str:
 
 __all__ = [
     "ASSISTANT",
-    "CPU_SLO",
-    "GPU_SLO",
     "USER",
     "WARM_CONCURRENCY",
     "Search",

@@ -55,11 +55,15 @@ def frame(records: Sequence[Record], specs: Specs) -> pd.DataFrame:
     """One row per measured request with its metrics, validity, axis point and pairing key."""
     rows: list[dict[str, object]] = []
     trial_records: list[Record] = []
+    search_records: list[Record] = []
     for r in records:
         if r.get("phase") != "measured":
             continue
         if spec_of(r.get("probe"), specs).trials:
             trial_records.append(r)
+            continue
+        if spec_of(r.get("probe"), specs).search:
+            search_records.append(r)
             continue
         sample = r.get("sample") or {}
         row: dict[str, object] = {
@@ -82,6 +86,10 @@ def frame(records: Sequence[Record], specs: Specs) -> pd.DataFrame:
             row[metric] = value
         rows.append(row)
     rows += trial_rows(trial_records, specs)
+    if search_records:  # one row per boot and point: the search's result (the capacity probe's)
+        from pytest_kvcache.report import capacity
+
+        rows += capacity.frame_rows(search_records)
     return pd.DataFrame(rows)
 
 

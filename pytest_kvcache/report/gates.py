@@ -125,7 +125,7 @@ def check(gate: Gate, specs: Mapping[str, ProbeSpec]) -> None:
     if spec is None:
         raise GateError(f"gate {gate.text!r}: unknown probe {gate.probe!r}; known: {', '.join(specs)}")
     known = tuple(dict.fromkeys([*spec.compared_metrics, *registry.CLIENT_METRICS, *registry.ENGINE_METRICS]))
-    if spec.trials or spec.own_section:
+    if spec.trials or spec.own_section or spec.search:
         known = spec.compared_metrics
     if spec.own_section and gate.kind not in ("absolute", "between"):
         raise GateError(
@@ -213,7 +213,11 @@ def evaluate(
                     found = values(mine, gate.metric) if not mine.empty else []
                     groups = by_boot(mine, gate.metric) if not mine.empty else []
                     over_boots = len(groups) >= MIN_BOOTS_FOR_BOOT_CI
-                    if over_boots:  # the boot is the unit: boot-to-boot variation is in the CI
+                    if "search" in mine and mine["search"].notna().any():  # a search's own bootstrap
+                        from pytest_kvcache.report.capacity import capacity_ci
+
+                        mean, lo, hi, _ = capacity_ci(mine, seed)
+                    elif over_boots:  # the boot is the unit: boot-to-boot variation is in the CI
                         mean, lo, hi = stats.mean_ci_boots(groups, seed=seed)
                     else:
                         mean, lo, hi = stats.mean_ci(found, seed=seed)

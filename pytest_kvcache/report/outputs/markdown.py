@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from pytest_kvcache.model import BootEntry, DeltaRow, Json, Report, SavedRow
 from pytest_kvcache.probes.registry import ProbeSpec
+from pytest_kvcache.report import capacity
 from pytest_kvcache.report.fidelity import nats
 
 
@@ -534,6 +535,7 @@ def markdown(report: Report, plots: Sequence[str] = ()) -> str:
         lines += ["", f"## {title(report, probe)}", ""]
         lines += _md_table(["Metric", *arms, *header_tail], table)
     lines += fidelity_lines(report)
+    lines += capacity.lines(report)
     agreement = agreement_table(report)
     notes = report["agreement"]["notes"] if "agreement" in report else []
     if agreement or notes:
