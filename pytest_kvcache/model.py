@@ -298,6 +298,8 @@ class PlanEntry(TypedDict, total=False):
     args: list[str]
     tests: int
     skipped: str
+    #: The arm's KV budget in bytes (``--kv-cache-bytes`` or its own ``--kv-cache-memory-bytes``), when it has one.
+    kv_cache_bytes: int
     #: Under pytest-xdist: the lane (worker, GPU group, host) and block (one boot of every arm) it runs in.
     lane: int
     block: int

@@ -18,13 +18,14 @@ import json
 import math
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from pytest_kvcache.fanout import SessionPlan
+from pytest_kvcache.metrics import Scrape, engine_delta
 from pytest_kvcache.probes.prefill import haystack, salt_for
 
 SloMetric = Literal["ttft", "itl"]
@@ -286,6 +287,57 @@ def knee_draws(levels: Sequence[int], meets: np.ndarray, rng: np.random.Generato
     return passed, continuous
 
 
+# ------------------------------------------------------------------------------------------ the engine
+
+
+@dataclass
+class EngineWatch:
+    """A sessions trial's monitor (`pytest_kvcache.fanout.Monitor`): reads the engine's ``/metrics`` when the
+    window opens, every tick in it and when the last turn ended — the counters' deltas over the measured turns
+    (prefix-cache queries and hits, preemptions, tokens) and the KV usage, running and waiting requests seen.
+    ``scrape`` returns None for a server without vLLM's counters; the trial then has no engine figures."""
+
+    scrape: Callable[[], Scrape | None]
+    start: Scrape | None = None
+    delta: dict[str, object] | None = None
+    usage: list[float] = field(default_factory=list)
+    running: list[float] = field(default_factory=list)
+    waiting: list[float] = field(default_factory=list)
+
+    def __call__(self, event: str) -> None:
+        if event == "start" or (event in ("tick", "end") and self.start is not None):
+            found = self.scrape()
+            if found is None:
+                return
+            self.start = self.start or found
+            for name, into in (
+                ("vllm:kv_cache_usage_perc", self.usage),
+                ("vllm:num_requests_running", self.running),
+                ("vllm:num_requests_waiting", self.waiting),
+            ):
+                value = found.total(name)
+                if value is None and name == "vllm:kv_cache_usage_perc":
+                    value = found.total("vllm:gpu_cache_usage_perc")  # vLLM before 0.10
+                if value is not None:
+                    into.append(value)
+        elif event == "done" and self.start is not None and (found := self.scrape()) is not None:
+            self.delta = engine_delta(self.start, found)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "engine": self.delta,
+            "kv_usage_mean": float(np.mean(self.usage)) if self.usage else None,
+            "kv_usage_max": max(self.usage) if self.usage else None,
+            "running_max": max(self.running) if self.running else None,
+            "waiting_max": max(self.waiting) if self.waiting else None,
+        }
+
+
+#: Failures that an overloaded engine causes: they count as turns that missed the SLO. Any other failure (an
+#: HTTP error, a dropped connection) is a problem of the setup, and fails the test.
+OVERLOAD = frozenset({"first_token_timeout", "timeout", "stall"})
+
+
 # ------------------------------------------------------------------------------------------ the sessions
 
 
@@ -339,8 +391,10 @@ def context(salt: str, repeats: int, pad_words: int) -> str:
 
 __all__ = [
     "ASSISTANT",
+    "OVERLOAD",
     "USER",
     "WARM_CONCURRENCY",
+    "EngineWatch",
     "Search",
     "Slo",
     "SloTerm",
