@@ -46,8 +46,9 @@ if TYPE_CHECKING:
 PROBE = "capacity"
 METRIC = "capacity"
 #: A knee whose prefix-cache hit rate fell by more than this (absolute) from the last level that met the SLO
-#: to the first that broke it is "kv"-bound; less, "compute"-bound.
-KV_BOUND_DROP = 0.15
+#: to the first that broke it (or whose engine preempted requests there) is "kv"-bound; else "compute"-bound. A
+#: p95 bound breaks once ~5% of turns are prefilled from scratch: a drop of 5 points can break it.
+KV_BOUND_DROP = 0.05
 
 
 @dataclass
@@ -337,7 +338,12 @@ def capacity_ci(group: pd.DataFrame, seed: int) -> tuple[float | None, float | N
 
 
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and math.isfinite(float(value)) else None
+    """A finite number, from a number or its text (``/metrics`` labels are text); None otherwise."""
+    try:
+        found = float(value) if isinstance(value, int | float | str) else math.nan
+    except ValueError:
+        return None
+    return found if math.isfinite(found) else None
 
 
 def trial_row(s: Search, t: Trial, seed: int) -> CapacityTrialRow:
@@ -380,7 +386,9 @@ def _knee_cause(at: Trial | None, broke: Trial | None) -> str:
     before, after = at.hit_rate[0], broke.hit_rate[0]
     if before is None or after is None:
         return "unknown"
-    return "kv" if before - after > KV_BOUND_DROP else "compute"
+    preempted = [(t.info.get("engine") or {}).get("preemptions") for t in (at, broke)]
+    more = all(isinstance(p, int | float) for p in preempted) and float(preempted[1] or 0) > float(preempted[0] or 0)
+    return "kv" if before - after > KV_BOUND_DROP or more else "compute"
 
 
 def section(
@@ -491,7 +499,7 @@ def _notes(rows: Sequence[CapacityRow], trials: Sequence[CapacityTrialRow]) -> l
         cause = r.get("knee_cause")
         at, broke = r.get("at_capacity") or {}, r.get("first_broken") or {}
         if cause in ("kv", "compute") and at.get("hit_rate") is not None and broke.get("hit_rate") is not None:
-            how = "the KV cache: the prefix-cache hit rate fell" if cause == "kv" else "compute: the hit rate held"
+            how = "the KV cache: the prefix-cache hit rate fell" if cause == "kv" else "compute: the hit rate went"
             notes.append(
                 f"{r['arm']} at {r['point']}: the knee is bound by {how} from {_pct(at.get('hit_rate'))} at "
                 f"{count(r.get('capacity'))} sessions to {_pct(broke.get('hit_rate'))} at {broke.get('sessions')}"

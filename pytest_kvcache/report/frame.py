@@ -194,8 +194,13 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
     With ``MIN_BOOTS_FOR_BOOT_CI`` boots or more on both sides the boot is the unit: ratio of boot-level
     means with a hierarchical bootstrap (``ci_method`` "boots"); in a pytest-xdist run paired by block (the
     blocks' ratios, whole blocks resampled, see ``stats.ratio_ci_boots``). Otherwise samples are pooled, paired where
-    requests pair up, and the CI covers only the noise within a boot ("within-boot").
+    requests pair up, and the CI covers only the noise within a boot ("within-boot"). A search's metric (the
+    capacity: one value per boot) carries its own bootstrap, over turns and boots (``report.capacity.compare``).
     """
+    if any("search" in g and g["search"].notna().any() for g in (base, other)):
+        from pytest_kvcache.report import capacity
+
+        return capacity.compare(base, other, metric, seed=seed)
     bv, av = values(base, metric), values(other, metric)
     (base_boots, base_strata), (arm_boots, arm_strata) = by_boot_strata(base, metric), by_boot_strata(other, metric)
     paired = False

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pytest_kvcache.config.budget import parse_bytes
 from pytest_kvcache.engines.profiles import VLLM_ONLY_FIELDS, VLLM_ONLY_STREAM_OPTIONS
 from pytest_kvcache.selfcheck.stream import Schedule, StreamServer
 
@@ -93,7 +94,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="count usage.prompt_tokens with this folder's tokenizer and chat template (transformers)",
     )
     parser.add_argument("--max-model-len", type=int, default=8192)
-    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="vLLM's KV budget: the KV model's size")
+    parser.add_argument(
+        "--kv-cache-memory-bytes", type=parse_bytes, default=None, help="vLLM's KV budget (32M, 2G): the KV model"
+    )
     parser.add_argument(
         "--standin-kv-tokens", type=int, default=None, help="a KV-capacity model of this many tokens (LruPrefixCache)"
     )
@@ -113,7 +116,8 @@ BLOCK_SIZE = 16
 
 class LruPrefixCache:
     """The stand-in's KV capacity: ``capacity_tokens`` of prefix cache in blocks of ``block_size`` (a block is
-    the hash of every token up to its end, as vLLM's), least recently used evicted first. A prompt's cached
+    the hash of every token up to its end, as vLLM's), least recently used evicted first -- a request's tail
+    before its head, as vLLM frees them. A prompt's cached
     tokens are its leading blocks still held; its first token leaves once the prefills queued before it and its
     own uncached tokens (at ``prefill_tps``) are done, plus ``ttft_s``. Thread-safe."""
 
@@ -140,7 +144,7 @@ class LruPrefixCache:
                 if h not in self._blocks:
                     break
                 hits += 1
-            for h in hashes:
+            for h in reversed(hashes):  # the head last: as vLLM frees a request's blocks, its tail goes first
                 self._blocks[h] = None
                 self._blocks.move_to_end(h)
             while len(self._blocks) > self.capacity_blocks:
