@@ -207,7 +207,7 @@ STOCK: tuple[ProbeSpec, ...] = (
     ),
     ProbeSpec(
         name="capacity",
-        title="Capacity under the SLO (sessions sustained at each depth)",
+        title="Capacity (sessions sustained under the SLO, per depth)",
         metrics=("capacity",),
         primary_metric="capacity",
         marker_help="capacity probe: how many concurrent sessions of --kv-capacity-depths tokens each arm sustains "
