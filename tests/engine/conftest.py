@@ -99,6 +99,40 @@ def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     )
 
 
+#: The capacity run's arms: ``auto`` twice (an A/A) at one KV budget, and ``big`` at twice that budget.
+CAPACITY_ARMS = """
+[tool.pytest_kvcache.arms.big]
+args = ["--kv-cache-memory-bytes", "80M"]
+"""
+
+
+@pytest.fixture(scope="session")
+def capacity_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The capacity probe on real vLLM, 3 boots: ``auto`` and its A/A copy with 40 MiB of KV (20,480 tokens at
+    the tiny model's 2,048 bytes a token), ``big`` with 80 MiB; sessions of 3K tokens, whose first turn misses
+    the cache at ~0.45 s and later turns hit it at ~0.05–0.2 s (2 cores), so the KV cache sets the knee at
+    about 6 and 12 sessions. The search starts at 4 and stops at 16; ttft_p90 (not p95) so that one slow turn
+    of a busy host does not decide a trial of ~15 turns."""
+    workdir = tmp_path_factory.mktemp("capacity")
+    (workdir / "pyproject.toml").write_text(CAPACITY_ARMS)
+    return run_pytest(
+        workdir,
+        "--kv-arms=auto,auto,big",
+        "-m",
+        "capacity",
+        "--kv-cache-bytes=40M",
+        "--kv-capacity-depths=3k",
+        "--kv-slo=ttft_p90<=250ms,itl_p95<=100ms",
+        "--kv-capacity-think=1",
+        "--kv-capacity-window=3",
+        "--kv-capacity-start=4",
+        "--kv-capacity-max-sessions=16",
+        "--kv-no-self-check",
+        "--kv-fail=capacity[capacity@3k]: big >= auto * 1.5",
+        engine_args="--max-model-len 8192",
+    )
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
