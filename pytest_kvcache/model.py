@@ -713,6 +713,8 @@ class CapacityTrialRow(TypedDict, total=False):
     kv_usage_max: float | None
     excluded_reason: str | None
     broken: list[str]
+    #: each SLO term's value over the trial (``{"ttft_p90": 0.38}``)
+    slo_values: dict[str, float | None]
 
 
 class CapacitySection(TypedDict):

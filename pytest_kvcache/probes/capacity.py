@@ -147,6 +147,8 @@ class TrialFigures:
     meets: bool
     #: the SLO terms the trial broke, with their values (``ttft_p95 0.41 s > 0.2 s``)
     broken: list[str] = field(default_factory=list)
+    #: every SLO term's value over the trial (``{"ttft_p95": 0.41}``; None: a failed turn decided it)
+    terms: dict[str, float | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -162,12 +164,15 @@ def judge(turns: Sequence[TurnTimes], slo: Slo, window_s: float) -> TrialFigures
     ttft = np.asarray([t.ttft_s for t in turns], dtype=float)
     itl = np.asarray([t.itl_s for t in turns], dtype=float)
     broken: list[str] = []
+    terms: dict[str, float | None] = {}
     for term in slo.terms:
         values = ttft if term.metric == "ttft" else itl
         if not values.size:
             broken.append(f"{term.name}: no measured turn")
+            terms[term.name] = None
             continue
         value = float(nearest_rank(values, term.quantile))
+        terms[term.name] = _finite(value)
         if value > term.limit_s:
             shown = "a failed turn" if not math.isfinite(value) else f"{value:.3g} s"
             broken.append(f"{term.name} {shown} > {term.limit_s:g} s")
@@ -189,6 +194,7 @@ def judge(turns: Sequence[TurnTimes], slo: Slo, window_s: float) -> TrialFigures
         good_turns=len(good),
         meets=not broken,
         broken=broken,
+        terms=terms,
     )
 
 

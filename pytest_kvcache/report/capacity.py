@@ -377,6 +377,7 @@ def trial_row(s: Search, t: Trial, seed: int) -> CapacityTrialRow:
         "kv_usage_max": _num(t.info.get("kv_usage_max")),
         "excluded_reason": t.excluded_reason,
         "broken": fig.broken,
+        "slo_values": fig.terms,
     }
 
 
@@ -717,7 +718,7 @@ def lines(report: Mapping[str, Any]) -> list[str]:
 
 def figures(report: Mapping[str, Any], plt: Any) -> dict[str, Figure]:
     """``capacity_<depth>.png`` per depth: goodput against sessions (one curve per arm, its CI band, each arm's
-    capacity dotted), TTFT p95 and ITL p95 against sessions with the SLO's line."""
+    capacity dotted), then each SLO term's value against sessions with the term's bound as a line."""
     found = cast("CapacitySection | None", report.get("capacity"))
     if not found or not found["trials"]:
         return {}
@@ -732,40 +733,41 @@ def figures(report: Mapping[str, Any], plt: Any) -> dict[str, Figure]:
         return out
     for point in dict.fromkeys(trials["point"]):
         at = trials[trials["point"] == point]
-        panels = ["goodput_tps", "ttft_p95_s", "itl_p95_s"]
+        panels: list[probe.SloTerm | None] = [None, *slo.terms]  # None: goodput
         fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 3.9), squeeze=False)
-        for ax, panel in zip(axes[0], panels, strict=True):
+        for ax, term in zip(axes[0], panels, strict=True):
             for arm in [a for a in arms if a in set(at["arm"])]:
-                mine = at[at["arm"] == arm].sort_values("sessions")
-                grouped = mine.groupby("sessions")
+                grouped = at[at["arm"] == arm].sort_values("sessions").groupby("sessions")
                 xs = [float(x) for x in grouped.groups]
-                ys = [float(np.nanmean([v for v in g[panel] if v is not None] or [np.nan])) for _, g in grouped]
+                ys = [_level(g, term) for _, g in grouped]
                 (line,) = ax.plot(xs, ys, marker="o", label=arm)
-                if panel == "goodput_tps":
-                    lo = [
-                        np.nanmin([c[0] if c[0] is not None else np.nan for c in g["goodput_ci"]]) for _, g in grouped
-                    ]
-                    hi = [
-                        np.nanmax([c[1] if c[1] is not None else np.nan for c in g["goodput_ci"]]) for _, g in grouped
-                    ]
+                if term is None:
+                    lo = [_bound(g["goodput_ci"], 0) for _, g in grouped]
+                    hi = [_bound(g["goodput_ci"], 1) for _, g in grouped]
                     ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.18, linewidth=0)
                 row = next((r for r in found["rows"] if r["arm"] == arm and r["point"] == point), None)
                 if row is not None and row.get("capacity"):
                     ax.axvline(float(row["capacity"] or 0), color=line.get_color(), linestyle=":", linewidth=1.2)
-            if panel != "goodput_tps":
-                limit = slo.limit("ttft" if panel.startswith("ttft") else "itl")
-                if math.isfinite(limit):
-                    ax.axhline(limit, color="black", linewidth=0.9, linestyle="--", label=f"SLO {limit:g} s")
-            ax.set_xlabel("concurrent sessions")
-            ax.set_ylabel(
-                {"goodput_tps": "goodput (tokens/s of turns within the SLO)", "ttft_p95_s": "TTFT p95 (s)"}.get(
-                    panel, "ITL p95 (s)"
-                )
-            )
-            ax.set_title(f"capacity@{point}: " + {"goodput_tps": "goodput (95% CI band)"}.get(panel, panel))
+            if term is not None:
+                ax.axhline(term.limit_s, color="black", linewidth=0.9, linestyle="--", label=f"SLO {term.text()}")
+                ax.set_ylabel(f"{term.name} over the trial's turns (s)")
+                ax.set_title(f"capacity@{point}: {term.name} (the SLO's bound dashed)")
+            else:
+                ax.set_ylabel("goodput (tokens/s of turns within the SLO)")
+                ax.set_title(f"capacity@{point}: goodput (95% CI band)")
+            ax.set_xlabel("concurrent sessions (dotted: each arm's capacity)")
             ax.legend()
         out[f"capacity_{point}.png"] = fig
     return out
+
+
+def _level(group: pd.DataFrame, term: probe.SloTerm | None) -> float:
+    """The mean over a level's trials (boots) of the goodput, or of an SLO term's value (nan: a failed turn)."""
+    if term is None:
+        values = [float(v) for v in group["goodput_tps"] if v is not None]
+    else:
+        values = [float((v or {}).get(term.name) or np.nan) for v in group["slo_values"]]
+    return float(np.mean(values)) if values else float("nan")
 
 
 def _bound(cis: Any, side: int) -> float:
@@ -781,7 +783,7 @@ def caption(name: str) -> str | None:
         point = name[len("capacity_") : -4]
         return (
             f"Capacity at {point}: goodput against concurrent sessions per arm (95% CI band; dotted: the arm's "
-            "capacity), TTFT p95 and ITL p95 against sessions with the SLO's line."
+            "capacity), and each SLO term's value against sessions with its bound dashed."
         )
     return None
 
