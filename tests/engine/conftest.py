@@ -111,12 +111,14 @@ def capacity_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """The capacity probe on real vLLM, 3 boots: ``auto`` and its A/A copy with 40 MiB of KV (20,480 tokens at
     the tiny model's 2,048 bytes a token), ``big`` with 80 MiB; sessions of 3K tokens, whose first turn misses
     the cache at ~0.45 s and later turns hit it at ~0.05–0.2 s (2 cores), so the KV cache sets the knee at
-    about 6 and 12 sessions. The search starts at 4 and stops at 16; ttft_p90 (not p95) so that one slow turn
-    of a busy host does not decide a trial of ~15 turns."""
+    about 6 and 12 sessions. The search starts at 4 (after an unmeasured trial there) and stops at 16;
+    ttft_p90 (not p95) so that one slow turn of a busy host does not decide a trial of ~15 turns."""
     workdir = tmp_path_factory.mktemp("capacity")
     (workdir / "pyproject.toml").write_text(CAPACITY_ARMS)
+    tiny = Path(__file__).resolve().parents[2] / "pytest_kvcache" / "data" / "tiny-qwen3"
     return run_pytest(
         workdir,
+        f"--kv-model={tiny}",  # the random-weight tiny model by name: capacity needs no trained weights
         "--kv-arms=auto,auto,big",
         "-m",
         "capacity",
@@ -129,7 +131,7 @@ def capacity_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         "--kv-capacity-max-sessions=16",
         "--kv-no-self-check",
         "--kv-fail=capacity[capacity@3k]: big >= auto * 1.5",
-        engine_args="--max-model-len 8192",
+        engine_args="--load-format dummy --enforce-eager --max-model-len 8192",
     )
 
 
