@@ -339,6 +339,9 @@ class EngineWatch:
         }
 
 
+#: How many times a level whose trial was excluded (a saturated client, a busy host) is tried again.
+RETRIES = 2
+
 #: Failures that an overloaded engine causes: they count as turns that missed the SLO. Any other failure (an
 #: HTTP error, a dropped connection) is a problem of the setup, and fails the test.
 OVERLOAD = frozenset({"first_token_timeout", "timeout", "stall"})
@@ -398,6 +401,7 @@ def context(salt: str, repeats: int, pad_words: int) -> str:
 __all__ = [
     "ASSISTANT",
     "OVERLOAD",
+    "RETRIES",
     "USER",
     "WARM_CONCURRENCY",
     "EngineWatch",

@@ -66,7 +66,7 @@ def test_capacity(
         **st.client_kwargs(),
     )
     problems: list[str] = []
-    retried: set[int] = set()
+    retried: dict[int, int] = {}
     stopped = ""
     trial = 0
 
@@ -167,11 +167,11 @@ def test_capacity(
                 pytest.fail(f"{label}: the engine died during {sessions} sessions", pytrace=False)
             if problems:
                 break
-            if excluded or host_excluded:  # the trial's figures are not the engine's: tried once more
-                if sessions in retried:
-                    stopped = f"{sessions} sessions excluded twice ({excluded or 'host CPU busy'})"
+            if excluded or host_excluded:  # the trial's figures are not the engine's: tried again
+                retried[sessions] = retried.get(sessions, 0) + 1
+                if retried[sessions] > capacity.RETRIES:
+                    stopped = f"{sessions} sessions excluded {retried[sessions]} times ({excluded or 'host CPU busy'})"
                     break
-                retried.add(sessions)
                 continue
             search.record(sessions, figures.meets)
     censored = " (no level broke the SLO: at least)" if search.censored else ""
