@@ -18,6 +18,13 @@ process's CPU share and its event-loop lag (a timer's lateness). A trial whose c
 process above `Saturation.max_cpu_share` of a core, or a loop lag above `Saturation.max_loop_lag_s` -- is
 flagged: its timings are the client's, not the engine's.
 
+`Fanout.sessions` runs closed-loop *sessions* instead (the capacity probe): each session sends its turns one
+after the other, each turn its previous context plus a new message, a think time after the previous turn ended
+(`SessionPlan`). Turn 0 of every session builds its context (the warmup); once every session in every worker
+has finished it, the measured window opens for the same time in all workers (a shared array tells them), and
+the turns sent in it are the trial's measured turns. A new connection is opened for every turn while the
+session thinks, so connecting stays outside every timing here too.
+
 Workers start with the ``spawn`` method: a script that drives `Fanout` itself needs the usual
 ``if __name__ == "__main__":`` guard (under pytest nothing is needed).
 
@@ -38,7 +45,7 @@ import socket
 import ssl
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -100,6 +107,54 @@ class Trial:
     samples: list[Sample]
     load: ClientLoad
 
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """One session's requests, as JSON pieces: turn ``k``'s body is ``head + turns[0] + … + turns[k] + tail``
+    (the messages so far, each turn adding its own), so a turn's request is built by concatenation while the
+    session thinks. ``think_s[k]`` is the wait before turn ``k`` (k ≥ 1) after turn ``k - 1`` ended; for
+    ``k = 1`` it counts from the opening of the measured window instead (every session waits there after its
+    warmup), which staggers the first measured turns. ``prompt_tokens[k]`` sizes turn ``k``'s first-token
+    limit (estimated from its length when missing)."""
+
+    head: bytes
+    turns: tuple[bytes, ...]
+    tail: bytes
+    think_s: tuple[float, ...]
+    prompt_tokens: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.turns or len(self.think_s) < len(self.turns):
+            raise ValueError("a session plan needs at least one turn and a think time for every turn")
+
+
+@dataclass
+class SessionTurn:
+    """One turn of one session: its sample; turn 0 is the session's warmup, the others were sent in the
+    measured window."""
+
+    session: int
+    turn: int
+    sample: Sample
+
+
+@dataclass
+class SessionTrial:
+    """A sessions trial: every turn sent (in session, then turn order), the measured window (unix seconds;
+    None when the sessions never all finished their warmup) and the client's load."""
+
+    turns: list[SessionTurn]
+    window_unix_s: tuple[float, float] | None
+    load: ClientLoad
+
+    @property
+    def measured(self) -> list[SessionTurn]:
+        return [t for t in self.turns if t.turn > 0]
+
+
+#: A monitor of a sessions trial is told "start" when the measured window opens, "tick" every ``tick_s`` in
+#: it, "end" when it closes and "done" when the last turn has ended.
+Monitor = Callable[[str], None]
 
 # ---------------------------------------------------------------------------------------------- worker side
 
@@ -387,7 +442,7 @@ class _Trial:
         without the client being busy; it is reported, not judged.
         """
         loop = asyncio.get_running_loop()
-        limits = self.job.limits
+        limits = self.limits
         due = begin + TICK_S
         while True:
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
@@ -407,11 +462,168 @@ class _Trial:
                 elif s.token_seen and now - s.last_rx > limits.read_timeout_s:
                     s.fail("stall")
 
+    @property
+    def limits(self) -> Limits:
+        return self.job.limits
+
     def _lagged(self, since: float) -> None:
         self.lags.append(time.perf_counter() - since)
 
     def close(self) -> None:
         for s in self.streams:
+            if s.transport is not None and not s.closed:
+                s.transport.abort()
+
+
+@dataclass
+class _SessionJob:
+    """A worker's share of a sessions trial: its sessions (index, plan), where its warm time goes in the
+    shared array, and the window's length."""
+
+    host: str
+    port: int
+    tls: bool
+    path: str
+    headers: dict[str, str]
+    sessions: list[tuple[int, SessionPlan]]
+    limits: Limits
+    window_s: float
+    slot: int
+    warm_concurrency: int
+
+
+class _Sessions(_Trial):
+    """One worker's sessions of one trial, on its event loop: warmups (a few at a time), then, once every
+    worker's sessions are warm, the measured turns of every session until the window closes."""
+
+    #: the array the workers share: per worker, when its sessions were all warm (perf counter); 0: not yet;
+    #: -1: no sessions in this trial
+    shared: Any = None
+
+    def __init__(self, job: _SessionJob) -> None:  # a _Trial whose streams come and go: no _Job
+        self.sessions_job = job
+        self.streams = []
+        self.lags = []
+        self.timer_lags = []
+        self.turns: list[tuple[int, int, _Stream, int, bool]] = []  # session, turn, stream, tokens, estimated
+        self._first: dict[int, _Stream] = {}
+        self._warm_left = len(job.sessions)
+        self._window: tuple[float, float] | None = None
+
+    def _request(self, body: bytes) -> bytes:
+        job = self.sessions_job
+        head = [f"POST {job.path} HTTP/1.1", f"Host: {job.host}:{job.port}", f"Content-Length: {len(body)}"]
+        head += [f"{name}: {value}" for name, value in job.headers.items()]
+        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+    def _stream(self, plan: SessionPlan, turn: int, context: bytes) -> tuple[_Stream, int, bool]:
+        body = plan.head + context + plan.tail
+        given = plan.prompt_tokens[turn] if turn < len(plan.prompt_tokens) else None
+        tokens, estimated = prompt_size(body, given)
+        stream = _Stream(turn, self._request(body), self.sessions_job.limits.first_token_limit_s(tokens))
+        return stream, tokens, estimated
+
+    async def _open(self, stream: _Stream) -> bool:
+        loop = asyncio.get_running_loop()
+        job = self.sessions_job
+        tls = ssl.create_default_context() if job.tls else None
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: stream, job.host, job.port, ssl=tls),
+                timeout=job.limits.connect_timeout_s,
+            )
+        except (TimeoutError, OSError):
+            return False
+        return True
+
+    async def connect(self) -> None:
+        """Every session's warmup connection, before the trial starts."""
+        for index, plan in self.sessions_job.sessions:
+            stream, tokens, estimated = self._stream(plan, 0, plan.turns[0])
+            self._first[index] = stream
+            self.turns.append((index, 0, stream, tokens, estimated))
+            if not await self._open(stream):
+                raise OSError(f"cannot connect to {self.sessions_job.host}:{self.sessions_job.port}")
+
+    @property
+    def limits(self) -> Limits:
+        return self.sessions_job.limits
+
+    def window(self) -> tuple[float, float] | None:
+        """The measured window (perf counter), once every worker's sessions are warm."""
+        if self._window is None:
+            shared = self.shared
+            values = [shared[i] for i in range(len(shared))] if shared is not None else [self._own_warm]
+            if values and all(v != 0 for v in values) and any(v > 0 for v in values):
+                start = max(values)
+                self._window = (start, start + self.sessions_job.window_s)
+        return self._window
+
+    _own_warm = 0.0
+
+    def _warmed(self) -> None:
+        self._warm_left -= 1
+        if self._warm_left == 0:
+            self._own_warm = time.perf_counter()
+            if self.shared is not None:
+                self.shared[self.sessions_job.slot] = self._own_warm
+
+    async def _send(self, stream: _Stream, due: float) -> None:
+        loop = asyncio.get_running_loop()
+        stream.done = loop.create_future()
+        ahead = due - time.perf_counter()
+        if ahead > 0.002:  # the loop's timers have millisecond resolution: sleep short, then spin
+            await asyncio.sleep(ahead - 0.0015)
+        while time.perf_counter() < due:
+            pass
+        self.streams.append(stream)
+        stream.send(due)
+        await stream.done
+        if stream.transport is not None and not stream.closed:
+            stream.transport.close()  # a session's next turn comes on a new connection: free the server's
+
+    async def _session(self, index: int, plan: SessionPlan, start_perf_s: float, warm: asyncio.Semaphore) -> None:
+        first = self._first[index]
+        async with warm:
+            await self._send(first, max(start_perf_s, time.perf_counter()))
+        self._warmed()
+        while (window := self.window()) is None:
+            await asyncio.sleep(0.002)
+        context = plan.turns[0]
+        previous_end = window[0]  # turn 1 waits its think time from the opening of the window
+        for turn in range(1, len(plan.turns)):
+            due = previous_end + plan.think_s[turn]
+            if due >= window[1]:
+                return
+            context += plan.turns[turn]
+            stream, tokens, estimated = self._stream(plan, turn, context)
+            self.turns.append((index, turn, stream, tokens, estimated))
+            if not await self._open(stream):
+                return  # never sent: settled as a connection error
+            await self._send(stream, due)  # late when connecting took longer than the think time: measured
+            previous_end = time.perf_counter()
+
+    async def run(self, start_perf_s: float) -> tuple[float, float, float]:
+        loop = asyncio.get_running_loop()
+        wait = start_perf_s - time.perf_counter()
+        if wait > 0.002:
+            await asyncio.sleep(wait - 0.002)
+        while time.perf_counter() < start_perf_s:
+            pass
+        cpu0 = time.process_time()
+        begin = time.perf_counter()
+        watchdog = loop.create_task(self._watch(begin))
+        warm = asyncio.Semaphore(max(1, self.sessions_job.warm_concurrency))
+        await asyncio.gather(*(self._session(i, plan, start_perf_s, warm) for i, plan in self.sessions_job.sessions))
+        end = time.perf_counter()
+        cpu = time.process_time() - cpu0
+        watchdog.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watchdog
+        return begin, end, cpu
+
+    def close(self) -> None:
+        for _, _, s, _, _ in self.turns:
             if s.transport is not None and not s.closed:
                 s.transport.abort()
 
@@ -425,7 +637,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
-def _worker_main(conn: Connection) -> None:
+def _worker_main(conn: Connection, shared: Any = None) -> None:
     """A worker process: runs trials as the parent sends them, until the pipe closes or the parent is gone.
 
     Ctrl-C is the parent's to handle (it closes the pool); a worker whose parent died mid-trial exits at the
@@ -433,12 +645,13 @@ def _worker_main(conn: Connection) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _Trial.parent_pid = os.getppid()
+    _Sessions.shared = shared
     loop = _new_loop()
     asyncio.set_event_loop(loop)
     try:
         while True:
             try:
-                job: _Job | None = conn.recv()
+                job: _Job | _SessionJob | None = conn.recv()
             except (EOFError, OSError):
                 return
             if job is None:
@@ -451,8 +664,8 @@ def _worker_main(conn: Connection) -> None:
         loop.close()
 
 
-def _serve_one(loop: asyncio.AbstractEventLoop, conn: Connection, job: _Job) -> None:
-    trial = _Trial(job)
+def _serve_one(loop: asyncio.AbstractEventLoop, conn: Connection, job: _Job | _SessionJob) -> None:
+    trial = _Sessions(job) if isinstance(job, _SessionJob) else _Trial(job)
     try:
         try:
             loop.run_until_complete(trial.connect())
@@ -471,16 +684,22 @@ def _serve_one(loop: asyncio.AbstractEventLoop, conn: Connection, job: _Job) -> 
         finally:
             gc.enable()
         parse0 = time.process_time()
-        samples = []
-        for (_, _, _, tokens, estimated), stream in zip(job.streams, trial.streams, strict=True):
-            samples.append(_settle(stream, job.limits, tokens, estimated, unix0, perf0).to_dict())
+        samples: list[Any] = []
+        if isinstance(trial, _Sessions):
+            for index, turn, stream, tokens, estimated in trial.turns:
+                sample = _settle(stream, job.limits, tokens, estimated, unix0, perf0).to_dict()
+                samples.append((index, turn, sample))
+        else:
+            assert isinstance(job, _Job)
+            for (_, _, _, tokens, estimated), stream in zip(job.streams, trial.streams, strict=True):
+                samples.append(_settle(stream, job.limits, tokens, estimated, unix0, perf0).to_dict())
         parse_cpu = time.process_time() - parse0
         delays = [s.send_perf_s - s.requested_s for s in trial.streams if s.send_perf_s]
         figures = {
             "wall_s": end - begin,
             "cpu_s": cpu,
             "parse_cpu_s": parse_cpu,
-            "chunks": sum(int(s.get("chunks") or 0) for s in samples),
+            "chunks": sum(int((s[2] if isinstance(s, tuple) else s).get("chunks") or 0) for s in samples),
             "lags": trial.lags,
             "timer_lags": trial.timer_lags,
             "delays": delays,
@@ -549,13 +768,17 @@ class Fanout:
         self.saturation = saturation
         self.start_margin_s = start_margin_s
         self._workers: list[tuple[Any, Connection]] = []
+        self._shared: Any = None
 
     def start(self) -> Fanout:
         ctx = multiprocessing.get_context("spawn")
         try:
+            self._shared = ctx.RawArray("d", self.processes)
             for k in range(self.processes):
                 parent, child = ctx.Pipe()
-                process = ctx.Process(target=_worker_main, args=(child,), name=f"kv-fanout-{k}", daemon=True)
+                process = ctx.Process(
+                    target=_worker_main, args=(child, self._shared), name=f"kv-fanout-{k}", daemon=True
+                )
                 process.start()
                 child.close()
                 self._workers.append((process, parent))
@@ -641,6 +864,102 @@ class Fanout:
             for (i, *_), sample in zip(part, data, strict=True):
                 samples[i] = Sample(**sample)
         return Trial([s if s is not None else Sample() for s in samples], self._load(figures, n))
+
+    def sessions(
+        self,
+        plans: Sequence[SessionPlan],
+        *,
+        window_s: float,
+        monitor: Monitor | None = None,
+        tick_s: float = 0.5,
+        warm_concurrency: int = 4,
+        timeout_s: float | None = None,
+    ) -> SessionTrial:
+        """Run ``plans`` as closed-loop sessions (see `SessionPlan`): every session's turn 0 (at most
+        ``warm_concurrency`` at a time in each worker), then ``window_s`` seconds of turns in every session;
+        a turn due after the window is not sent. ``monitor`` is told when the window opens, every ``tick_s``
+        in it, when it closes and when the last turn ended (the probe reads the engine's counters there)."""
+        if not self._workers:
+            self.start()
+        n = len(self._workers)
+        parts: list[list[tuple[int, SessionPlan]]] = [[] for _ in range(n)]
+        for i, plan in enumerate(plans):
+            parts[i % n].append((i, plan))
+        shared = self._shared
+        for k in range(n):
+            shared[k] = 0.0 if parts[k] else -1.0
+        active = [(w, part, k) for k, (w, part) in enumerate(zip(self._workers, parts, strict=True)) if part]
+        turns_max = max((len(p.turns) for p in plans), default=1)
+        limit = self.limits.request_timeout_s
+        wait_s = timeout_s if timeout_s is not None else limit * (turns_max + 1) + window_s + 60
+        for (process, conn), part, slot in active:
+            job = _SessionJob(
+                self.host, self.port, self.tls, self.path, self.headers, part, self.limits, window_s, slot,
+                warm_concurrency,
+            )  # fmt: skip
+            self._send(process, conn, job)
+        refused: str | None = None
+        for (process, conn), _, _ in active:
+            status, value = self._receive(process, conn, self.limits.connect_timeout_s * 2 + 30)
+            if status != "ready":
+                raise FanoutError(f"fanout worker: {value}")
+            refused = refused or value
+        start = time.perf_counter() + self.start_margin_s
+        for (process, conn), _, _ in active:
+            self._send(process, conn, ("go" if refused is None else "stop", start))
+        if refused is not None:
+            failed = [SessionTurn(i, 0, Sample().fail("connection_error", refused)) for i in range(len(plans))]
+            return SessionTrial(failed, None, ClientLoad(streams=len(plans)))
+        results: dict[int, tuple[list[Any], dict[str, Any]]] = {}
+        deadline = time.monotonic() + wait_s
+        window: tuple[float, float] | None = None
+        told: set[str] = set()
+        next_tick = 0.0
+
+        def tell(event: str) -> None:
+            if monitor is not None and event not in told:
+                monitor(event)
+            told.add(event)
+
+        while len(results) < len(active):
+            for (process, conn), _, slot in active:
+                if slot in results:
+                    continue
+                if conn.poll(0.01):
+                    status, value = self._receive(process, conn, 0)
+                    if status != "done":
+                        raise FanoutError(f"fanout worker: {value}")
+                    results[slot] = value
+                elif not process.is_alive():
+                    raise FanoutError(f"a worker process exited (exit code {process.exitcode})")
+            values = [shared[k] for k in range(n)]
+            if window is None and all(v != 0 for v in values) and any(v > 0 for v in values):
+                opened = max(values)
+                window = (opened, opened + window_s)
+                tell("start")
+                next_tick = time.perf_counter() + tick_s
+            now = time.perf_counter()
+            if window is not None and "end" not in told:
+                if now >= window[1]:
+                    tell("end")
+                elif now >= next_tick and monitor is not None:
+                    monitor("tick")
+                    next_tick = now + tick_s
+            if time.monotonic() > deadline:
+                raise FanoutError(f"a sessions trial did not end within {wait_s:g} s")
+        if window is not None:
+            tell("end")
+        tell("done")
+        turns: list[SessionTurn] = []
+        figures: list[dict[str, Any]] = []
+        for slot in sorted(results):
+            data, figure = results[slot]
+            figures.append(figure)
+            turns += [SessionTurn(index, turn, Sample(**sample)) for index, turn, sample in data]
+        turns.sort(key=lambda t: (t.session, t.turn))
+        shift = time.time() - time.perf_counter()
+        window_unix = (window[0] + shift, window[1] + shift) if window is not None else None
+        return SessionTrial(turns, window_unix, self._load(figures, len(plans)))
 
     def _send(self, process: Any, conn: Connection, message: Any) -> None:
         try:

@@ -86,6 +86,9 @@ class Record(TypedDict, total=False):
     concurrency: int
     #: the many-stream client's load over the trial (concurrency probe; `pytest_kvcache.fanout.ClientLoad`)
     client: dict[str, Json]
+    #: the capacity probe's trial this turn belongs to: sessions, SLO, window, the engine's counters over the
+    #: window (`report.capacity` reads it)
+    capacity: dict[str, Json]
 
 
 class AgreementRecord(TypedDict, total=False):
@@ -301,6 +304,8 @@ class PlanEntry(TypedDict, total=False):
     args: list[str]
     tests: int
     skipped: str
+    #: The arm's KV budget in bytes (``--kv-cache-bytes`` or its own ``--kv-cache-memory-bytes``), when it has one.
+    kv_cache_bytes: int
     #: Under pytest-xdist: the lane (worker, GPU group, host) and block (one boot of every arm) it runs in.
     lane: int
     block: int
@@ -328,6 +333,7 @@ class ProbeSpecData(TypedDict, total=False):
     label: str
     trials: bool
     own_section: bool
+    search: bool
 
 
 class RunMeta(TypedDict, total=False):
@@ -393,6 +399,8 @@ class Comparison(TypedDict, total=False):
     verdict: Verdict
     #: a better/worse verdict from a within-boot CI: "N boot(s) per arm: within-boot CI only", else absent
     provisional: str
+    #: a capacity search that never broke the SLO on a side: its capacity is a lower bound (report.capacity)
+    censored: bool
 
 
 class DeltaRow(Comparison, total=False):
@@ -676,6 +684,66 @@ class FidelitySection(TypedDict):
     notes: list[str]
 
 
+class CapacityRow(TypedDict, total=False):
+    """One arm's capacity at one depth (``report.capacity.section``)."""
+
+    arm: str
+    point: str
+    depth: int
+    boots: int
+    capacity: float | None
+    capacity_ci: list[float | None]
+    censored: bool
+    ratio: float | None
+    ratio_ci: list[float | None]
+    ci_method: str
+    kv_tokens: int | None
+    kv_budget_bytes: int | None
+    trials: int
+    #: the knee's cause read from the engine: "kv" (the prefix-cache hit rate fell past it), "compute", "unknown"
+    knee_cause: str
+    at_capacity: dict[str, float | None]
+    first_broken: dict[str, Json]
+
+
+class CapacityTrialRow(TypedDict, total=False):
+    """One trial of a capacity search: its sessions, verdict and figures."""
+
+    arm: str
+    boot: str
+    point: str
+    depth: int
+    trial: int
+    sessions: int
+    step: str
+    verdict: str
+    turns: int
+    failed: int
+    context_tokens: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    itl_p50_s: float | None
+    itl_p95_s: float | None
+    goodput_tps: float | None
+    goodput_ci: list[float | None]
+    hit_rate: float | None
+    hit_rate_source: str | None
+    preemptions: int | None
+    kv_usage_mean: float | None
+    kv_usage_max: float | None
+    excluded_reason: str | None
+    broken: list[str]
+    #: each SLO term's value over the trial (``{"ttft_p90": 0.38}``)
+    slo_values: dict[str, float | None]
+
+
+class CapacitySection(TypedDict):
+    config: dict[str, Json]
+    rows: list[CapacityRow]
+    trials: list[CapacityTrialRow]
+    notes: list[str]
+
+
 class FlagSummary(TypedDict):
     samples: int
     kinds: list[str]
@@ -870,6 +938,7 @@ class Report(TypedDict, total=False):
     energy: EnergySection
     #: what the verdict cost: device time, booting / measuring / waiting, the compile cache's saving
     cost: CostSection | None
+    capacity: CapacitySection
     flags: FlagSummary
     verdicts: list[str]
     notes: list[str]

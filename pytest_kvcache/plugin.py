@@ -223,6 +223,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("kv_arm", boots, indirect=True, scope="session", ids=[b.boot_id for b in boots])
     if "kv_depth" in metafunc.fixturenames:
         metafunc.parametrize("kv_depth", settings.depths, ids=[depth_label(d) for d in settings.depths])
+    if "kv_capacity_depth" in metafunc.fixturenames:
+        depths = settings.capacity_depths
+        metafunc.parametrize("kv_capacity_depth", depths, ids=[depth_label(d) for d in depths])
     if "kv_concurrency" in metafunc.fixturenames:
         levels = settings.concurrency
         metafunc.parametrize("kv_concurrency", levels, ids=[level_label(n) for n in levels])

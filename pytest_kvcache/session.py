@@ -18,10 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvcache.config.settings import CPU_FIDELITY_DEPTHS, FIDELITY_DEPTHS, Boot, Settings
+from pytest_kvcache.config.settings import (
+    CPU_CAPACITY_DEPTHS,
+    CPU_FIDELITY_DEPTHS,
+    FIDELITY_DEPTHS,
+    Boot,
+    Settings,
+)
 from pytest_kvcache.engines.base import Engine
 from pytest_kvcache.engines.registry import EngineRegistry
-from pytest_kvcache.model import Json, Report
+from pytest_kvcache.model import Json, PlanEntry, Report
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.prefill import depth_label
 from pytest_kvcache.run.progress import Mode, Progress
@@ -80,6 +86,39 @@ def _restore_sigint() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def budget_text(settings: Settings, entry: PlanEntry) -> str:
+    """``, KV budget 32 MiB (16,384 tokens at 2,048 B/token; max_model_len 8,192)`` for a boot with a budget."""
+    from pytest_kvcache.config.budget import embedded_model, fmt_bytes, need
+
+    budget = entry.get("kv_cache_bytes")
+    if budget is None:
+        return ""
+    arm = next((a for a in settings.arms if a.name == entry.get("arm")), None)
+    folder = Path(settings.model) if settings.model else embedded_model()
+    found = need(folder, arm.kv_cache_dtype, settings.engine_args, arm.args) if arm and folder.is_dir() else None
+    if found is None:
+        return f", KV budget {fmt_bytes(budget)}"
+    tokens = int(budget // found.bytes_per_token)
+    return (
+        f", KV budget {fmt_bytes(budget)} ({tokens:,} tokens at {found.bytes_per_token:,.0f} B/token; "
+        f"max_model_len {found.max_model_len:,})"
+    )
+
+
+def capacity_plan_line(settings: Settings) -> str:
+    """The capacity probe's setup, said once before anything boots."""
+    st = settings
+    cpu = st.capacity_depths == CPU_CAPACITY_DEPTHS and st.embedded and st.launcher != "external"
+    kv = "each arm's own KV cache (no --kv-cache-bytes)" if st.cache_bytes is None else "the KV budget below"
+    depths = ",".join(depth_label(d) for d in st.capacity_depths)
+    return (
+        f"  capacity{' sized for the CPU' if cpu else ''}: depths {depths}, "
+        f"SLO {st.slo}, think {st.capacity_think_s:g} s, {st.capacity_window_s:g} s measured per trial, "
+        f"{st.capacity_max_tokens} tokens a turn, {st.capacity_start} to at most {st.capacity_max_sessions} sessions; "
+        f"{kv}"
+    )
+
+
 def boot_of(item: pytest.Item | None) -> Boot | None:
     callspec = getattr(item, "callspec", None)
     value = callspec.params.get("kv_arm") if callspec is not None else None
@@ -106,6 +145,7 @@ class KvSession:
     _machine_info: Json = None
     _depth_planned: bool = False
     _fidelity_planned: bool = False
+    _capacity_planned: bool = False
     #: A pytest-xdist worker refused the run on its host (exit 4): no report of an empty run.
     usage_error: str | None = None
 
@@ -216,6 +256,7 @@ class KvSession:
         self.run.set_plan(counts)
         self._depth_planned = any(boot_of(i) is not None and i.get_closest_marker("depth") for i in items)
         self._fidelity_planned = any(boot_of(i) is not None and i.get_closest_marker("fidelity") for i in items)
+        self._capacity_planned = any(boot_of(i) is not None and i.get_closest_marker("capacity") for i in items)
         if self.progress is not None:
             self.progress.planned(counts)
 
@@ -264,6 +305,8 @@ class KvSession:
                 f"{'' if st.rounds == st.replicates + 1 else f'–{st.rounds}'} boot only while "
                 f"{self.adaptive_condition()}"
             )
+        if self._capacity_planned:
+            lines.append(capacity_plan_line(st))
         for i, entry in enumerate(self.run.plan, 1):
             args = entry.get("args") or []
             extra = f" args={' '.join(args)}" if args else ""
@@ -276,7 +319,7 @@ class KvSession:
             )
             lines.append(
                 f"  {i}. {entry.get('boot')}{baseline}{lane}: kv_cache_dtype={entry.get('kv_cache_dtype') or 'default'}"
-                f"{extra} — {entry.get('tests', 0)} test(s){adaptive}"
+                f"{extra}{budget_text(st, entry)} — {entry.get('tests', 0)} test(s){adaptive}"
             )
         return lines
 

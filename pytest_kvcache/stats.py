@@ -37,8 +37,8 @@ BOOTSTRAP_SAMPLES = 4000
 CONFIDENCE = 0.95
 
 
-#: Metrics better higher that are not throughputs: speculative acceptance.
-HIGHER_IS_BETTER = frozenset({"acceptance_length", "acceptance_rate"})
+#: Metrics better higher that are not throughputs: speculative acceptance, and the sessions an arm sustains.
+HIGHER_IS_BETTER = frozenset({"acceptance_length", "acceptance_rate", "capacity"})
 
 
 def higher_is_better(metric: str) -> bool:

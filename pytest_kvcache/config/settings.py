@@ -22,6 +22,12 @@ from pytest_kvcache.config.engine_kinds import ENGINE_KINDS, LLAMACPP_ALIASES, L
 from pytest_kvcache.model import ArmData
 from pytest_kvcache.report.options import ReportOptions
 
+#: The capacity probe's default SLOs (``probes.capacity``; docs/probes/capacity.md says where they come from):
+#: on the embedded CPU default (the tiny model answers a cached 2K-token turn in ~30–130 ms on 2 busy cores and
+#: prefills it from scratch in ~150–300 ms), and elsewhere (an interactive agent's bound on a GPU).
+CPU_SLO = "ttft_p95<=200ms,itl_p95<=100ms"
+GPU_SLO = "ttft_p95<=2s,itl_p95<=60ms"
+
 #: Every value vLLM's ``--kv-cache-dtype`` accepts (vLLM 0.32's ``CacheDType``), in one place.
 KV_CACHE_DTYPES: tuple[str, ...] = (
     "auto",
@@ -78,6 +84,14 @@ CPU_TURNS = 9
 FIDELITY_DEPTHS = (1_000, 8_000, 32_000)
 CPU_FIDELITY_DEPTHS = (1_000, 4_000)
 FIDELITY_TEXTS = ("prose", "code")
+#: The capacity probe's defaults (docs/probes/capacity.md): depths, mean think time, measured window per
+#: trial, tokens per turn, most sessions tried — on a GPU, and on the embedded CPU default (2 cores).
+CAPACITY_DEPTHS = (16_000, 32_000)
+CPU_CAPACITY_DEPTHS = (2_000, 4_000)
+CAPACITY_THINK_S, CPU_CAPACITY_THINK_S = 2.0, 1.0
+CAPACITY_WINDOW_S, CPU_CAPACITY_WINDOW_S = 30.0, 5.0
+CAPACITY_MAX_TOKENS, CPU_CAPACITY_MAX_TOKENS = 64, 16
+CAPACITY_MAX_SESSIONS, CPU_CAPACITY_MAX_SESSIONS = 256, 32
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
 
@@ -339,6 +353,16 @@ class Settings:
     fidelity_texts: tuple[str, ...] = FIDELITY_TEXTS
     fidelity_top_k: int = 5
     fidelity_window: int = 512
+    #: every vLLM arm's KV budget in bytes (``--kv-cache-memory-bytes``); None: each engine sizes its own
+    cache_bytes: int | None = None
+    #: the capacity probe's SLO (``probes.capacity.parse_slo``'s text)
+    slo: str = "ttft_p95<=2s,itl_p95<=60ms"
+    capacity_depths: tuple[int, ...] = CAPACITY_DEPTHS
+    capacity_think_s: float = CAPACITY_THINK_S
+    capacity_window_s: float = CAPACITY_WINDOW_S
+    capacity_max_tokens: int = CAPACITY_MAX_TOKENS
+    capacity_max_sessions: int = CAPACITY_MAX_SESSIONS
+    capacity_start: int = 1
     first_token_floor_s: float = 120.0
     min_prefill_tps: float = 500.0
     progress: Progress = "auto"
@@ -440,6 +464,14 @@ class Settings:
             "fidelity_texts": list(self.fidelity_texts),
             "fidelity_top_k": self.fidelity_top_k,
             "fidelity_window": self.fidelity_window,
+            "cache_bytes": self.cache_bytes,
+            "slo": self.slo,
+            "capacity_depths": list(self.capacity_depths),
+            "capacity_think_s": self.capacity_think_s,
+            "capacity_window_s": self.capacity_window_s,
+            "capacity_max_tokens": self.capacity_max_tokens,
+            "capacity_max_sessions": self.capacity_max_sessions,
+            "capacity_start": self.capacity_start,
             "first_token_floor_s": self.first_token_floor_s,
             "min_prefill_tps": self.min_prefill_tps,
             "progress": self.progress,
@@ -457,6 +489,12 @@ class Settings:
             "first_token_floor_s": self.first_token_floor_s,
             "min_prefill_tps": self.min_prefill_tps,
         }
+
+    def kv_budget(self, arm: Arm) -> int | None:
+        """``arm``'s KV budget in bytes (its own ``--kv-cache-memory-bytes``, else ``--kv-cache-bytes``)."""
+        from pytest_kvcache.config.budget import arm_budget
+
+        return arm_budget(self.engine_args, arm.args, self.cache_bytes)
 
     @property
     def baselines_dir(self) -> Path:
@@ -716,6 +754,47 @@ def _levels(raw: Any) -> tuple[int, ...]:
     if len(set(levels)) != len(levels):
         raise SettingsError(f"stream counts must be distinct; got {text!r}")
     return tuple(levels)
+
+
+def _size(raw: Any) -> int:
+    from pytest_kvcache.config.budget import parse_bytes
+
+    try:
+        return parse_bytes(str(raw))
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def _slo(raw: Any) -> str:
+    from pytest_kvcache.probes.capacity import parse_slo
+
+    try:
+        return parse_slo(str(raw)).text()
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def check_budgets(settings: Settings) -> None:
+    """Every arm's KV budget holds one request of its ``max_model_len`` at its bytes per token (computed from the
+    model's config.json and the arm's KV dtype); a budget only where the plugin can apply one (vLLM it boots)."""
+    from pytest_kvcache.config.budget import embedded_model, need, refusal
+
+    budgets = {a.name: settings.kv_budget(a) for a in settings.arms}
+    if settings.cache_bytes is not None and settings.engine != "vllm":
+        raise SettingsError(
+            f"--kv-cache-bytes sets vLLM's --kv-cache-memory-bytes; a {settings.engine} server sizes its KV cache "
+            "itself (llama.cpp: --ctx-size tokens, in each arm's args)"
+        )
+    if settings.cache_bytes is not None and settings.launcher == "external":
+        raise SettingsError("--kv-cache-bytes cannot size the KV cache of a server you started (external launcher)")
+    folder = Path(settings.model) if settings.model is not None else embedded_model()
+    for arm in settings.arms:
+        budget = budgets[arm.name]
+        if budget is None or not folder.is_dir():
+            continue
+        found = need(folder, arm.kv_cache_dtype, settings.engine_args, arm.args)
+        if found is not None and (why := refusal(arm.name, budget, found, arm.kv_cache_dtype)):
+            raise SettingsError(why)
 
 
 DOTTED = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
@@ -1114,6 +1193,46 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "fidelity_topk", "top-k logprobs per position for the fidelity probe's KL estimate; 0: none (default 5).", "K"
     ),
     OptionSpec("fidelity_window", "positions scored before each fidelity depth (default 512).", "N"),
+    OptionSpec(
+        "cache_bytes",
+        "the KV-cache budget of every vLLM arm (its --kv-cache-memory-bytes; VLLM_CPU_KVCACHE_SPACE is then left "
+        "unset): 512MiB, 2GiB, 2G or bytes. It must hold one request of max_model_len at the arm's dtype (default: "
+        "each engine sizes its own).",
+        "SIZE",
+    ),
+    OptionSpec(
+        "slo",
+        "the capacity probe's latency SLO over a trial's measured turns, e.g. ttft_p95<=2s,itl_p95<=60ms "
+        "(default that; ttft_p95<=200ms,itl_p95<=100ms on the embedded CPU default).",
+        "TERMS",
+    ),
+    OptionSpec(
+        "capacity_depths",
+        "the capacity probe's session contexts in tokens, 'k' = 1000 (default 16k,32k; 2k,4k on the embedded CPU "
+        "default).",
+        "D1,D2",
+    ),
+    OptionSpec(
+        "capacity_think",
+        "mean think time between a session's turns, in seconds (each drawn uniform 0.5–1.5 × it; default 2, 1 on "
+        "the embedded CPU default).",
+        "S",
+    ),
+    OptionSpec(
+        "capacity_window",
+        "seconds each capacity trial is measured for, after its sessions are warm (default 30; 5 on the embedded "
+        "CPU default).",
+        "S",
+    ),
+    OptionSpec(
+        "capacity_max_tokens", "tokens each capacity turn decodes (default 64; 16 on the embedded CPU default).", "N"
+    ),
+    OptionSpec(
+        "capacity_max_sessions",
+        "the most concurrent sessions the capacity search tries (default 256; 32 on the embedded CPU default).",
+        "N",
+    ),
+    OptionSpec("capacity_start", "the capacity search's first number of sessions (default 1).", "N"),
 )
 
 OPTION_BY_NAME: Mapping[str, OptionSpec] = {spec.name: spec for spec in OPTIONS}
@@ -1447,12 +1566,20 @@ def resolve(
     rounds = max(replicates, max_replicates or 0)
     order, order_seed = get("order", _order, ("abba" if rounds >= 2 else "sequential", None))
     noise = judged.noise.name if judged.noise else None
+    max_sessions = get(
+        "capacity_max_sessions",
+        lambda raw: _count(1)(str(raw)),
+        CPU_CAPACITY_MAX_SESSIONS if cpu_default else CAPACITY_MAX_SESSIONS,
+    )
+    start = get("capacity_start", lambda raw: _count(1)(str(raw)), 1)
+    if start > max_sessions:
+        raise SettingsError(f"--kv-capacity-start ({start}) is above --kv-capacity-max-sessions ({max_sessions})")
     full_check = get("self_check", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False)
     no_check = get("no_self_check", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False)
     if full_check and no_check:
         raise SettingsError("--kv-self-check and --kv-no-self-check contradict each other")
 
-    return Settings(
+    settings = Settings(
         arms=arms,
         launcher=launcher,
         engine=engine,
@@ -1525,4 +1652,26 @@ def resolve(
         fidelity_texts=get("fidelity_texts", _texts, FIDELITY_TEXTS),
         fidelity_top_k=get("fidelity_topk", lambda raw: _count(0)(str(raw)), 5),
         fidelity_window=get("fidelity_window", lambda raw: _count(BLOCK_MIN)(str(raw)), 512),
+        cache_bytes=get("cache_bytes", _size, None),
+        slo=get("slo", _slo, CPU_SLO if cpu_default else GPU_SLO),
+        capacity_depths=get("capacity_depths", _depths, CPU_CAPACITY_DEPTHS if cpu_default else CAPACITY_DEPTHS),
+        capacity_think_s=get(
+            "capacity_think",
+            lambda raw: _positive_float(str(raw)),
+            CPU_CAPACITY_THINK_S if cpu_default else CAPACITY_THINK_S,
+        ),
+        capacity_window_s=get(
+            "capacity_window",
+            lambda raw: _positive_float(str(raw)),
+            CPU_CAPACITY_WINDOW_S if cpu_default else CAPACITY_WINDOW_S,
+        ),
+        capacity_max_tokens=get(
+            "capacity_max_tokens",
+            lambda raw: _count(1)(str(raw)),
+            CPU_CAPACITY_MAX_TOKENS if cpu_default else CAPACITY_MAX_TOKENS,
+        ),
+        capacity_max_sessions=max_sessions,
+        capacity_start=start,
     )
+    check_budgets(settings)
+    return settings

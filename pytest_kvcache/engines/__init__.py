@@ -8,6 +8,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from pytest_kvcache.config.budget import CPU_SPACE_ENV
+from pytest_kvcache.config.budget import FLAG as BUDGET_FLAG
 from pytest_kvcache.config.settings import Arm, Boot, Settings
 from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.external import ExternalEngine
@@ -76,9 +78,14 @@ def build_engine_args(settings: Settings, arm: Arm, model: str) -> tuple[list[st
     user_args = (*settings.engine_args, *arm.args)
     args: list[str] = ["--model", model]
     env: dict[str, str] = {}
+    budget = settings.kv_budget(arm)
     if settings.embedded:
         args += EMBEDDED_ARGS
-        env.update({k: v for k, v in EMBEDDED_ENV.items() if k not in os.environ})
+        # a KV budget (--kv-cache-memory-bytes) is overridden by VLLM_CPU_KVCACHE_SPACE on the CPU build
+        embedded = {k: v for k, v in EMBEDDED_ENV.items() if not (budget is not None and k == CPU_SPACE_ENV)}
+        env.update({k: v for k, v in embedded.items() if k not in os.environ})
+    if settings.cache_bytes is not None and not _has_flag(user_args, BUDGET_FLAG):
+        args += [BUDGET_FLAG, str(settings.cache_bytes)]
     for flag in MEASUREMENT_ARGS:
         if not _has_flag(user_args, flag) and not _has_flag(user_args, flag.replace("--", "--no-", 1)):
             args.append(flag)
@@ -210,10 +217,14 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
             env_overrides["CUDA_VISIBLE_DEVICES"] = cards
         port = lane_port(settings, boot.lane)
         argv = [*cmd, *args, "--host", HOST, "--port", str(port)]
+        inherited = dict(os.environ)
+        budgeted = settings.engine == "vllm" and settings.kv_budget(boot.arm) is not None
+        if budgeted and CPU_SPACE_ENV not in env_overrides:
+            inherited.pop(CPU_SPACE_ENV, None)  # it would override the budget on vLLM's CPU build
         return ProcessEngine(
             boot.boot_id,
             argv,
-            env={**os.environ, **env_overrides},
+            env={**inherited, **env_overrides},
             env_overrides=env_overrides,
             port=port,
             log_path=log_path,
@@ -237,7 +248,11 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
         args, env_overrides = build_engine_args(settings, boot.arm, model)
         # A container does not inherit our environment: pass what engines read (NCCL_*, VLLM_*, HF_TOKEN …).
         passthrough = {k: v for k, v in os.environ.items() if k.startswith(PASSTHROUGH_PREFIXES)}
-        env_overrides = {**passthrough, **(EMBEDDED_ENV if settings.embedded else {}), **env_overrides}
+        embedded_env = dict(EMBEDDED_ENV) if settings.embedded else {}
+        if settings.kv_budget(boot.arm) is not None:  # it would override the budget on vLLM's CPU build
+            passthrough.pop(CPU_SPACE_ENV, None)
+            embedded_env.pop(CPU_SPACE_ENV, None)
+        env_overrides = {**passthrough, **embedded_env, **env_overrides}
         run_id = arm_dir.parent.parent.name
         return DockerEngine(
             boot.boot_id,

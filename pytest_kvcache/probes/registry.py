@@ -83,6 +83,9 @@ class ProbeSpec:
     label: Label = "plain"
     trials: bool = False
     own_section: bool = False
+    #: each boot's records at a point are one search (the capacity probe's): ``report.capacity`` turns them
+    #: into one frame row per boot and point, whose metrics carry their own bootstrap (``frame.compare``)
+    search: bool = False
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -117,6 +120,7 @@ class ProbeSpec:
             "label": self.label,
             "trials": self.trials,
             "own_section": self.own_section,
+            "search": self.search,
         }
 
     @classmethod
@@ -140,6 +144,7 @@ class ProbeSpec:
             label=cast(Label, data.get("label") or "plain"),
             trials=bool(data.get("trials")),
             own_section=bool(data.get("own_section")),
+            search=bool(data.get("search")),
         )
 
 
@@ -210,6 +215,18 @@ STOCK: tuple[ProbeSpec, ...] = (
         point="depth",
         label="at",
         own_section=True,
+    ),
+    ProbeSpec(
+        name="capacity",
+        title="Capacity (sessions sustained under the SLO, per depth)",
+        metrics=("capacity",),
+        primary_metric="capacity",
+        marker_help="capacity probe: how many concurrent sessions of --kv-capacity-depths tokens each arm sustains "
+        "under --kv-slo (stepped up, then bisected).",
+        order=5,
+        point="depth",
+        label="at",
+        search=True,
     ),
 )
 

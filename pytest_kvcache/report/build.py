@@ -45,6 +45,7 @@ from pytest_kvcache.model import (
 )
 from pytest_kvcache.probes import agreement
 from pytest_kvcache.report import bands, confounds, failures
+from pytest_kvcache.report import capacity as capacity_report
 from pytest_kvcache.report import cost as cost_report
 from pytest_kvcache.report import energy as energy_report
 from pytest_kvcache.report import fidelity as fidelity_report
@@ -729,7 +730,9 @@ def report_verdicts(report: Report, specs: Specs) -> list[str]:
     found = verdict_sentences(report["deltas"], report["crossovers"], arms, specs)
     found += agreement_sentences(report["agreement"]["rows"], arms)
     scored = report.get("fidelity")
-    return found + fidelity_report.sentences(scored["rows"] if scored else [], report["deltas"], arms)
+    found += fidelity_report.sentences(scored["rows"] if scored else [], report["deltas"], arms)
+    sessions = report.get("capacity")
+    return found + (capacity_report.sentences(sessions, arms, report["deltas"]) if sessions else [])
 
 
 def agreement_sentences(rows: Sequence[AgreementRow], arms: Sequence[str]) -> list[str]:
@@ -1068,6 +1071,8 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         "bands": {"platform": platform, "families": used_bands},
         "failures": failures.section(run.records, arms, specs),
     }
+    if not data.empty and (data["probe"] == capacity_report.PROBE).any():
+        report["capacity"] = capacity_report.section(data, arms, deltas, run.evidence, settings, seed)
     if blocks:
         report["blocks"] = blocks
     report["verdicts"] = report_verdicts(report, specs)

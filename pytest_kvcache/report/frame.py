@@ -56,11 +56,15 @@ def frame(records: Sequence[Record], specs: Specs) -> pd.DataFrame:
     """One row per measured request with its metrics, validity, axis point and pairing key."""
     rows: list[dict[str, object]] = []
     trial_records: list[Record] = []
+    search_records: list[Record] = []
     for r in records:
         if r.get("phase") != "measured":
             continue
         if spec_of(r.get("probe"), specs).trials:
             trial_records.append(r)
+            continue
+        if spec_of(r.get("probe"), specs).search:
+            search_records.append(r)
             continue
         sample = r.get("sample") or {}
         row: dict[str, object] = {
@@ -84,6 +88,10 @@ def frame(records: Sequence[Record], specs: Specs) -> pd.DataFrame:
             row[metric] = value
         rows.append(row)
     rows += trial_rows(trial_records, specs)
+    if search_records:  # one row per boot and point: the search's result (the capacity probe's)
+        from pytest_kvcache.report import capacity
+
+        rows += capacity.frame_rows(search_records)
     return pd.DataFrame(rows)
 
 
@@ -189,8 +197,13 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
     With ``MIN_BOOTS_FOR_BOOT_CI`` boots or more on both sides the boot is the unit: ratio of boot-level
     means with a hierarchical bootstrap (``ci_method`` "boots"); in a pytest-xdist run paired by block (the
     blocks' ratios, whole blocks resampled, see ``stats.ratio_ci_boots``). Otherwise samples are pooled, paired where
-    requests pair up, and the CI covers only the noise within a boot ("within-boot").
+    requests pair up, and the CI covers only the noise within a boot ("within-boot"). A search's metric (the
+    capacity: one value per boot) carries its own bootstrap, over turns and boots (``report.capacity.compare``).
     """
+    if any("search" in g and g["search"].notna().any() for g in (base, other)):
+        from pytest_kvcache.report import capacity
+
+        return capacity.compare(base, other, metric, seed=seed)
     bv, av = values(base, metric), values(other, metric)
     (base_boots, base_strata), (arm_boots, arm_strata) = by_boot_strata(base, metric), by_boot_strata(other, metric)
     paired = False

@@ -131,7 +131,7 @@ def check(gate: Gate, specs: Mapping[str, ProbeSpec]) -> None:
             [*spec.compared_metrics, *registry.CLIENT_METRICS, *registry.ENGINE_METRICS, *registry.ENERGY_METRICS]
         )
     )
-    if spec.trials or spec.own_section:
+    if spec.trials or spec.own_section or spec.search:
         known = spec.compared_metrics
     if spec.own_section and gate.kind not in ("absolute", "between"):
         raise GateError(
@@ -260,7 +260,12 @@ def evaluate(
                     mine = at[at["arm"] == arm] if not at.empty else at
                     found = values(mine, gate.metric) if not mine.empty else []
                     groups = by_boot(mine, gate.metric) if not mine.empty else []
-                    results.append(_absolute(gate, f"{label} ({arm})", found, groups, seed, platform, arm=arm))
+                    ci = None
+                    if "search" in mine and mine["search"].notna().any():  # a search's own bootstrap
+                        from pytest_kvcache.report.capacity import capacity_ci
+
+                        ci = capacity_ci(mine, seed)[:3]
+                    results.append(_absolute(gate, f"{label} ({arm})", found, groups, seed, platform, arm=arm, ci=ci))
                 continue
             for who, base, other in pairs:
                 if base.empty or other.empty:
@@ -336,8 +341,10 @@ def _absolute(
     platform: Platform,
     *,
     arm: str,
+    ci: tuple[float | None, float | None, float | None] | None = None,
 ) -> GateResult:
-    """One absolute gate (one arm's mean against a number) on its deciding evidence."""
+    """One absolute gate (one arm's mean against a number) on its deciding evidence. ``ci`` (mean, low, high)
+    replaces the CI of the mean where the metric has its own (a capacity search's bootstrap)."""
     from pytest_kvcache import stats
     from pytest_kvcache.report import bands
     from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI
@@ -345,10 +352,11 @@ def _absolute(
     boots = len(groups)
     evidence: GateEvidence = {"kind": "none", "boots_arm": boots}
     if boots >= MIN_BOOTS_FOR_BOOT_CI:  # the boot is the unit: boot-to-boot variation is in the CI
-        mean, lo, hi = stats.mean_ci_boots(groups, seed=seed)
-        evidence.update({"kind": "boots", "text": f"CI over boots ({boots} boots: t-interval)"})
+        mean, lo, hi = ci or stats.mean_ci_boots(groups, seed=seed)
+        how = "the search's bootstrap over boots" if ci else "t-interval"
+        evidence.update({"kind": "boots", "text": f"CI over boots ({boots} boots: {how})"})
     else:
-        mean, lo, hi = stats.mean_ci(found, seed=seed)
+        mean, lo, hi = ci or stats.mean_ci(found, seed=seed)
         band = bands.band(gate.metric, platform)
         if mean is not None and lo is not None and hi is not None and band is not None:
             evidence.update(

@@ -198,6 +198,11 @@ class Progress:
     def recorded(self, record: Record, of: int | None) -> None:
         if self.quiet or record.get("phase") != "measured":
             return
+        if record.get("probe") == "capacity":  # one line a trial, on its last turn: its level and verdict
+            summary = (record.get("capacity") or {}).get("summary")
+            if summary:
+                self._line(f"kvcache: capacity@{record.get('shape')} {record.get('boot')} {summary}")
+            return
         index = record.get("index")
         position = ""
         if isinstance(index, int):  # 0-based in the record, 1-based on the screen

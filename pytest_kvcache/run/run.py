@@ -304,6 +304,7 @@ class Run:
                 "kv_cache_dtype": b.arm.kv_cache_dtype,
                 "args": list(b.arm.args),
                 "tests": tests_per_boot.get(b.boot_id, 0),
+                **({"kv_cache_bytes": budget} if (budget := self.settings.kv_budget(b.arm)) is not None else {}),
                 **(
                     {"lane": b.lane, "block": b.block, "gpus": self.settings.lane_cards(b.lane)}
                     if self.settings.lanes > 1

@@ -50,11 +50,11 @@ import time
 import traceback
 import uuid
 import zlib
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, Protocol, cast, get_args
 
 __all__ = [
     "DEFAULT_CACHE_CONFIG_LABELS",
@@ -62,6 +62,7 @@ __all__ = [
     "Fault",
     "FaultKind",
     "Outcome",
+    "PromptCache",
     "RoleChunk",
     "Schedule",
     "ServedRequest",
@@ -105,6 +106,16 @@ _ERROR_TYPES: dict[int, str] = {
     501: "NotImplementedError",
     503: "ServiceUnavailableError",
 }
+
+
+class PromptCache(Protocol):
+    """A model of an engine's prefix cache (the stand-in engine's KV capacity, ``testing.standin``): told each
+    chat prompt (toy token ids) when it arrives, it says how many leading tokens it had cached and when the
+    first token leaves (the request's TTFT, queueing behind other prefills included)."""
+
+    def admit(self, tokens: Sequence[int], arrival_s: float) -> tuple[int, float]: ...
+
+    def usage(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -482,6 +493,10 @@ class _Handler(BaseHTTPRequestHandler):
             schedule = replace(
                 schedule, prompt_tokens=prompt_tokens, cached_tokens=min(schedule.cached_tokens, prompt_tokens)
             )
+        if owner.prompt_cache is not None and chat:
+            ids = _toy_tokenize(body)
+            cached, ttft_s = owner.prompt_cache.admit(ids, record.arrival_s)
+            schedule = replace(schedule, prompt_tokens=len(ids), cached_tokens=cached, ttft_s=ttft_s)
         record.schedule = schedule
         model = body.get("model")
         if model is not None and model != owner.model_name:
@@ -1001,7 +1016,11 @@ class StreamServer:
         rejected_fields: frozenset[str] = frozenset(),
         prompt_counter: Callable[[dict[str, Any]], int] | None = None,
         reuse_port: bool = False,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
+        #: A prefix-cache model that decides each chat request's cached tokens and TTFT (and adds the KV usage
+        #: gauge to ``/metrics``); None: the schedule's.
+        self.prompt_cache = prompt_cache
         #: Bind with SO_REUSEPORT: several servers (processes) on one port share its connections, so a
         #: benchmark's streams are served by more than one core.
         self.reuse_port = reuse_port
@@ -1278,6 +1297,11 @@ class StreamServer:
             "Prefix cache hits, in terms of number of cached tokens.",
             [(base, hits)],
         )
+        if self.prompt_cache is not None:
+            family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", [
+                (base, self.prompt_cache.usage())
+            ])  # fmt: skip
+            family("vllm:num_preemptions_total", "counter", "Cumulative number of preemption.", [(base, 0.0)])
         return "\n".join(lines) + "\n"
 
 

@@ -10,6 +10,12 @@ made to on demand: exit at startup, start slowly, die mid-request, hang (take re
 report another cache dtype, ignore SIGTERM, have no ``/tokenize``, move its prompt logprobs (a lossy KV
 dtype); ``--standin-ttft`` / ``--standin-itl`` set its timing.
 
+Given a KV budget (vLLM's ``--kv-cache-memory-bytes``: 2,048 bytes a token at 16 bits, as the embedded tiny
+model's, 1,024 at 8) or ``--standin-kv-tokens``, it keeps a KV-capacity model (`LruPrefixCache`): a prefix
+cache of that many tokens in blocks of 16, least recently used evicted first, and a TTFT that grows with the
+prompt tokens it had not cached (``--standin-prefill-tps``), queued behind the other prefills -- so the
+capacity probe's search can be tested without a real engine.
+
 It is a test double for what real vLLM cannot be made to do on cue; the happy path and real failure
 modes are tested against real vLLM (CPU build). See ``docs/testing.md``.
 """
@@ -17,15 +23,17 @@ modes are tested against real vLLM (CPU build). See ``docs/testing.md``.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from pytest_kvcache.config.budget import parse_bytes
 from pytest_kvcache.engines.profiles import VLLM_ONLY_FIELDS, VLLM_ONLY_STREAM_OPTIONS
 from pytest_kvcache.selfcheck.stream import Fault, Schedule, StreamServer
 
@@ -89,10 +97,79 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="count usage.prompt_tokens with this folder's tokenizer and chat template (transformers)",
     )
     parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument(
+        "--kv-cache-memory-bytes", type=parse_bytes, default=None, help="vLLM's KV budget (32M, 2G): the KV model"
+    )
+    parser.add_argument(
+        "--standin-kv-tokens", type=int, default=None, help="a KV-capacity model of this many tokens (LruPrefixCache)"
+    )
+    parser.add_argument(
+        "--standin-prefill-tps", type=float, default=10_000.0, help="the KV model's prefill rate (toy tokens/s)"
+    )
     parser.add_argument("--standin-ttft", type=float, default=0.02)
     parser.add_argument("--standin-itl", type=float, default=0.002)
     args, _unknown = parser.parse_known_args(argv)
     return args
+
+
+#: The stand-in's KV bytes per token at 16 bits (the embedded tiny model's: 2 × 4 layers × 2 heads × 64 × 2 B).
+BYTES_PER_TOKEN = 2048
+BLOCK_SIZE = 16
+
+
+class LruPrefixCache:
+    """The stand-in's KV capacity: ``capacity_tokens`` of prefix cache in blocks of ``block_size`` (a block is
+    the hash of every token up to its end, as vLLM's), least recently used evicted first -- a request's tail
+    before its head, as vLLM frees them. A prompt's cached
+    tokens are its leading blocks still held; its first token leaves once the prefills queued before it and its
+    own uncached tokens (at ``prefill_tps``) are done, plus ``ttft_s``. Thread-safe."""
+
+    def __init__(
+        self, capacity_tokens: int, *, block_size: int = BLOCK_SIZE, prefill_tps: float = 10_000.0, ttft_s: float = 0.02
+    ) -> None:
+        self.capacity_blocks = max(1, capacity_tokens // block_size)
+        self.block_size = block_size
+        self.prefill_tps = prefill_tps
+        self.ttft_s = ttft_s
+        self._blocks: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._busy_until = 0.0
+        self._lock = threading.Lock()
+
+    def admit(self, tokens: Sequence[int], arrival_s: float) -> tuple[int, float]:
+        size = self.block_size
+        hashes, h = [], 0
+        for k in range(len(tokens) // size):
+            h = hash((h, tuple(tokens[k * size : (k + 1) * size])))
+            hashes.append(h)
+        with self._lock:
+            hits = 0
+            for h in hashes:
+                if h not in self._blocks:
+                    break
+                hits += 1
+            for h in reversed(hashes):  # the head last: as vLLM frees a request's blocks, its tail goes first
+                self._blocks[h] = None
+                self._blocks.move_to_end(h)
+            while len(self._blocks) > self.capacity_blocks:
+                self._blocks.popitem(last=False)
+            cached = hits * size
+            done = max(arrival_s, self._busy_until) + (len(tokens) - cached) / self.prefill_tps
+            self._busy_until = done
+        return cached, done - arrival_s + self.ttft_s
+
+    def usage(self) -> float:
+        with self._lock:
+            return len(self._blocks) / self.capacity_blocks
+
+
+def kv_tokens(args: argparse.Namespace) -> int | None:
+    """The KV model's size: ``--standin-kv-tokens``, else the budget at the arm's bytes per token; None: no model."""
+    if args.standin_kv_tokens is not None:
+        return int(args.standin_kv_tokens)
+    if args.kv_cache_memory_bytes is None:
+        return None
+    narrow = str(args.kv_cache_dtype).startswith(("fp8", "int8"))
+    return int(args.kv_cache_memory_bytes) // (BYTES_PER_TOKEN // 2 if narrow else BYTES_PER_TOKEN)
 
 
 #: What a generic OpenAI server (``--standin-generic``) lacks of vLLM's endpoints.
@@ -141,16 +218,22 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.standin_exit_at_start)
     time.sleep(args.standin_startup_delay)
     dtype = args.standin_report_dtype or args.kv_cache_dtype
+    capacity = kv_tokens(args)
     if not args.standin_generic:
         log(f"Initializing a V1 LLM engine (v0.0.0-standin) with config: model={args.model!r}, kv_cache_dtype={dtype}")
-        log("CPU KV cache size: 65,536 tokens")
+        log(f"CPU KV cache size: {capacity or 65536:,} tokens")
     labels = {
-        "block_size": "16",
+        "block_size": str(BLOCK_SIZE),
         "cache_dtype": dtype,
         "enable_prefix_caching": "True",
-        "kv_cache_size_tokens": "65536",
+        "kv_cache_size_tokens": str(capacity or 65536),
         "mamba_cache_dtype": "auto",
     }
+    if args.kv_cache_memory_bytes is not None:
+        labels["kv_cache_memory_bytes"] = str(args.kv_cache_memory_bytes)
+    cache = None
+    if capacity is not None:
+        cache = LruPrefixCache(capacity, prefill_tps=args.standin_prefill_tps, ttft_s=args.standin_ttft)
     hang = Fault("hang", stall_s=3600.0) if args.standin_hang else None
     schedule = Schedule(ttft_s=args.standin_ttft, itl_s=args.standin_itl, fault=hang)
     server = StreamServer(
@@ -174,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         enforce_max_model_len=args.standin_short_context,
         advertise_max_model_len=not args.standin_short_context,
         logprob_shift=args.standin_logprob_shift,
+        prompt_cache=cache,
     )
     server.start()
     log(f"Started server process on http://{args.host}:{args.port}")

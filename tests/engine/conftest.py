@@ -122,6 +122,45 @@ def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     )
 
 
+#: The capacity run's arms: ``auto`` twice (an A/A) at one KV budget, and ``big`` at twice that budget.
+CAPACITY_ARMS = """
+[tool.pytest_kvcache.arms.big]
+args = ["--kv-cache-memory-bytes", "80M"]
+"""
+
+
+@pytest.fixture(scope="session")
+def capacity_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The capacity probe on real vLLM, 3 boots: ``auto`` and its A/A copy with 40 MiB of KV (20,480 tokens at
+    the tiny model's 2,048 bytes a token), ``big`` with 80 MiB; sessions of 3K tokens, whose first turn misses
+    the cache at ~0.45 s and later turns hit it at ~0.05–0.2 s (2 cores), so the KV cache sets the knee at
+    about 6 and 12 sessions. The search starts at 4 (after an unmeasured trial there) and stops at 16. A think
+    time of 0.5 s and 8 tokens a turn give a trial of 4 sessions ~18 turns in its 3 s (at 1 s, 8–12 turns:
+    one slow turn of a busy host was its p90), for the decode work of 1 s and 16 tokens; ttft_p90 (not p95)
+    so that one slow turn does not decide a trial."""
+    workdir = tmp_path_factory.mktemp("capacity")
+    (workdir / "pyproject.toml").write_text(CAPACITY_ARMS)
+    tiny = Path(__file__).resolve().parents[2] / "pytest_kvcache" / "data" / "tiny-qwen3"
+    return run_pytest(
+        workdir,
+        f"--kv-model={tiny}",  # the random-weight tiny model by name: capacity needs no trained weights
+        "--kv-arms=auto,auto,big",
+        "-m",
+        "capacity",
+        "--kv-cache-bytes=40M",
+        "--kv-capacity-depths=3k",
+        "--kv-slo=ttft_p90<=250ms,itl_p95<=100ms",
+        "--kv-capacity-think=0.5",
+        "--kv-capacity-window=3",
+        "--kv-capacity-max-tokens=8",
+        "--kv-capacity-start=4",
+        "--kv-capacity-max-sessions=16",
+        "--kv-no-self-check",
+        "--kv-fail=capacity[capacity@3k]: big >= auto * 1.5",
+        engine_args="--load-format dummy --enforce-eager --max-model-len 8192",
+    )
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

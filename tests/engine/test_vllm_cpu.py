@@ -339,3 +339,38 @@ def test_an_undeclared_speculative_config_is_a_confound_and_its_acceptance_is_re
     assert "## Speculative decoding" in (run.folder / "report.md").read_text()
     assert (run.folder / "spec_decode.png").is_file() is False  # short shapes have no depth curve
     assert not vllm_processes(run.tag)
+
+
+# ------------------------------------------------------------------ capacity under an SLO (3 boots)
+
+
+def test_capacity_follows_the_kv_budget_and_an_a_a_covers_one(capacity_run: Run) -> None:
+    """Real vLLM with --kv-cache-memory-bytes: the A/A's capacity ratio CI covers 1 within ±25%, and twice the KV
+    budget's ratio CI covers the ratio of the KV tokens the engines report; the smaller arm's knee is 4–8."""
+    run = capacity_run
+    assert run.returncode == 0, run.output
+    assert "3 passed" in run.output and not vllm_processes(run.tag)
+    tokens = {}
+    for boot, budget in (("auto", 40), ("auto.2", 40), ("big", 80)):
+        evidence = run.evidence(boot)
+        cache = evidence["cache_config"]
+        assert int(cache["kv_cache_memory_bytes"]) == budget * 2**20  # the budget reached the engine
+        assert "VLLM_CPU_KVCACHE_SPACE" not in (evidence.get("env") or {})  # it would have overridden it
+        tokens[boot] = int(cache["kv_cache_size_tokens"])
+    assert tokens == {"auto": 20480, "auto.2": 20480, "big": 40960}
+    assert "KV budget 40 MiB (20,480 tokens at 2,048 B/token; max_model_len 8,192)" in run.output
+    report = json.loads((run.folder / "report.json").read_text())
+    rows = {r["arm"]: r for r in report["capacity"]["rows"]}
+    assert 4 <= rows["auto"]["capacity"] <= 8 and not rows["auto"]["censored"]
+    lo, hi = rows["auto.2"]["ratio_ci"]
+    assert lo <= 1.0 <= hi and (hi - lo) / 2 <= 0.25, rows["auto.2"]
+    lo, hi = rows["big"]["ratio_ci"]
+    assert lo <= tokens["big"] / tokens["auto"] <= hi, rows["big"]
+    assert rows["auto"]["knee_cause"] == "kv"  # the prefix-cache hit rate fell past the knee
+    recs = [r for r in run.records() if r["probe"] == "capacity" and r["phase"] == "measured"]
+    assert all(r["capacity"]["engine"]["prefix_cache_queries"] > 0 for r in recs)
+    assert all(r["sample"]["completion_tokens"] == 8 for r in recs if r["ok"])
+    (gate,) = report["gates"]
+    assert gate["value"] == pytest.approx(rows["big"]["ratio"]) and gate["ci_low"] is not None
+    assert any(v.startswith("big sustains") and "vs auto's" in v for v in report["verdicts"])
+    assert (run.folder / "capacity_3k.png").is_file()

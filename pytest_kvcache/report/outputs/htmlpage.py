@@ -17,7 +17,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from pytest_kvcache.model import DeltaRow, Report, SavedRow
-from pytest_kvcache.report import cost, energy, failures
+from pytest_kvcache.report import capacity, cost, energy, failures
 from pytest_kvcache.report.outputs import markdown as md
 
 if TYPE_CHECKING:
@@ -98,6 +98,14 @@ def _tables(report: Report) -> list[Table]:
                 [md.ENERGY_NOTE, *(metered.get("not_reported") or [])],
             )
         )
+    sessions = report.get("capacity")
+    if sessions and sessions["rows"]:
+        head, rows = capacity.table(sessions)
+        tables.append(
+            Table("Capacity under the SLO", head, _plain(rows), capacity.setup_line(sessions), [capacity.NOTE])
+        )
+        head, rows = capacity.trials_table(sessions)
+        tables.append(Table("Capacity trials", head, _plain(rows), notes=list(sessions["notes"])))
     agentic = report.get("agentic")
     if agentic and agentic["turns"]:
         head, turns = md.agentic_table(report)
@@ -193,7 +201,12 @@ def render(report: Report, images: Mapping[str, bytes]) -> str:
         "clean": f"clean: {found.get('compared', 0)} evidence paths compared",
     }.get(str(status), "confounds not checked")
     figures = [
-        {"name": name, "data": base64.b64encode(png).decode(), "alt": name[:-4], "caption": CAPTIONS.get(name, name)}
+        {
+            "name": name,
+            "data": base64.b64encode(png).decode(),
+            "alt": name[:-4],
+            "caption": CAPTIONS.get(name) or capacity.caption(name) or name,
+        }
         for name, png in images.items()
     ]
     ci = report.get("ci")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from pytest_kvcache.model import BootEntry, DeltaRow, GateResult, Json, Report, SavedRow
 from pytest_kvcache.probes.registry import ENERGY_METRICS, ProbeSpec
-from pytest_kvcache.report import cost, energy, failures
+from pytest_kvcache.report import capacity, cost, energy, failures
 from pytest_kvcache.report.energy import joules_text
 from pytest_kvcache.report.fidelity import nats
 
@@ -632,6 +632,7 @@ def markdown(report: Report, plots: Sequence[str] = ()) -> str:
         lines += _md_table(["Metric", *arms, *header_tail], table)
     lines += fidelity_lines(report)
     lines += energy_lines(report)
+    lines += capacity.lines(report)
     agreement = agreement_table(report)
     notes = report["agreement"]["notes"] if "agreement" in report else []
     if agreement or notes:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from pytest_kvcache.model import FidelityRow, Report
 from pytest_kvcache.probes.registry import ProbeSpec
+from pytest_kvcache.report import capacity
 from pytest_kvcache.report.frame import point_sort
 from pytest_kvcache.report.outputs.markdown import probe_specs
 
@@ -134,6 +135,8 @@ def render(report: Report) -> dict[str, bytes]:
     drawn = fidelity_figure(report, plt)
     if drawn is not None:
         save(drawn, "fidelity.png")
+    for name, figure in capacity.figures(report, plt).items():  # goodput against sessions, per depth
+        save(figure, name)
     return out
 
 

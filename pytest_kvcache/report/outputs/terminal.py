@@ -10,7 +10,7 @@ import pandas as pd
 
 from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype
 from pytest_kvcache.model import Evidence, GpuCard, Report
-from pytest_kvcache.report import cost, energy
+from pytest_kvcache.report import capacity, cost, energy
 from pytest_kvcache.report.outputs.markdown import (
     ab_tables,
     agentic_table,
@@ -207,6 +207,12 @@ def report_lines(report: Report) -> list[Line]:
         out += [Line(""), Line("agentic decode-at-depth (per-turn means across sessions):")]
         table = pd.DataFrame(rows, columns=header).to_string(index=False).splitlines()
         out += [Line("  " + line) for line in table + growth_lines(report)]
+    sessions = report.get("capacity")
+    if sessions and sessions["rows"]:
+        header, rows = capacity.table(sessions)
+        out += [Line(""), Line(f"capacity under the SLO: {capacity.setup_line(sessions)}")]
+        out += [Line("  " + line) for line in pd.DataFrame(rows, columns=header).to_string(index=False).splitlines()]
+        out += [Line(f"  {note}") for note in sessions["notes"]]
     spec = report.get("spec_decode")
     if spec:
         out += [Line(""), Line(f"speculative decoding: {spec['line']}")]

@@ -1,0 +1,225 @@
+"""The KV budget: the bytes of KV cache each vLLM arm gets (``--kv-cache-bytes``, vLLM's
+``--kv-cache-memory-bytes``), and the rule that a budget holds at least one request of ``max_model_len``
+tokens at the arm's bytes per token — computed from the model's ``config.json`` and the arm's KV dtype.
+
+With one budget for every arm, a capacity difference between arms comes from their KV dtype, not from how
+much memory each engine grabbed. An arm may carry its own ``--kv-cache-memory-bytes`` in its args (a named
+arm), which then is its budget. Plain Python: no pytest; settings call :func:`check` before anything boots.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+FLAG = "--kv-cache-memory-bytes"
+#: The environment variable vLLM's CPU build sizes its KV cache from (whole GiB); it overrides ``FLAG``.
+CPU_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|TiB|[kKmMgGtT])?\s*[bB]?\s*$")
+_UNITS = {
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "K": 2**10,
+    "M": 2**20,
+    "G": 2**30,
+    "T": 2**40,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
+
+
+def parse_bytes(raw: str) -> int:
+    """``32MiB``, ``32M`` (binary, as vLLM reads ``32M``), ``32m`` (decimal), ``1.5GiB``, ``33554432`` → bytes.
+    ValueError naming the input."""
+    m = SIZE.match(str(raw))
+    if not m:
+        raise ValueError(f"expected a size like 512MiB, 2GiB, 2G or a number of bytes; got {raw!r}")
+    value = float(m.group(1)) * _UNITS.get(m.group(2) or "", 1)
+    if value < 1:
+        raise ValueError(f"a size must be at least one byte; got {raw!r}")
+    return int(value)
+
+
+def parse_count(raw: str) -> int | None:
+    """vLLM's ``--max-model-len`` value: ``8192``, ``8k`` (decimal), ``8K`` (binary); None for ``auto``/-1."""
+    text = str(raw).strip()
+    if text in ("auto", "-1"):
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", text)
+    if not m:
+        raise ValueError(f"cannot read {raw!r} as a token count")
+    return int(float(m.group(1)) * _UNITS.get(m.group(2) or "", 1))
+
+
+def fmt_bytes(n: float) -> str:
+    """``33554432`` → ``32 MiB``."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.4g} {unit}"
+    return f"{n:.0f} B"
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of the last ``flag VALUE`` / ``flag=VALUE`` in ``args`` (None: absent)."""
+    found = None
+    for i, word in enumerate(args):
+        if word == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif word.startswith(flag + "="):
+            found = word.split("=", 1)[1]
+    return found
+
+
+def arm_budget(engine_args: Sequence[str], arm_args: Sequence[str], cache_bytes: int | None) -> int | None:
+    """An arm's KV budget in bytes: its own ``--kv-cache-memory-bytes`` (arm args, then ``--kv-engine-args``:
+    the later wins in vLLM's parser), else ``--kv-cache-bytes``; None: the engine sizes its KV cache itself."""
+    raw = flag_value([*engine_args, *arm_args], FLAG)
+    if raw is not None:
+        try:
+            return parse_bytes(raw)
+        except ValueError:
+            return None  # vLLM reads it (or refuses it) itself
+    return cache_bytes
+
+
+def embedded_model() -> Path:
+    return Path(str(resources.files("pytest_kvcache") / "data" / "tiny-qwen3"))
+
+
+@dataclass(frozen=True)
+class KvShape:
+    """What a model's ``config.json`` says about its KV cache: layers, KV heads, head size, its own element
+    size (bytes) and context."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    model_bytes: float
+    max_position: int | None
+
+    def bytes_per_token(self, element_bytes: float) -> float:
+        return 2 * self.layers * self.kv_heads * self.head_dim * element_bytes
+
+
+DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0, "fp16": 2.0, "bf16": 2.0}
+
+
+def model_shape(folder: Path) -> KvShape | None:
+    """The KV shape of a model folder's ``config.json`` (its ``text_config`` for a multimodal one); None when
+    there is no such file or it describes another attention (MLA's latent cache, no KV heads)."""
+    try:
+        data: dict[str, Any] = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    config = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    assert isinstance(config, dict)
+    if config.get("kv_lora_rank") or config.get("use_mla"):
+        return None
+    layers, heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads") or heads
+    hidden = config.get("hidden_size")
+    head_dim = config.get("head_dim") or (hidden // heads if isinstance(hidden, int) and heads else None)
+    if not all(isinstance(v, int) and v > 0 for v in (layers, kv_heads, head_dim)):
+        return None
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or data.get("torch_dtype") or "bfloat16")
+    position = config.get("max_position_embeddings")
+    return KvShape(
+        layers=int(layers),  # type: ignore[arg-type]
+        kv_heads=int(kv_heads),  # type: ignore[arg-type]
+        head_dim=int(head_dim),  # type: ignore[arg-type]
+        model_bytes=DTYPE_BYTES.get(dtype, 2.0),
+        max_position=int(position) if isinstance(position, int) else None,
+    )
+
+
+def element_bytes(kv_dtype: str | None, model_bytes: float, head_dim: int) -> float | None:
+    """Bytes a KV element takes at ``kv_dtype`` (None / ``auto``: the model's own; per-token-head quantized
+    kinds add their fp32 scale per head); None for a kind whose layout is not modelled here."""
+    dtype = kv_dtype or "auto"
+    if dtype == "auto":
+        return model_bytes
+    if dtype in ("float16", "bfloat16", "f16", "bf16"):
+        return 2.0
+    if dtype in ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "q8_0"):
+        return 1.0
+    if dtype in ("int8_per_token_head", "fp8_per_token_head"):
+        return 1.0 + 4.0 / head_dim
+    if dtype == "int4_per_token_head":
+        return 0.5 + 4.0 / head_dim
+    if dtype in ("nvfp4", "nvfp4_4over6"):
+        return 0.5 + 1.0 / 16
+    return None
+
+
+@dataclass(frozen=True)
+class Need:
+    """What an arm's budget must hold: ``max_model_len`` tokens at ``bytes_per_token``."""
+
+    max_model_len: int
+    bytes_per_token: float
+
+    @property
+    def bytes(self) -> int:
+        return int(self.max_model_len * self.bytes_per_token + 0.5)
+
+
+def need(folder: Path, kv_dtype: str | None, engine_args: Sequence[str], arm_args: Sequence[str]) -> Need | None:
+    """What one request of the arm's ``max_model_len`` takes in KV, from the model's config (``--dtype`` and
+    ``--max-model-len`` in the arguments override the config's); None when it cannot be computed here."""
+    shape = model_shape(folder)
+    if shape is None:
+        return None
+    args = [*engine_args, *arm_args]
+    model_bytes = shape.model_bytes
+    if (dtype := flag_value(args, "--dtype")) is not None and dtype != "auto":
+        model_bytes = DTYPE_BYTES.get(dtype, model_bytes)
+    per_element = element_bytes(kv_dtype, model_bytes, shape.head_dim)
+    try:
+        raw = flag_value(args, "--max-model-len")
+        length = parse_count(raw) if raw is not None else None
+    except ValueError:
+        return None
+    length = length or shape.max_position
+    if per_element is None or length is None:
+        return None
+    return Need(max_model_len=length, bytes_per_token=shape.bytes_per_token(per_element))
+
+
+def refusal(arm: str, budget: int, found: Need, kv_dtype: str | None) -> str | None:
+    """Why ``budget`` cannot serve ``arm`` (a usage error's text), or None when it holds ``max_model_len``."""
+    if budget >= found.bytes:
+        return None
+    tokens = int(budget // found.bytes_per_token)
+    return (
+        f"arm {arm}: a KV budget of {fmt_bytes(budget)} holds {tokens:,} tokens at {found.bytes_per_token:g} bytes "
+        f"a token ({kv_dtype or 'auto'}), fewer than max_model_len {found.max_model_len:,}: give at least "
+        f"{fmt_bytes(found.bytes)} ({found.bytes} bytes), or a smaller --max-model-len in --kv-engine-args"
+    )
+
+
+__all__ = [
+    "CPU_SPACE_ENV",
+    "FLAG",
+    "KvShape",
+    "Need",
+    "arm_budget",
+    "element_bytes",
+    "embedded_model",
+    "flag_value",
+    "fmt_bytes",
+    "model_shape",
+    "need",
+    "parse_bytes",
+    "parse_count",
+    "refusal",
+]

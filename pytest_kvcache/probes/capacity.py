@@ -1,0 +1,426 @@
+"""Capacity probe: how many long-context sessions an arm sustains under a latency SLO, at each depth.
+
+A *session* holds a context of D tokens (its first turn: a salted haystack sized to the depth with the server's
+own tokenizer, as the prefill probe's) and then sends turn after turn, each its whole context so far plus a
+new user message, a think time after the previous turn ended. Its prefix stays cached only while the KV cache
+holds it: once N sessions' contexts no longer fit, turns are evicted between turns, their prompts are prefilled
+from scratch and TTFT climbs. The probe steps N up (doubling) until the SLO breaks, then bisects between the
+last level that met it and the first that did not: the **capacity** is the largest N that met it.
+
+Everything here is plain Python (no pytest): the SLO and its judgement of a trial, the search, the knee and
+its bootstrap, the requests of a session. ``suite/test_capacity.py`` runs the trials through the many-stream
+client (`pytest_kvcache.fanout.Fanout.sessions`); ``report/capacity.py`` reads the records back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from pytest_kvcache.fanout import SessionPlan
+from pytest_kvcache.metrics import Scrape, engine_delta
+from pytest_kvcache.probes.prefill import haystack, salt_for
+
+SloMetric = Literal["ttft", "itl"]
+
+#: Warmup turns (turn 0: the whole context prefilled) in flight at once per client process: enough to keep an
+#: engine's prefill busy, few enough that none waits past its first-token limit behind the others.
+WARM_CONCURRENCY = 8
+
+#: The stand-in for the model's reply in every later turn's context: fixed, so every arm gets byte-identical
+#: requests (a model's own replies would differ between arms and change the contexts' sizes).
+ASSISTANT = "Done: I ran the step, read its output and noted what changed. Next I will check the {k}-th result."
+USER = "Turn {k} of session {salt}: run the next check, then tell me in one line what it found."
+
+
+@dataclass(frozen=True)
+class SloTerm:
+    """One bound of an SLO: the ``quantile``-th percentile of a turn measure ``metric`` at most ``limit_s``."""
+
+    metric: SloMetric
+    quantile: int
+    limit_s: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric}_p{self.quantile}"
+
+    def text(self) -> str:
+        limit = f"{self.limit_s:g}s" if self.limit_s >= 1 else f"{self.limit_s * 1000:g}ms"
+        return f"{self.name}<={limit}"
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A latency SLO over a trial's measured turns, e.g. ``ttft_p95<=2s,itl_p95<=60ms``."""
+
+    terms: tuple[SloTerm, ...]
+
+    def text(self) -> str:
+        return ",".join(t.text() for t in self.terms)
+
+    def to_dict(self) -> dict[str, float]:
+        return {t.name: t.limit_s for t in self.terms}
+
+    def limit(self, metric: SloMetric) -> float:
+        """The tightest limit on ``metric`` (a single turn above it does not meet the SLO); inf: unbounded."""
+        return min((t.limit_s for t in self.terms if t.metric == metric), default=math.inf)
+
+
+SLO_TERM = re.compile(r"^\s*(ttft|itl)_p(\d{1,2})\s*<=\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
+
+
+def parse_slo(text: str) -> Slo:
+    """``ttft_p95<=2s,itl_p95<=60ms`` → :class:`Slo`; ValueError naming the bad part. A bare number is seconds."""
+    terms: list[SloTerm] = []
+    for part in str(text).split(","):
+        m = SLO_TERM.match(part)
+        if not m:
+            raise ValueError(
+                f"expected an SLO like ttft_p95<=2s,itl_p95<=60ms (ttft or itl, a percentile p1–p99, a limit in s "
+                f"or ms); bad part {part.strip()!r}"
+            )
+        quantile = int(m.group(2))
+        if not 1 <= quantile <= 99:
+            raise ValueError(f"an SLO percentile is p1 to p99; got {part.strip()!r}")
+        value = float(m.group(3)) / (1000.0 if m.group(4) == "ms" else 1.0)
+        if value <= 0:
+            raise ValueError(f"an SLO limit must be positive; got {part.strip()!r}")
+        terms.append(SloTerm(metric=m.group(1), quantile=quantile, limit_s=value))  # type: ignore[arg-type]
+    names = [t.name for t in terms]
+    if len(set(names)) != len(names):
+        raise ValueError(f"each SLO term once; got {text!r}")
+    return Slo(tuple(terms))
+
+
+# ------------------------------------------------------------------------------------------ one turn
+
+
+@dataclass(frozen=True)
+class TurnTimes:
+    """What the SLO reads of one measured turn: TTFT, mean inter-token latency (its decode window over the
+    tokens after the first chunk) and tokens. A failed turn did not meet any bound: its times are inf."""
+
+    ttft_s: float
+    itl_s: float
+    tokens: int
+    ok: bool
+
+
+def turn_times(sample: Mapping[str, Any]) -> TurnTimes:
+    """A measured turn's times from its record's ``sample`` (``Sample.to_dict``)."""
+    first, last = sample.get("first_token_s"), sample.get("last_token_s")
+    tokens = int(sample.get("completion_tokens") or 0)
+    if not sample.get("ok") or first is None:
+        return TurnTimes(math.inf, math.inf, 0, False)
+    after = tokens - int(sample.get("first_chunk_tokens") or 1)
+    itl = (float(last) - float(first)) / after if last is not None and after > 0 else 0.0
+    return TurnTimes(float(first), itl, tokens, True)
+
+
+def nearest_rank(values: Sequence[float] | np.ndarray, q: float, axis: int = -1) -> Any:
+    """The q-th percentile by nearest rank (the smallest value with at least q% of the values at or below it),
+    the usual percentile of an SLO; works with inf (a failed turn)."""
+    return np.percentile(np.asarray(values, dtype=float), q, axis=axis, method="inverted_cdf")
+
+
+@dataclass
+class TrialFigures:
+    """One trial judged against its SLO."""
+
+    turns: int
+    failed: int
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    itl_p50_s: float | None
+    itl_p95_s: float | None
+    #: completion tokens of the turns that met every bound of the SLO, per second of the window
+    goodput_tps: float
+    good_turns: int
+    meets: bool
+    #: the SLO terms the trial broke, with their values (``ttft_p95 0.41 s > 0.2 s``)
+    broken: list[str] = field(default_factory=list)
+    #: every SLO term's value over the trial (``{"ttft_p95": 0.41}``; None: a failed turn decided it)
+    terms: dict[str, float | None] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def judge(turns: Sequence[TurnTimes], slo: Slo, window_s: float) -> TrialFigures:
+    """A trial's figures and verdict: every SLO term over its measured turns (a failed turn counts as inf), and
+    the goodput. A trial without a measured turn does not meet the SLO."""
+    ttft = np.asarray([t.ttft_s for t in turns], dtype=float)
+    itl = np.asarray([t.itl_s for t in turns], dtype=float)
+    broken: list[str] = []
+    terms: dict[str, float | None] = {}
+    for term in slo.terms:
+        values = ttft if term.metric == "ttft" else itl
+        if not values.size:
+            broken.append(f"{term.name}: no measured turn")
+            terms[term.name] = None
+            continue
+        value = float(nearest_rank(values, term.quantile))
+        terms[term.name] = _finite(value)
+        if value > term.limit_s:
+            shown = "a failed turn" if not math.isfinite(value) else f"{value:.3g} s"
+            broken.append(f"{term.name} {shown} > {term.limit_s:g} s")
+    good = [t for t in turns if t.ok and t.ttft_s <= slo.limit("ttft") and t.itl_s <= slo.limit("itl")]
+    ok_ttft = [t.ttft_s for t in turns if t.ok]
+    ok_itl = [t.itl_s for t in turns if t.ok]
+
+    def pct(values: list[float], q: float) -> float | None:
+        return _finite(float(nearest_rank(values, q))) if values else None
+
+    return TrialFigures(
+        turns=len(turns),
+        failed=sum(1 for t in turns if not t.ok),
+        ttft_p50_s=pct(ok_ttft, 50),
+        ttft_p95_s=pct(ok_ttft, 95),
+        itl_p50_s=pct(ok_itl, 50),
+        itl_p95_s=pct(ok_itl, 95),
+        goodput_tps=sum(t.tokens for t in good) / window_s if window_s > 0 else 0.0,
+        good_turns=len(good),
+        meets=not broken,
+        broken=broken,
+        terms=terms,
+    )
+
+
+def meets_many(
+    ttft: np.ndarray, itl: np.ndarray, slo: Slo
+) -> np.ndarray:  # (replicates, turns) arrays → (replicates,) booleans
+    """:func:`judge`'s verdict for many resampled trials at once (rows of ``ttft`` and ``itl``)."""
+    ok = np.ones(ttft.shape[0], dtype=bool)
+    if ttft.shape[1] == 0:
+        return np.zeros(ttft.shape[0], dtype=bool)
+    for term in slo.terms:
+        values = ttft if term.metric == "ttft" else itl
+        ok &= nearest_rank(values, term.quantile, axis=1) <= term.limit_s
+    return ok
+
+
+def goodput_many(ttft: np.ndarray, itl: np.ndarray, tokens: np.ndarray, slo: Slo, window_s: float) -> np.ndarray:
+    """:func:`judge`'s goodput for many resampled trials at once."""
+    good = (ttft <= slo.limit("ttft")) & (itl <= slo.limit("itl")) & np.isfinite(ttft)
+    return (tokens * good).sum(axis=1) / window_s if window_s > 0 else np.zeros(ttft.shape[0])
+
+
+# ------------------------------------------------------------------------------------------ the search
+
+Step = Literal["up", "bisect"]
+
+
+@dataclass
+class Search:
+    """Step the number of sessions up (doubling from ``start``) until a level breaks the SLO, then bisect
+    between the last level that met it and the first that did not, to one session; never above ``limit``.
+
+    ``next()`` is the next level to try (None: done); ``record(n, meets)`` its verdict. Assumes that more
+    sessions never do better (a level above a broken one is not tried)."""
+
+    start: int = 1
+    limit: int = 64
+    verdicts: dict[int, bool] = field(default_factory=dict)
+
+    def next(self) -> int | None:
+        passed, failed = knee(self.verdicts)
+        if failed is None:  # still stepping up
+            if not self.verdicts:
+                return min(self.start, self.limit)
+            top = max(self.verdicts)
+            return None if top >= self.limit else min(2 * top, self.limit)
+        if failed - passed <= 1:
+            return None
+        return (passed + failed) // 2
+
+    @property
+    def step(self) -> Step:
+        """Where the search is: stepping up, or bisecting below a level that broke the SLO."""
+        return "bisect" if any(not ok for ok in self.verdicts.values()) else "up"
+
+    def record(self, n: int, meets: bool) -> None:
+        self.verdicts[n] = meets
+
+    @property
+    def capacity(self) -> int:
+        return knee(self.verdicts)[0]
+
+    @property
+    def censored(self) -> bool:
+        """No level broke the SLO: the capacity is at least the highest level tried (the limit)."""
+        return bool(self.verdicts) and knee(self.verdicts)[1] is None
+
+
+def knee(verdicts: Mapping[int, bool]) -> tuple[int, int | None]:
+    """(the capacity: the largest level such that it and every level tried below it met the SLO, 0 if the
+    smallest tried did not; the first level tried above it, which broke it — None when none did)."""
+    passed = 0
+    for n in sorted(verdicts):
+        if not verdicts[n]:
+            return passed, n
+        passed = n
+    return passed, None
+
+
+def knee_draws(levels: Sequence[int], meets: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap replicates of the knee from resampled verdicts (``meets``: replicates × levels, levels sorted):
+    (the capacity of each replicate, as :func:`knee`; its continuous knee, drawn uniformly between that capacity
+    and the next level tried, where the search cannot tell where the SLO broke — the capacity itself when no
+    level broke it)."""
+    count = meets.shape[0]
+    passed = np.zeros(count)
+    upper = np.full(count, np.nan)
+    alive = np.ones(count, dtype=bool)
+    for j, n in enumerate(levels):
+        broke = alive & ~meets[:, j]
+        upper[broke] = n
+        alive &= meets[:, j]
+        passed[alive] = n
+    jitter = rng.random(count)
+    continuous = np.where(np.isnan(upper), passed, passed + jitter * (np.nan_to_num(upper) - passed))
+    return passed, continuous
+
+
+# ------------------------------------------------------------------------------------------ the engine
+
+
+@dataclass
+class EngineWatch:
+    """A sessions trial's monitor (`pytest_kvcache.fanout.Monitor`): reads the engine's ``/metrics`` when the
+    window opens, every tick in it and when the last turn ended — the counters' deltas over the measured turns
+    (prefix-cache queries and hits, preemptions, tokens) and the KV usage, running and waiting requests seen.
+    ``scrape`` returns None for a server without vLLM's counters; the trial then has no engine figures."""
+
+    scrape: Callable[[], Scrape | None]
+    start: Scrape | None = None
+    delta: dict[str, object] | None = None
+    usage: list[float] = field(default_factory=list)
+    running: list[float] = field(default_factory=list)
+    waiting: list[float] = field(default_factory=list)
+
+    def __call__(self, event: str) -> None:
+        if event == "start" or (event in ("tick", "end") and self.start is not None):
+            found = self.scrape()
+            if found is None:
+                return
+            self.start = self.start or found
+            for name, into in (
+                ("vllm:kv_cache_usage_perc", self.usage),
+                ("vllm:num_requests_running", self.running),
+                ("vllm:num_requests_waiting", self.waiting),
+            ):
+                value = found.total(name)
+                if value is None and name == "vllm:kv_cache_usage_perc":
+                    value = found.total("vllm:gpu_cache_usage_perc")  # vLLM before 0.10
+                if value is not None:
+                    into.append(value)
+        elif event == "done" and self.start is not None and (found := self.scrape()) is not None:
+            self.delta = engine_delta(self.start, found)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "engine": self.delta,
+            "kv_usage_mean": float(np.mean(self.usage)) if self.usage else None,
+            "kv_usage_max": max(self.usage) if self.usage else None,
+            "running_max": max(self.running) if self.running else None,
+            "waiting_max": max(self.waiting) if self.waiting else None,
+        }
+
+
+#: How many times a level whose trial was excluded (a saturated client, a busy host) is tried again.
+RETRIES = 2
+
+#: Failures that an overloaded engine causes: they count as turns that missed the SLO. Any other failure (an
+#: HTTP error, a dropped connection) is a problem of the setup, and fails the test.
+OVERLOAD = frozenset({"first_token_timeout", "timeout", "stall"})
+
+
+# ------------------------------------------------------------------------------------------ the sessions
+
+
+def think_times(seed: int, depth: int, trial: int, session: int, turns: int, mean_s: float) -> tuple[float, ...]:
+    """A session's waits: turn 1 waits uniform(0, mean) from the window's opening (the sessions' first measured
+    turns spread over one think time), every later turn uniform(0.5, 1.5) × mean after the previous one ended.
+    Seeded by the run seed and the session's place: the same in every arm."""
+    rng = random.Random(f"{seed}:capacity:{depth}:{trial}:{session}")
+    waits = [0.0, rng.uniform(0.0, mean_s)]
+    waits += [rng.uniform(0.5, 1.5) * mean_s for _ in range(max(0, turns - 2))]
+    return tuple(waits[:turns])
+
+
+def turns_for(window_s: float, think_s: float) -> int:
+    """How many turns a session can send in a window (each at least half a think time after the last), plus
+    its warmup."""
+    return 2 + math.ceil(window_s / max(0.5 * think_s, 1e-3))
+
+
+def session_plan(
+    payload: Mapping[str, Any],
+    first: str,
+    salt: str,
+    turns: int,
+    think_s: Sequence[float],
+) -> SessionPlan:
+    """One session's requests as JSON pieces (`SessionPlan`): ``payload`` is a chat request without its
+    messages (the probe's sampling, ``max_tokens``, stream options, adapted to the server); turn 0 asks about
+    ``first`` (the context), turn k adds the stand-in reply to turn k − 1 and a new user message."""
+    marker = "\u0000messages\u0000"
+    text = json.dumps({**payload, "messages": marker})
+    head, tail = text.split(json.dumps(marker), 1)
+    pieces = [json.dumps({"role": "user", "content": first}).encode()]
+    for k in range(1, turns):
+        reply = json.dumps({"role": "assistant", "content": ASSISTANT.format(k=k)})
+        ask = json.dumps({"role": "user", "content": USER.format(k=k, salt=salt)})
+        pieces.append(f",{reply},{ask}".encode())
+    head_bytes, tail_bytes = (head + "[").encode(), ("]" + tail).encode()
+    return SessionPlan(head=head_bytes, turns=tuple(pieces), tail=tail_bytes, think_s=tuple(think_s))
+
+
+def session_salt(seed: int, depth: int, trial: int, session: int) -> str:
+    """A session's salt: in every sentence of its context, so no two sessions (or trials) share a cached block."""
+    return salt_for(seed, "capacity", depth, trial, session)
+
+
+def context(salt: str, repeats: int, pad_words: int) -> str:
+    """A session's context: the prefill probe's haystack, sized once per depth (``prefill.size_prompt``)."""
+    return haystack(salt, repeats, pad_words)
+
+
+__all__ = [
+    "ASSISTANT",
+    "OVERLOAD",
+    "RETRIES",
+    "USER",
+    "WARM_CONCURRENCY",
+    "EngineWatch",
+    "Search",
+    "Slo",
+    "SloTerm",
+    "TrialFigures",
+    "TurnTimes",
+    "context",
+    "goodput_many",
+    "judge",
+    "knee",
+    "knee_draws",
+    "meets_many",
+    "nearest_rank",
+    "parse_slo",
+    "session_plan",
+    "session_salt",
+    "think_times",
+    "turn_times",
+    "turns_for",
+]

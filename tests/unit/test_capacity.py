@@ -1,0 +1,342 @@
+"""The capacity probe's parts: the SLO and its verdict, the search, the knee and its bootstrap, the sessions'
+requests, the KV budget rule, the stand-in's KV-capacity model, Fanout.sessions against it, and the report's CI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pytest_kvcache.config import budget
+from pytest_kvcache.config.settings import SettingsError, resolve
+from pytest_kvcache.engines import build_engine_args
+from pytest_kvcache.fanout import Fanout
+from pytest_kvcache.probes import capacity
+from pytest_kvcache.probes.capacity import Search, TurnTimes, judge, knee, knee_draws, parse_slo
+from pytest_kvcache.probes.short import chat_payload
+from pytest_kvcache.report import capacity as report
+from pytest_kvcache.selfcheck.stream import Schedule, StreamServer
+from pytest_kvcache.testing.standin import LruPrefixCache
+
+# ------------------------------------------------------------------------------------------ the SLO
+
+
+def test_an_slo_reads_terms_in_seconds_or_milliseconds() -> None:
+    slo = parse_slo("ttft_p95<=2s, itl_p95 <= 60ms,ttft_p50<=0.5")
+    assert [(t.name, t.limit_s) for t in slo.terms] == [("ttft_p95", 2.0), ("itl_p95", 0.06), ("ttft_p50", 0.5)]
+    assert slo.text() == "ttft_p95<=2s,itl_p95<=60ms,ttft_p50<=500ms"
+    assert parse_slo(slo.text()) == slo
+    assert slo.limit("ttft") == 0.5 and slo.limit("itl") == 0.06
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ttft<=2s", "bad part 'ttft<=2s'"),
+        ("e2e_p95<=2s", "bad part"),
+        ("ttft_p95>=2s", "bad part"),
+        ("ttft_p0<=1s", "p1 to p99"),
+        ("ttft_p95<=0s", "positive"),
+        ("ttft_p95<=1s,ttft_p95<=2s", "each SLO term once"),
+    ],
+)
+def test_a_malformed_slo_names_its_bad_part(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_slo(text)
+
+
+def test_the_slo_option_is_a_usage_error_when_malformed(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"--kv-slo: expected an SLO like ttft_p95<=2s"):
+        resolve({"arms": "auto", "slo": "fast please"}, {}, {}, {}, tmp_path)
+    st = resolve({"arms": "auto"}, {}, {}, {}, tmp_path)
+    assert st.slo == "ttft_p95<=200ms,itl_p95<=100ms" and st.capacity_depths == (2000, 4000)  # the CPU default's
+    gpu = resolve({"arms": "auto", "model": "org/model"}, {}, {}, {}, tmp_path)
+    assert gpu.slo == "ttft_p95<=2s,itl_p95<=60ms" and gpu.capacity_depths == (16000, 32000)
+    assert (gpu.capacity_think_s, gpu.capacity_window_s, gpu.capacity_max_sessions) == (2.0, 30.0, 256)
+
+
+def turns(*ttfts: float, itl: float = 0.01, tokens: int = 10) -> list[TurnTimes]:
+    return [
+        TurnTimes(t, itl if math.isfinite(t) else math.inf, tokens if math.isfinite(t) else 0, math.isfinite(t))
+        for t in ttfts
+    ]
+
+
+def test_a_trial_meets_the_slo_by_nearest_rank_percentiles() -> None:
+    slo = parse_slo("ttft_p95<=100ms")
+    ok = judge(turns(*[0.05] * 19, 0.5), slo, window_s=2.0)  # 1 slow turn of 20: the 19th is p95
+    assert ok.meets and ok.ttft_p95_s == pytest.approx(0.05) and ok.ttft_p50_s == pytest.approx(0.05)
+    bad = judge(turns(*[0.05] * 18, 0.5, 0.5), slo, window_s=2.0)  # 2 of 20: p95 is a slow one
+    assert not bad.meets and bad.broken == ["ttft_p95 0.5 s > 0.1 s"]
+    # goodput: the tokens of the turns within every bound, per second of the window
+    assert ok.goodput_tps == pytest.approx(19 * 10 / 2.0) and bad.good_turns == 18
+
+
+def test_a_failed_turn_is_a_turn_that_missed_every_bound() -> None:
+    slo = parse_slo("ttft_p50<=1s,itl_p95<=50ms")
+    found = judge(turns(0.1, math.inf), slo, window_s=1.0)
+    assert not found.meets and found.failed == 1 and "itl_p95 a failed turn > 0.05 s" in found.broken
+    assert found.ttft_p95_s == pytest.approx(0.1)  # figures over the turns that answered
+    assert not judge([], slo, window_s=1.0).meets  # no measured turn: nothing shows the SLO was met
+
+
+def test_many_resampled_verdicts_agree_with_one() -> None:
+    slo = parse_slo("ttft_p95<=100ms,itl_p95<=20ms")
+    rng = np.random.default_rng(1)
+    ttft = rng.uniform(0.01, 0.104, size=(200, 15))
+    itl = rng.uniform(0.001, 0.0205, size=(200, 15))
+    many = capacity.meets_many(ttft, itl, slo)
+    one = [
+        judge([TurnTimes(t, i, 5, True) for t, i in zip(a, b, strict=True)], slo, 1.0).meets
+        for a, b in zip(ttft, itl, strict=True)
+    ]
+    assert many.tolist() == one and 0 < many.sum() < 200
+
+
+# ------------------------------------------------------------------------------------------ the search
+
+
+def run_search(true_capacity: int, start: int = 1, limit: int = 64) -> tuple[Search, list[int]]:
+    search = Search(start=start, limit=limit)
+    tried = []
+    while (n := search.next()) is not None:
+        tried.append(n)
+        search.record(n, n <= true_capacity)
+    return search, tried
+
+
+@pytest.mark.parametrize(
+    ("true", "start", "tried"),
+    [
+        (5, 1, [1, 2, 4, 8, 6, 5]),
+        (7, 1, [1, 2, 4, 8, 6, 7]),
+        (1, 1, [1, 2]),
+        (0, 1, [1]),
+        (11, 2, [2, 4, 8, 16, 12, 10, 11]),
+        (3, 8, [8, 4, 2, 3]),
+    ],
+)
+def test_the_search_doubles_then_bisects_to_one_session(true: int, start: int, tried: list[int]) -> None:
+    search, found = run_search(true, start)
+    assert found == tried and search.capacity == true and not search.censored
+
+
+def test_a_search_that_never_breaks_stops_at_its_limit_and_says_so() -> None:
+    search, tried = run_search(100, limit=20)
+    assert tried == [1, 2, 4, 8, 16, 20] and search.capacity == 20 and search.censored
+    assert knee({1: True, 2: True, 4: False, 3: True}) == (3, 4)
+    assert knee({2: False}) == (0, 2)
+
+
+def test_knee_draws_stay_between_the_last_level_met_and_the_next() -> None:
+    rng = np.random.default_rng(0)
+    meets = np.array([[True, True, True, False, False]] * 1000)
+    whole, continuous = knee_draws([1, 2, 4, 6, 8], meets, rng)
+    assert set(whole) == {4.0} and continuous.min() >= 4 and continuous.max() < 6
+    assert abs(continuous.mean() - 5) < 0.1  # uniform in between
+    censored = np.array([[True, True]] * 10)
+    whole, continuous = knee_draws([1, 2], censored, rng)
+    assert set(whole) == {2.0} and set(continuous) == {2.0}  # a lower bound: no jitter
+
+
+# ------------------------------------------------------------------------------------------ the sessions
+
+
+def test_a_sessions_turns_grow_its_context_by_one_message_pair() -> None:
+    payload = chat_payload("m", [], "greedy", 16)
+    payload.pop("messages")
+    think = capacity.think_times(0, 2000, 3, 1, 4, 1.0)
+    plan = capacity.session_plan(payload, "the context", "abcdefgh", 4, think)
+    bodies = [json.loads(plan.head + b"".join(plan.turns[: k + 1]) + plan.tail) for k in range(4)]
+    assert [len(b["messages"]) for b in bodies] == [1, 3, 5, 7]
+    for a, b in itertools.pairwise(bodies):
+        assert b["messages"][: len(a["messages"])] == a["messages"]  # each turn extends the last: a cached prefix
+        assert {k: v for k, v in b.items() if k != "messages"} == payload
+    assert bodies[1]["messages"][1]["role"] == "assistant" and "abcdefgh" in bodies[1]["messages"][2]["content"]
+    assert think == capacity.think_times(0, 2000, 3, 1, 4, 1.0) and think[0] == 0.0 and 0 <= think[1] <= 1.0
+    assert all(0.5 <= t <= 1.5 for t in think[2:])
+    assert capacity.session_salt(0, 2000, 3, 1) != capacity.session_salt(0, 2000, 3, 2)
+
+
+# ------------------------------------------------------------------------------------------ the KV budget
+
+
+def test_sizes_read_as_vllm_reads_them() -> None:
+    assert budget.parse_bytes("32MiB") == budget.parse_bytes("32M") == 32 * 2**20
+    assert budget.parse_bytes("32m") == 32_000_000 and budget.parse_bytes("1.5GiB") == 3 * 2**29
+    assert budget.parse_bytes("33554432") == 33554432
+    with pytest.raises(ValueError, match="expected a size like 512MiB"):
+        budget.parse_bytes("lots")
+    assert budget.fmt_bytes(48 * 2**20) == "48 MiB"
+
+
+def test_the_budget_rule_is_computed_from_the_model_config_and_the_dtype() -> None:
+    tiny = budget.embedded_model()
+    found = budget.need(tiny, "auto", [], [])
+    assert found is not None and found.bytes_per_token == 2048 and found.max_model_len == 131072  # bf16, 4×2×64
+    assert budget.need(tiny, "fp8", ["--max-model-len", "4096"], []).bytes_per_token == 1024  # type: ignore[union-attr]
+    assert budget.need(tiny, "auto", ["--dtype", "float32"], ["--max-model-len=8K"]).bytes == 8192 * 4096  # type: ignore[union-attr]
+    assert budget.element_bytes("int8_per_token_head", 2.0, 128) == pytest.approx(1 + 4 / 128)
+    assert budget.need(tiny, "turboquant_k8v4", [], []) is None  # a layout not modelled: not checked
+
+
+def test_a_budget_below_max_model_len_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        SettingsError, match=r"arm auto: a KV budget of 16 MiB holds 8,192 tokens at 2048 bytes a token"
+    ):
+        resolve({"arms": "auto", "cache_bytes": "16MiB"}, {}, {}, {}, tmp_path)
+    ok = resolve({"arms": "auto", "cache_bytes": "16MiB", "engine_args": "--max-model-len 8192"}, {}, {}, {}, tmp_path)
+    assert ok.cache_bytes == 16 * 2**20
+    named = {"big": {"args": ["--kv-cache-memory-bytes", "8M"]}}
+    with pytest.raises(SettingsError, match="arm big: a KV budget of 8 MiB"):  # an arm's own budget is checked too
+        resolve({"arms": "auto,big", "engine_args": "--max-model-len 8192"}, {}, {}, named, tmp_path)
+    with pytest.raises(SettingsError, match="a llamacpp server sizes its KV cache itself"):
+        resolve({"arms": "f16", "engine": "llamacpp", "cache_bytes": "1G"}, {}, {}, {}, tmp_path)
+
+
+def test_a_budget_reaches_vllm_and_keeps_the_cpu_space_variable_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    plain = resolve({"arms": "auto"}, {}, {}, {}, tmp_path)
+    args, env = build_engine_args(plain, plain.arms[0], "m")
+    assert "--kv-cache-memory-bytes" not in args and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    cli = {"arms": "auto,big", "cache_bytes": "16M", "engine_args": "--max-model-len 4096"}
+    st = resolve(cli, {}, {}, {"big": {"args": ["--kv-cache-memory-bytes", "32M"]}}, tmp_path)
+    args, env = build_engine_args(st, st.arms[0], "m")
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(16 * 2**20) and "VLLM_CPU_KVCACHE_SPACE" not in env
+    args, env = build_engine_args(st, st.arms[1], "m")
+    assert args.count("--kv-cache-memory-bytes") == 1 and args[-1] == "32M"  # the arm's own, not both
+    assert [st.kv_budget(a) for a in st.arms] == [16 * 2**20, 32 * 2**20]
+
+
+# ------------------------------------------------------------------------------------------ the stand-in's KV
+
+
+def test_the_stand_ins_prefix_cache_evicts_the_least_recent_tail_first() -> None:
+    cache = LruPrefixCache(64, block_size=16, prefill_tps=1000.0, ttft_s=0.0)
+    a, b = list(range(48)), list(range(100, 148))
+    assert cache.admit(a, 0.0)[0] == 0 and cache.admit([*a, 1, 2], 10.0)[0] == 48  # its prefix is cached
+    cache.admit(b, 20.0)  # 3 blocks more than fit: a's tail goes first
+    cached, _ = cache.admit(a, 30.0)
+    assert cached == 16 and cache.usage() == 1.0
+    # TTFT: the uncached tokens at the prefill rate, after the prefills queued before it
+    fresh = LruPrefixCache(640, prefill_tps=1000.0, ttft_s=0.01)
+    assert fresh.admit(list(range(200)), 0.0)[1] == pytest.approx(0.21)
+    assert fresh.admit(list(range(1000, 1100)), 0.0)[1] == pytest.approx(0.31)  # waited for the first
+
+
+def session_plans(count: int, words: int, turns: int, think: float) -> list[Any]:
+    payload = chat_payload("stream-test", [], "greedy", 4)
+    payload.pop("messages")
+    plans = []
+    for i in range(count):
+        salt = capacity.session_salt(0, words, 0, i)
+        text = " ".join(f"w{salt}{k}" for k in range(words))
+        plans.append(
+            capacity.session_plan(payload, text, salt, turns, capacity.think_times(0, words, 0, i, turns, think))
+        )
+    return plans
+
+
+def test_sessions_warm_up_then_send_turns_only_in_the_shared_window() -> None:
+    events: list[tuple[str, float]] = []
+    cache = LruPrefixCache(100_000, prefill_tps=50_000.0, ttft_s=0.005)
+    with StreamServer(Schedule(itl_s=0.001), prompt_cache=cache) as server, Fanout(server.url, processes=2) as fanout:
+        trial = fanout.sessions(
+            session_plans(4, 200, 12, 0.1), window_s=0.6, monitor=lambda e: events.append((e, time.time()))
+        )
+    assert trial.window_unix_s is not None
+    start, end = trial.window_unix_s
+    told = [e for e, _ in events]
+    assert told[0] == "start" and told[-2:] == ["end", "done"]
+    warm = [t for t in trial.turns if t.turn == 0]
+    assert len(warm) == 4 and all(t.sample.ok and t.sample.send_unix_s < start for t in warm)
+    measured = trial.measured
+    assert {t.session for t in measured} == {0, 1, 2, 3} and all(t.sample.ok for t in measured)
+    assert all(start - 0.01 <= t.sample.send_unix_s < end + 0.01 for t in measured)  # sent in the window only
+    for t in measured:  # the whole context so far is cached: only the new message pair is not
+        assert t.sample.cached_tokens and t.sample.cached_tokens >= 200 - 16
+        assert t.sample.prompt_tokens and t.sample.prompt_tokens > 200
+    by_session = {}
+    for t in trial.turns:
+        by_session.setdefault(t.session, []).append(t.turn)
+    assert all(v == list(range(len(v))) for v in by_session.values())
+    assert trial.load.streams == 4 and trial.load.processes == 2  # (saturated or not: a busy host decides)
+
+
+def test_sessions_over_the_kv_capacity_miss_their_prefix() -> None:
+    cache = LruPrefixCache(4 * 256, prefill_tps=50_000.0, ttft_s=0.005)  # room for ~2 sessions of 400 words
+    with StreamServer(Schedule(itl_s=0.001), prompt_cache=cache) as server, Fanout(server.url, processes=1) as fanout:
+        trial = fanout.sessions(session_plans(6, 400, 8, 0.05), window_s=0.5)
+    measured = trial.measured
+    cached = sum(t.sample.cached_tokens or 0 for t in measured)
+    prompt = sum(t.sample.prompt_tokens or 0 for t in measured)
+    assert measured and cached / prompt < 0.5
+
+
+# ------------------------------------------------------------------------------------------ the report's CI
+
+
+def records(arm: str, boot: str, levels: dict[int, float]) -> list[dict[str, Any]]:
+    """Measured turns of a search whose TTFTs are ``levels[n]`` at n sessions, 20 turns a trial."""
+    out = []
+    for index, (n, ttft) in enumerate(levels.items()):
+        info = {"sessions": n, "slo": "ttft_p95<=100ms", "window_s": 2.0, "step": "up", "verdict": "meets"}
+        for _ in range(20):
+            first = ttft
+            sample = {"ok": True, "first_token_s": first, "last_token_s": first + 0.15, "completion_tokens": 16}
+            out.append(
+                {"arm": arm, "boot": boot, "probe": "capacity", "phase": "measured", "depth": 2000, "index": index,
+                 "ok": True, "excluded_reason": None, "sample": sample, "capacity": info}
+            )  # fmt: skip
+    return out
+
+
+def frame_of(recs: list[dict[str, Any]]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame(report.frame_rows(recs))  # type: ignore[arg-type]
+
+
+def test_the_capacity_ratio_ci_includes_the_searchs_one_session_step() -> None:
+    small = records("auto", "auto", {1: 0.03, 2: 0.03, 4: 0.03, 8: 0.5, 6: 0.04, 7: 0.4})
+    big = records("big", "big", {1: 0.03, 2: 0.03, 4: 0.03, 8: 0.03, 16: 0.5, 12: 0.04, 14: 0.3, 13: 0.04})
+    data = frame_of(small + big)
+    assert dict(zip(data["arm"], data["capacity"], strict=True)) == {"auto": 6.0, "big": 13.0}
+    found = report.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "capacity", seed=0)
+    assert found["ratio"] == pytest.approx(13 / 6)
+    assert found["ci_low"] is not None and found["ci_high"] is not None
+    # every trial is far from its bound: the CI is the search's step, (13 + U) / (6 + U') for U, U' in [0, 1)
+    assert 13 / 7 <= found["ci_low"] < 13 / 6 < found["ci_high"] <= 14 / 6
+    assert found["verdict"] == "better" and found["ci_method"] == "within-boot" and found["provisional"]
+    twin = frame_of(records("auto.2", "auto.2", {1: 0.03, 2: 0.03, 4: 0.03, 8: 0.5, 6: 0.04, 7: 0.4}))
+    aa = report.compare(data[data["arm"] == "auto"], twin, "capacity", seed=0)
+    assert aa["ratio"] == 1.0 and aa["ci_low"] < 1 < aa["ci_high"] and aa["verdict"] == "inconclusive"  # type: ignore[operator]
+    value, lo, hi, method = report.capacity_ci(data[data["arm"] == "big"], seed=0)
+    assert (value, lo, hi, method) == (13.0, 13.0, 13.0, "within-boot")
+
+
+def test_a_trial_near_its_bound_widens_the_capacity_ci() -> None:
+    """Turns that straddle the bound: resampling them flips the trial's verdict in some replicates."""
+    near = records("auto", "auto", {1: 0.03, 2: 0.03, 4: 0.03, 8: 0.5, 6: 0.5, 5: 0.5})
+    slow = next(r for r in near if r["capacity"]["sessions"] == 4)
+    slow["sample"]["first_token_s"] = 0.2  # 1 slow turn of 20: p95 (the 19th) meets; resampled, 2+ in ~26%
+    value, lo, hi, _ = report.capacity_ci(frame_of(near), seed=0)
+    assert (value, lo, hi) == (4.0, 2.0, 4.0)
+
+
+def test_boots_are_resampled_and_paired_by_block() -> None:
+    base = [records("a", f"a.r{r}", {2: 0.03, 4: 0.03, 8: 0.5, 6: 0.5, 5: 0.03}) for r in (1, 2, 3)]
+    arm = [records("b", f"b.r{r}", {2: 0.03, 4: 0.03, 8: 0.03, 16: 0.5, 12: 0.5, 10: 0.03, 11: 0.5}) for r in (1, 2, 3)]
+    data = frame_of([r for b in base + arm for r in b])
+    data["block"] = [int(str(b)[-1]) for b in data["boot"]]
+    found = report.compare(data[data["arm"] == "a"], data[data["arm"] == "b"], "capacity", seed=0)
+    assert found["ci_method"] == "boots" and found["boots_baseline"] == 3 and "provisional" not in found
+    assert found["ratio"] == pytest.approx(2.0) and found["ci_low"] < 2.0 < found["ci_high"]  # type: ignore[operator]
