@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from pytest_kvcache.config import embedded as embedded_models
 from pytest_kvcache.config.engine_kinds import ENGINE_KINDS, LLAMACPP_ALIASES, LLAMACPP_CACHE_TYPES, EngineKind
 from pytest_kvcache.model import ArmData
 from pytest_kvcache.report.options import ReportOptions
@@ -69,10 +70,7 @@ HostCpuAction = Literal["flag", "exclude", "off"]
 
 #: The seed's depth probes (GPU): fresh prefill at 10K and 90K tokens, 2 agentic sessions of all 15 turns.
 SEED_DEPTHS = (10_000, 90_000)
-#: The embedded CPU default's: smaller, so that ``-m depth`` fits a few minutes an arm on 2 cores.
-CPU_DEPTHS = (4_000, 16_000)
-CPU_SESSIONS = 1
-CPU_TURNS = 9
+#: The embedded CPU default's are each embedded model's own (``config/embedded.py``).
 #: The fidelity probe's depths: GPU default, and the CPU default's (prompt logprobs cost the CPU build
 #: ~1.7 ms a position on 2 cores: 7 s at 4K, 44 s at 16K).
 FIDELITY_DEPTHS = (1_000, 8_000, 32_000)
@@ -239,7 +237,9 @@ class Settings:
     launcher: LauncherKind = "process"
     #: which kind of server every arm is (``--kv-engine``): request fields, token counting, evidence
     engine: EngineKind = "vllm"
-    model: str | None = None  # None: the embedded tiny CPU model (a GGUF made from it for llama.cpp)
+    model: str | None = None  # None: an embedded model (``embedded_model``)
+    #: which embedded model serves when ``model`` is None (``--kv-model=embedded:NAME``; config/embedded.py)
+    embedded_model: str = embedded_models.DEFAULT
     #: a local tokenizer folder for servers without a tokenizer endpoint (None: the model's, or the embedded one)
     tokenizer: str | None = None
     engine_args: tuple[str, ...] = ()
@@ -316,6 +316,18 @@ class Settings:
     gpu_groups: tuple[str, ...] = ()
     #: Parallel lanes (pytest-xdist workers) the blocks of boots are placed on; 1 without pytest-xdist.
     lanes: int = 1
+    #: ``--kv-agentic-depth``: fit (default), stock, a token count or a share of the context (``75%``)
+    agentic_depth: str = "fit"
+    #: The context (tokens one request may fill) known before any boot: the embedded model's, a model
+    #: folder's config, ``--max-model-len``/``--ctx-size`` in the engine arguments; None: known at boot.
+    context_tokens: int | None = None
+    #: where ``context_tokens`` came from, in words
+    context_source: str | None = None
+    #: the options given explicitly (CLI, environment or ini), by name: an explicit depth that cannot fit
+    #: is an error, a default one is left out and said so
+    explicit: frozenset[str] = frozenset()
+    #: default probe points left out before any boot because they cannot fit ``context_tokens``
+    context_notes: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -328,6 +340,11 @@ class Settings:
     @property
     def embedded(self) -> bool:
         return self.model is None
+
+    @property
+    def embedded_spec(self) -> embedded_models.EmbeddedModel:
+        """The embedded model served when ``model`` is None."""
+        return embedded_models.EMBEDDED[self.embedded_model]
 
     @property
     def rounds(self) -> int:
@@ -352,6 +369,7 @@ class Settings:
             "model": self.model,
             "tokenizer": self.tokenizer,
             "embedded_model": self.embedded,
+            "embedded_name": self.embedded_model if self.embedded else None,
             "engine_args": list(self.engine_args),
             "engine_cmd": list(self.engine_cmd),
             "endpoints": dict(self.endpoints),
@@ -416,6 +434,10 @@ class Settings:
             "host_cpu_action": self.host_cpu_action,
             "gpu_groups": list(self.gpu_groups),
             "lanes": self.lanes,
+            "agentic_depth": self.agentic_depth,
+            "context_tokens": self.context_tokens,
+            "context_source": self.context_source,
+            "context_notes": list(self.context_notes),
         }
 
     def client_kwargs(self) -> ClientLimits:
@@ -557,6 +579,26 @@ def _texts(raw: Any) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise SettingsError(f"fidelity texts must be distinct; got {raw!r}")
     return tuple(names)
+
+
+def _agentic_depth(raw: Any) -> str:
+    """``fit``, ``stock``, a token count (``6k``, ``6000``) or a share of the context (``75%``)."""
+    text = str(raw).strip().lower()
+    if text in ("fit", "stock"):
+        return text
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 < share <= 100:
+            raise SettingsError(f"expected fit, stock, a token count like 6k or a share like 75%; got {raw!r}")
+        return f"{share:g}%"
+    try:
+        (tokens,) = parse_depths(text)
+    except ValueError:
+        raise SettingsError(f"expected fit, stock, a token count like 6k or a share like 75%; got {raw!r}") from None
+    return str(tokens)
 
 
 def _depths(raw: Any) -> tuple[int, ...]:
@@ -870,7 +912,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec(
         "model",
-        "model path or id served by every arm (default: the embedded tiny CPU model, dummy weights).",
+        "model path or id served by every arm, or an embedded model: embedded:smollm2-135m (the default: "
+        "SmolLM2-135M-Instruct, trained weights, 8K context) or embedded:tiny-qwen3 (random weights).",
         "MODEL",
     ),
     OptionSpec("engine_args", "extra engine arguments appended for every arm (one shell-quoted string).", "ARGS"),
@@ -943,7 +986,16 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "(the model's own replies and tool calls are appended, as the seed did).",
         "MODE",
     ),
-    OptionSpec("agentic_max_tokens", "max_tokens per agentic turn (default 600).", "N"),
+    OptionSpec(
+        "agentic_max_tokens", "max_tokens per agentic turn (default 600; 64 on the embedded trained model).", "N"
+    ),
+    OptionSpec(
+        "agentic_depth",
+        "how deep the agentic session's last turn goes: fit (default: the stock fixture, its tool results scaled "
+        "down when its last turn cannot fit the context), stock (as it is: turns that cannot fit are left out), "
+        "a token count like 6k, or a share of the context like 75%. Scaling keeps the turns and their growth.",
+        "fit|stock|N|PCT",
+    ),
     OptionSpec(
         "fail",
         "a regression gate 'METRIC[PROBE[@POINT]]: CONDITION' (repeatable), e.g. "
@@ -1283,10 +1335,13 @@ def resolve(
 ) -> Settings:
     """Resolve all raw values into one frozen Settings, or raise SettingsError naming the bad input."""
 
+    explicit: set[str] = set()
+
     def get(name: str, parse: Callable[[Any], Any], default: Any) -> Any:
         raw, origin = _pick(name, cli, env, ini)
         if raw is None:
             return default
+        explicit.add(name)
         return _parse(name, raw, origin, parse)
 
     def joined(raw: Any) -> str:
@@ -1304,6 +1359,14 @@ def resolve(
     if engine == "openai" and launcher == "process" and not get("engine_cmd", lambda raw: raw, None):
         raise SettingsError("--kv-engine=openai with the process launcher needs --kv-engine-cmd (the server to start)")
     model = get("model", lambda raw: str(raw).strip(), None) or None
+    embedded_name = embedded_models.DEFAULT
+    if model is not None:
+        try:
+            named = embedded_models.parse(model)
+        except ValueError as exc:
+            raise SettingsError(f"--kv-model: {exc}") from None
+        if named is not None:
+            embedded_name, model = named, None
     if model is not None and looks_like_path(model):
         path = Path(model).expanduser()
         if not path.is_absolute():
@@ -1353,9 +1416,11 @@ def resolve(
             listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in fp8)
             raise SettingsError(f"arm(s) {listed} cannot run on the embedded CPU default here: {fp8_kv_unsupported}")
 
-    # The embedded tiny model on CPU prefills ~7K tok/s on 2 cores: the seed's 90K depths and 15-turn
-    # sessions take many minutes an arm there, so its depth probes get smaller defaults (the boot plan says so).
+    # An embedded model on the CPU: the seed's 90K depths, 15-turn sessions and 1000-token decodes take many
+    # minutes an arm there (the trained model prefills 40-190 tok/s and decodes ~20-140), so its probes get
+    # the sizes config/embedded.py gives it (the boot plan says so).
     cpu_default = model is None and launcher != "external"
+    spec = embedded_models.EMBEDDED[embedded_name]
     engine_cmd = get("engine_cmd", lambda raw: _args(joined(raw)), ())
     engine_args = get("engine_args", lambda raw: _args(" ".join(raw) if isinstance(raw, list) else raw), ())
     report_dir = report_dir_of(cli, env, ini, rootdir)
@@ -1370,7 +1435,7 @@ def resolve(
     order, order_seed = get("order", _order, ("abba" if replicates >= 2 else "sequential", None))
     seed = get("seed", lambda raw: _count(0)(str(raw)), 0)
     target_ci = get("target_ci", _pct, None)
-    runs = get("runs", lambda raw: _count(1)(str(raw)), 5)
+    runs = get("runs", lambda raw: _count(1)(str(raw)), spec.runs if cpu_default else 5)
     max_runs = get("max_runs", lambda raw: _count(1)(str(raw)), None)
     max_replicates = get("max_replicates", lambda raw: _count(1)(str(raw)), None)
     if target_ci is None and (max_runs is not None or max_replicates is not None):
@@ -1387,11 +1452,12 @@ def resolve(
     if full_check and no_check:
         raise SettingsError("--kv-self-check and --kv-no-self-check contradict each other")
 
-    return Settings(
+    settings = Settings(
         arms=arms,
         launcher=launcher,
         engine=engine,
         model=model,
+        embedded_model=embedded_name,
         tokenizer=get("tokenizer", _tokenizer_dir(rootdir), None),
         engine_args=engine_args,
         engine_cmd=engine_cmd,
@@ -1401,24 +1467,29 @@ def resolve(
         request_timeout_s=get("request_timeout", lambda raw: _positive_float(str(raw)), 600.0),
         stall_timeout_s=get("stall_timeout", lambda raw: _positive_float(str(raw)), 120.0),
         first_token_floor_s=get("first_token_floor", lambda raw: _positive_float(str(raw)), 120.0),
-        min_prefill_tps=get("min_prefill_tps", lambda raw: _positive_float(str(raw)), 500.0),
+        min_prefill_tps=get(
+            "min_prefill_tps", lambda raw: _positive_float(str(raw)), spec.min_prefill_tps if cpu_default else 500.0
+        ),
         progress=get("progress", _choice("auto", "lines", "off"), "auto"),
         host_cpu_max_pct=get("host_cpu_max", _pct_or_off, 50.0),
         host_cpu_action=get("host_cpu", _choice("flag", "exclude", "off"), "flag"),
-        warmups=get("warmups", lambda raw: _count(0)(str(raw)), 3),
+        warmups=get("warmups", lambda raw: _count(0)(str(raw)), spec.warmups if cpu_default else 3),
         runs=runs,
-        max_tokens=get("max_tokens", lambda raw: _count(1)(str(raw)), None),
+        max_tokens=get("max_tokens", lambda raw: _count(1)(str(raw)), spec.short_max_tokens if cpu_default else None),
         sampling=get("sampling", _choice("greedy", "sampled"), "greedy"),
         report_dir=report_dir,
         suite=not get("no_suite", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
         seed=seed,
-        depths=get("depths", _depths, CPU_DEPTHS if cpu_default else SEED_DEPTHS),
+        depths=get("depths", _depths, spec.depths if cpu_default else SEED_DEPTHS),
         depth_warmups=get("depth_warmups", lambda raw: _count(0)(str(raw)), 1),
         depth_runs=get("depth_runs", lambda raw: _count(1)(str(raw)), 3),
-        sessions=get("sessions", lambda raw: _count(1)(str(raw)), CPU_SESSIONS if cpu_default else 2),
-        turns=get("turns", lambda raw: _count(1)(str(raw)), CPU_TURNS if cpu_default else None),
+        sessions=get("sessions", lambda raw: _count(1)(str(raw)), spec.sessions if cpu_default else 2),
+        turns=get("turns", lambda raw: _count(1)(str(raw)), spec.turns if cpu_default else None),
         agentic_mode=get("agentic_mode", _choice("replay", "live"), "replay"),
-        agentic_max_tokens=get("agentic_max_tokens", lambda raw: _count(1)(str(raw)), 600),
+        agentic_max_tokens=get(
+            "agentic_max_tokens", lambda raw: _count(1)(str(raw)), spec.agentic_max_tokens if cpu_default else 600
+        ),
+        agentic_depth=get("agentic_depth", _agentic_depth, "fit"),
         gates=judged.gates,
         inconclusive=judged.inconclusive,
         save=judged.save_as.name if judged.save_as else None,
@@ -1456,8 +1527,14 @@ def resolve(
         client_procs=get("client_procs", _procs, None),
         client_max_cpu_pct=get("client_max_cpu", _pct_or_off, 85.0),
         client_max_lag_ms=get("client_max_lag_ms", _positive_or_off, 5.0),
-        fidelity_depths=get("fidelity_depths", _depths, CPU_FIDELITY_DEPTHS if cpu_default else FIDELITY_DEPTHS),
+        fidelity_depths=get("fidelity_depths", _depths, spec.fidelity_depths if cpu_default else FIDELITY_DEPTHS),
         fidelity_texts=get("fidelity_texts", _texts, FIDELITY_TEXTS),
         fidelity_top_k=get("fidelity_topk", lambda raw: _count(0)(str(raw)), 5),
-        fidelity_window=get("fidelity_window", lambda raw: _count(BLOCK_MIN)(str(raw)), 512),
+        fidelity_window=get(
+            "fidelity_window", lambda raw: _count(BLOCK_MIN)(str(raw)), spec.fidelity_window if cpu_default else 512
+        ),
+        explicit=frozenset(explicit),
     )
+    from pytest_kvcache.config.context import fit_context
+
+    return fit_context(settings)

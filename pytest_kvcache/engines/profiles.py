@@ -53,6 +53,9 @@ class EngineProfile:
     min_top_logprobs: int = 0
     #: ``prompt_logprobs`` over token ids on ``/v1/completions``: the fidelity probe
     prompt_logprobs: bool = False
+    #: no prompt logprobs, but a forced one-token continuation on ``/completion`` with ``n_probs``
+    #: (llama-server): the fidelity probe scores its windows one position at a time on the prompt cache
+    forced_scoring: bool = False
 
     def adapt(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """``payload`` without the fields this server does not take."""
@@ -82,7 +85,7 @@ class EngineProfile:
             missing.append("per-chunk token counts (the first content chunk is the token clock)")
         if not self.token_ids:
             missing.append("generated token ids (no output agreement)")
-        if not self.prompt_logprobs:
+        if not self.prompt_logprobs and not self.forced_scoring:
             missing.append("prompt logprobs (no fidelity probe)")
         return missing
 
@@ -111,6 +114,7 @@ LLAMACPP = EngineProfile(
     exact_length=True,
     token_ids=True,
     min_top_logprobs=1,
+    forced_scoring=True,
 )
 OPENAI = EngineProfile(
     kind="openai",

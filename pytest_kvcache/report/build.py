@@ -44,7 +44,7 @@ from pytest_kvcache.model import (
     SummaryRow,
 )
 from pytest_kvcache.probes import agreement
-from pytest_kvcache.report import confounds
+from pytest_kvcache.report import confounds, greedy, left_out
 from pytest_kvcache.report import fidelity as fidelity_report
 from pytest_kvcache.report.frame import (
     MIN_BOOTS_FOR_BOOT_CI,
@@ -989,6 +989,8 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
             run.records, arms, specs, {a["name"]: a["resolved"].get("speculative") for a in entries}, seed
         ),
         "fidelity": fidelity_report.section(run.fidelity_blocks, run.fidelity, arms, settings, seed),
+        "greedy": greedy.section(run.agreement, arms),
+        "left_out": left_out.section(run.path, settings, run.records),
         "flags": flag_summary(run.records),
     }
     if blocks:
