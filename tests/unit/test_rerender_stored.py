@@ -24,7 +24,19 @@ from pytest_kvcache.report.pipeline import produce
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "rerender"
 RUNS = ["h200-fp8-vs-int8", "h200-agreement"]
-ADDED = {"seed", "probes", "agentic", "spec_decode", "flags", "gates", "fidelity", "compile_cache", "client_load"}
+ADDED = {
+    "seed",
+    "probes",
+    "agentic",
+    "spec_decode",
+    "flags",
+    "gates",
+    "fidelity",
+    "compile_cache",
+    "client_load",
+    "greedy",
+    "left_out",
+}
 
 
 @pytest.mark.parametrize("name", RUNS)
