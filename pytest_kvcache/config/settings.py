@@ -1417,9 +1417,8 @@ def resolve(
         spec_of = embedded_models.EMBEDDED[embedded_name]
         engine_args_raw = get("engine_args", lambda raw: _args(" ".join(raw) if isinstance(raw, list) else raw), ())
         half = [a for a in arms if a.kv_cache_dtype in HALF_KV_ON_FLOAT32]
-        dtype_given = any(
-            arg == "--dtype" or arg.startswith("--dtype=") for arg in (*engine_args_raw, *(x for a in arms for x in a.args))
-        )
+        all_args = (*engine_args_raw, *(x for a in arms for x in a.args))
+        dtype_given = any(arg == "--dtype" or arg.startswith("--dtype=") for arg in all_args)
         if spec_of.trained and half and not dtype_given:
             listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in half)
             raise SettingsError(

