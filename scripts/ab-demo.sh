@@ -2,8 +2,9 @@
 # The main job: set up, then a real A/B of a KV-cache change on the embedded trained model,
 # SmolLM2-135M-Instruct: llama.cpp's llama-server with an f16 KV cache (the baseline) against q4_0, two
 # boots per arm in ABBA order. Short probes (decode speed, and each arm's greedy answer: where the texts
-# part) and the fidelity probe (teacher-forced logprobs at 1k and 4k tokens: |Δ logprob| against f16 with
-# a 95% CI, beside the A/A across f16's own two boots).
+# part) and the fidelity probe on the committed code text (teacher-forced logprobs at 1k and 4k tokens:
+# |Δ logprob| against f16 with a 95% CI, beside the A/A across f16's own two boots; both texts:
+# --kv-fidelity-texts=prose,code).
 #
 # Why llama.cpp here: on a CPU it serves the trained model ~7x faster than vLLM's CPU build (136 against
 # ~20 decode tok/s on 2 cores), its q4_0 KV cache changes the model's greedy answers, and vLLM's CPU build
@@ -18,4 +19,4 @@ venv=$(cd "${KV_VENV:-.venv}" && pwd)
 second=${KV_SECOND_ARM:-q4_0}
 cd examples/quickstart
 exec "$venv/bin/python" -m pytest --kv-engine=llamacpp --kv-arms="f16,$second" --kv-replicates=2 \
-  -m "short or fidelity" "$@"
+  -m "short or fidelity" --kv-fidelity-texts=code "$@"

@@ -130,10 +130,9 @@ markers = ["answer: a user's probe of the trained model's answers"]
 def replicates_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Two boots per arm on two pytest-xdist workers (``-n 2``): one block of both arms on each, in
     counterbalanced order (A B on lane 0, B A on lane 1, side by side), on the embedded trained model in
-    bf16 (auto: a bf16 KV cache) against a float16 KV cache: short probes, a user's ``kv_openai`` probe, and
-    the fidelity probe at 1k and 2k (the same arm booted twice is its A/A). Prefill in chunks of 256 tokens:
-    vLLM's CPU attention reads a chunk's own K/V before the cache, so only what earlier chunks left in the
-    cache carries the KV dtype into the prompt logprobs (one 2K chunk scored auto and float16 identically)."""
+    bf16 (auto: a bf16 KV cache) against the other KV type vLLM's CPU build serves right on it (fp8 where
+    the CPU has AVX-512/AMX, else float16): short probes, a user's ``kv_openai`` probe, and the fidelity
+    probe at 1k and 2k (the same arm booted twice is its A/A)."""
     workdir = tmp_path_factory.mktemp("abba")
     (workdir / "test_answers.py").write_text(ANSWER_PROBE)
     (workdir / "pyproject.toml").write_text(ANSWER_PYPROJECT)
@@ -143,7 +142,7 @@ def replicates_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         "xdist",
         "-n",
         "2",
-        "--kv-arms=auto,float16",
+        f"--kv-arms=auto,{SECOND_ARM}",
         "--kv-replicates=2",
         "-m",
         "short or fidelity or answer",
@@ -152,7 +151,7 @@ def replicates_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         "--kv-runs=3",
         "--kv-max-tokens=32",
         "--kv-fidelity-depths=1k,2k",
-        engine_args="--dtype bfloat16 --max-num-batched-tokens 256",
+        engine_args="--dtype bfloat16",
     )
 
 

@@ -200,10 +200,12 @@ def test_ab_outputs_are_compared_and_the_boots_are_clean(ab_run: Run) -> None:
     assert report["self_check"]["summary"].startswith("Measuring-client self-check (quick")
 
 
-def test_fidelity_aa_across_boots_is_zero_and_float16_moves_logprobs_beyond_it(replicates_run: Run) -> None:
+def test_fidelity_aa_across_boots_is_zero_and_the_second_kv_type_is_judged_against_it(replicates_run: Run) -> None:
     """The trained model on the CPU build (bf16 weights): the same arm booted twice scores identical prompt
-    logprobs at every depth (the measure's floor), and a float16 KV cache against bf16 (auto) moves them by
-    more than that floor's CI."""
+    logprobs at every depth (the measure's floor). fp8 KV (AVX-512/AMX) moves them beyond that floor's CI;
+    float16 KV (AVX2) scores exactly what bf16 KV does — vLLM 0.32's CPU build computes the prompt's
+    attention alike with either (seen also with 256-token prefill chunks, which read the cache back), so
+    on these CPUs vLLM has no KV type that changes this model's outputs: the llama.cpp tier shows q4_0's."""
     run = replicates_run
     assert run.returncode == 0, run.output
     scored = [json.loads(line) for line in (run.folder / "fidelity.jsonl").read_text().splitlines()]
@@ -215,15 +217,19 @@ def test_fidelity_aa_across_boots_is_zero_and_float16_moves_logprobs_beyond_it(r
         assert nll < 4.0  # a trained model: ~1-3 nats/token on English and code, not random weights' ~10.8
     report = json.loads((run.folder / "report.json").read_text())
     rows = {(r["kind"], r["arm"], r["point"]): r for r in report["fidelity"]["rows"]}
-    for arm in ("auto", "float16"):
+    for arm in ("auto", SECOND_ARM):
         for point in ("1k", "2k"):
             floor = rows[("across boots", arm, point)]
             assert floor["logprob_drift"] == pytest.approx(0.0, abs=1e-6) and floor["positions"] == 512
     for point in ("1k", "2k"):
-        ab = rows[("between arms", "float16", point)]
+        ab = rows[("between arms", SECOND_ARM, point)]
         assert ab["boots"] == 2 and ab["texts"] == 2
-        assert ab["logprob_drift_ci"][0] > rows[("across boots", "auto", point)]["logprob_drift_ci"][1], ab
-    assert any(v.startswith("float16 vs auto: ") and "nats/token at 2k" in v for v in report["verdicts"])
+        floor_high = rows[("across boots", "auto", point)]["logprob_drift_ci"][1]
+        if SECOND_ARM == "fp8":
+            assert ab["logprob_drift_ci"][0] > floor_high, ab
+        else:
+            assert ab["logprob_drift"] == pytest.approx(0.0, abs=1e-6), ab
+    assert any(v.startswith(f"{SECOND_ARM} vs auto: ") and "nats/token at 2k" in v for v in report["verdicts"])
     assert "## Fidelity at depth" in (run.folder / "report.md").read_text()
     assert (run.folder / "fidelity.png").is_file()
 
@@ -234,7 +240,7 @@ def test_two_workers_boot_counterbalanced_blocks_side_by_side(replicates_run: Ru
     run = replicates_run
     assert run.returncode == 0, run.output
     assert not vllm_processes(run.tag)
-    lanes = {"lane 0": ["auto.r1", "float16.r1"], "lane 1": ["float16.r2", "auto.r2"]}
+    lanes = {"lane 0": ["auto.r1", f"{SECOND_ARM}.r1"], "lane 1": [f"{SECOND_ARM}.r2", "auto.r2"]}
     report = json.loads((run.folder / "report.json").read_text())
     assert report["ci"]["lane_order"] == lanes and report["ci"]["method"] == "within-boot"
     assert [(b["lane"], b["boots"], b["status"]) for b in report["blocks"]] == [
@@ -244,7 +250,7 @@ def test_two_workers_boot_counterbalanced_blocks_side_by_side(replicates_run: Ru
     for boots in lanes.values():  # each lane: one boot after the other
         first, second = (run.evidence(b) for b in boots)
         assert first["stopped_unix_s"] <= second["started_unix_s"]
-    a, b = run.evidence("auto.r1"), run.evidence("float16.r2")  # the lanes: side by side
+    a, b = run.evidence("auto.r1"), run.evidence(f"{SECOND_ARM}.r2")  # the lanes: side by side
     assert a["started_unix_s"] < b["stopped_unix_s"] and b["started_unix_s"] < a["stopped_unix_s"]
     all_boots = [*lanes["lane 0"], *lanes["lane 1"]]
     short = [r for r in run.records() if r["probe"] == "short" and r["phase"] == "measured"]
@@ -261,15 +267,15 @@ def test_two_workers_boot_counterbalanced_blocks_side_by_side(replicates_run: Ru
     across = rows[("across boots", "auto", "code")]  # the same arm booted twice, on two lanes: auto vs auto
     assert across["pairs"] == 1 and across["length"] == 32
     md = (run.folder / "report.md").read_text()
-    assert "Order on lane 0: auto.r1 → float16.r1" in md and "## Blocks (pytest-xdist lanes)" in md
+    assert f"Order on lane 0: auto.r1 → {SECOND_ARM}.r1" in md and "## Blocks (pytest-xdist lanes)" in md
     assert "CIs cover within-boot noise only" in md
 
 
 def test_a_users_kv_openai_probe_checks_the_trained_models_answer(replicates_run: Run) -> None:
     """``kv_openai``: an ``openai.OpenAI`` client on the arm's server; the trained model names Paris in every
-    boot, bf16 or float16 KV. Its call is not a measured request (no record)."""
+    boot, whichever KV type. Its call is not a measured request (no record)."""
     out = replicates_run.output
-    for boot in ("auto.r1", "float16.r1", "float16.r2", "auto.r2"):
+    for boot in ("auto.r1", f"{SECOND_ARM}.r1", f"{SECOND_ARM}.r2", "auto.r2"):
         assert f"test_answers.py::test_the_trained_model_names_the_capital[{boot}] PASSED" in out, out[-4000:]
     assert not [r for r in replicates_run.records() if "test_answers" in r["test"]]
 
