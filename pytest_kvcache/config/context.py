@@ -198,10 +198,10 @@ def fit_context(settings: Settings) -> Settings:
 
 
 def check_at_boot(settings: Settings, max_model_len: int | None, boot_id: str) -> tuple[str | None, list[str]]:
-    """At a boot whose context was not known before (``settings.context_tokens`` None): the error for an
-    explicit value that cannot fit the engine's ``max_model_len`` (the boot fails before any request),
+    """At a boot whose engine holds less context than was known before (or none was known): the error for
+    an explicit value that cannot fit the engine's ``max_model_len`` (the boot fails before any request),
     and the notes for defaults that probes will leave out."""
-    if settings.context_tokens is not None or not max_model_len:
+    if not max_model_len or (settings.context_tokens is not None and max_model_len >= settings.context_tokens):
         return None, []
     errors, notes, _ = problems(settings, int(max_model_len), f"max_model_len of {boot_id}'s engine")
     return ("; ".join(errors) if errors else None), notes

@@ -62,14 +62,14 @@ def token_counter(client: ArmClient, server: Server, settings: Settings) -> tupl
             local = tokens.local_counter(tokens.tokenizer_dir(settings))
             return (lambda body: local(list(body["messages"]))), "local"
         except tokens.TokenizerError as exc:
-            server.evidence["tokenize"] = f"no local tokenizer ({exc}); prompts sized by calibration"
+            server.evidence["tokenize"] = f"no local tokenizer ({exc}); prefill sized by calibration"
     else:
         counter = llamacpp if kind == "llamacpp" else tokenize
         try:
             counter(probe)
             return counter, "tokenize"
         except SizingError as exc:
-            server.evidence["tokenize"] = f"unavailable ({type(exc).__name__}: {exc}); prompts sized by calibration"
+            server.evidence["tokenize"] = f"unavailable ({type(exc).__name__}: {exc}); prefill sized by calibration"
 
     def calibrate(body: Body) -> int:
         sample = client.stream_chat(chat_payload(model, list(body["messages"]), "greedy", 1))
