@@ -258,7 +258,7 @@ def test_the_verdict_sentence_puts_speed_and_fidelity_together() -> None:
 
 def test_fidelity_settings_resolve_with_cpu_defaults_and_refuse_unknown_texts(tmp_path: Any) -> None:
     def settings(**cli: Any) -> Any:
-        return resolve({"arms": "auto,float16", **cli}, {}, {}, {}, tmp_path, fp8_kv_unsupported=None)
+        return resolve({"arms": "auto,fp8", **cli}, {}, {}, {}, tmp_path, fp8_kv_unsupported=None)
 
     cpu = settings()  # the embedded trained model: a narrower window (256 positions) keeps it quick on 2 cores
     assert (cpu.fidelity_depths, cpu.fidelity_texts, cpu.fidelity_top_k, cpu.fidelity_window) == (
