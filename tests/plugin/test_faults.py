@@ -166,11 +166,19 @@ CASES = [
         standin=True,
     ),
     Case(
-        "every-probe-skipped-says-why",
+        "explicit-depth-beyond-the-engines-context",
         ("--kv-arms=auto", "--kv-depths=9k", "-m", "prefill"),
+        1,
+        "*auto: --kv-depths: 9k + 16 output tokens cannot fit the context of 8,192 tokens (max_model_len of "
+        "auto's engine); give depths up to 8,176",
+        standin=True,
+    ),
+    Case(
+        "every-probe-skipped-says-why",
+        ("--kv-arms=auto", "--kv-engine=openai", "-m", "fidelity"),
         0,
-        "note: 1 probe test(s) skipped: test_prefill[[]auto-9k]: depth 9000 + 16 output tokens exceeds auto's "
-        "max_model_len 8192",
+        "note: 2 probe test(s) skipped: test_fidelity[[]auto-prose]: fidelity prose on auto: a generic "
+        "OpenAI-compatible server gives no prompt logprobs over token ids*",
         standin=True,
     ),
 ]
