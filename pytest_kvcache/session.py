@@ -236,7 +236,7 @@ class KvSession:
         if st.context_tokens is not None:
             lines.append(f"  context {st.context_tokens:,} tokens ({st.context_source}): no request beyond it is sent")
         cpu = st.embedded and st.launcher != "external"
-        if cpu and self._short_planned:
+        if cpu and self._short_planned and (st.max_tokens, st.warmups, st.runs) != (None, 3, 5):
             lines.append(
                 f"  short probes sized for the CPU: {st.max_tokens or 'each shape’s'} tokens, {st.warmups} warmup(s) + "
                 f"{st.runs} runs a shape (elsewhere: 1000/800 tokens, 3 + 5)"
