@@ -106,7 +106,7 @@ def llama_ab(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Ru
         f"--kv-max-tokens={MAX_TOKENS}",
         "--kv-depths=1k",
         "--kv-depth-warmups=0",
-        "--kv-depth-runs=2",
+        "--kv-depth-runs=1",
         "--kv-fidelity-texts=code",
         "--kv-fidelity-depths=1k,2k",
         GATE,
@@ -149,7 +149,7 @@ def test_llama_requests_carry_no_vllm_only_field_and_prefill_is_exact_and_cold(l
     assert len(short) == 2 * 2 * 2 * 2 and all(r["sample"]["ok"] for r in short)  # arms × boots × shapes × runs
     assert all(r["sample"]["completion_tokens"] == MAX_TOKENS for r in short)  # ignore_eos: llama-server takes it
     prefill = [r for r in records if r["probe"] == "prefill"]
-    assert len(prefill) == 2 * 2 * 1 * 2  # arms × boots × depths × runs
+    assert len(prefill) == 2 * 2 * 1 * 1  # arms × boots × depths × runs
     for r in prefill:
         assert r["sizing"]["method"] == "tokenize"  # /apply-template + /tokenize: no calibration request
         assert 0.99 * r["depth"] <= r["sample"]["prompt_tokens"] <= r["depth"], r["sample"]
