@@ -228,7 +228,16 @@ class KvSession:
             if st.launcher == "external"
             else f"embedded:{spec.name} — {spec.title}"
             + (", dummy weights" if not spec.trained else "")
-            + (", float32 on vLLM" if spec.trained and st.engine == "vllm" else "")
+            + (
+                f", {st.embedded_dtype} on vLLM"
+                + (
+                    " (an arm's float16/bfloat16 KV cache: vLLM's CPU build serves those wrongly on float32 weights)"
+                    if st.embedded_dtype == "bfloat16"
+                    else ""
+                )
+                if spec.trained and st.engine == "vllm"
+                else ""
+            )
         )
         model = st.model or default
         order = f", order {st.order}" if st.replicates >= 2 else ""

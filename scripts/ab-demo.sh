@@ -8,8 +8,8 @@
 #
 # Why llama.cpp here: on a CPU it serves the trained model ~7x faster than vLLM's CPU build (136 against
 # ~20 decode tok/s on 2 cores), its q4_0 KV cache changes the model's greedy answers, and vLLM's CPU build
-# compares no KV type on these weights (float32 weights: only `auto` serves right; bf16 weights: float16
-# KV scores the same prompt logprobs as bf16 KV). docs/models.md has the measurements.
+# changes this model's outputs with no KV type (float32 weights: only `auto` serves right; bf16 weights:
+# float16 KV scores the same prompt logprobs as bf16 KV). docs/models.md has the measurements.
 # KV_SECOND_ARM=q8_0 compares another cache type. A missing llama-server is built once (about 9 minutes on
 # 2 cores) and cached in ~/.cache/pytest-kvcache/llama.cpp. Extra arguments go to pytest (e.g. --kv-runs=10).
 set -euo pipefail

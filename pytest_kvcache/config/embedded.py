@@ -65,8 +65,9 @@ SMOLLM2 = EmbeddedModel(
     # shared machine halves it
     min_prefill_tps=10.0,
     # float32: the weights dequantized from Q4_1 are exact in it, and AVX2 has no bf16 matmul (3.7× slower
-    # prefill in bf16); a KV arm's bfloat16/float16 is then a real, lossy change against auto (float32)
-    vllm_args=("--dtype", "float32", "--enforce-eager"),
+    # prefill in bf16). The dtype itself comes from Settings.embedded_dtype (bfloat16 where an arm's KV is
+    # float16/bfloat16, which vLLM's CPU build serves wrongly on float32 weights).
+    vllm_args=("--enforce-eager",),
     llamacpp_ctx=8192,
 )
 TINY = EmbeddedModel(

@@ -50,7 +50,8 @@ KV_CACHE_DTYPES: tuple[str, ...] = (
 #: (fp8 ones need AVX-512 or AMX: ``hostcpu.py``; float16 was seen to serve the bf16 tiny model).
 CPU_KV_CACHE_DTYPES: frozenset[str] = frozenset({"auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"})
 
-#: KV dtypes vLLM 0.32's CPU build serves wrongly on float32 weights (garbage text; bf16 weights are fine).
+#: KV dtypes vLLM 0.32's CPU build serves wrongly on float32 weights (garbage text; bf16 weights are fine):
+#: a run with such an arm serves the embedded trained model in bfloat16 (``Settings.embedded_dtype``).
 HALF_KV_ON_FLOAT32: frozenset[str] = frozenset({"float16", "bfloat16"})
 
 #: Short names users type. ``fp8`` resolves explicitly to e4m3, as the seed's engine resolved it.
@@ -348,6 +349,15 @@ class Settings:
     def embedded_spec(self) -> embedded_models.EmbeddedModel:
         """The embedded model served when ``model`` is None."""
         return embedded_models.EMBEDDED[self.embedded_model]
+
+    @property
+    def embedded_dtype(self) -> str | None:
+        """The weights dtype vLLM serves the embedded trained model in (None: the tiny model, dummy weights):
+        float32, or bfloat16 for every arm of a run where an arm has a float16 or bfloat16 KV cache —
+        vLLM 0.32's CPU build returns garbage with those on float32 weights."""
+        if not self.embedded_spec.trained:
+            return None
+        return "bfloat16" if any(a.kv_cache_dtype in HALF_KV_ON_FLOAT32 for a in self.arms) else "float32"
 
     @property
     def rounds(self) -> int:
@@ -1413,19 +1423,6 @@ def resolve(
             raise SettingsError(
                 f"arm(s) {listed} need a GPU: the embedded CPU default serves only "
                 f"{', '.join(sorted(CPU_KV_CACHE_DTYPES))}. Give --kv-model (and a GPU engine) to test them."
-            )
-        spec_of = embedded_models.EMBEDDED[embedded_name]
-        engine_args_raw = get("engine_args", lambda raw: _args(" ".join(raw) if isinstance(raw, list) else raw), ())
-        half = [a for a in arms if a.kv_cache_dtype in HALF_KV_ON_FLOAT32]
-        all_args = (*engine_args_raw, *(x for a in arms for x in a.args))
-        dtype_given = any(arg == "--dtype" or arg.startswith("--dtype=") for arg in all_args)
-        if spec_of.trained and half and not dtype_given:
-            listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in half)
-            raise SettingsError(
-                f"arm(s) {listed}: the embedded {spec_of.name} is served in float32 on vLLM's CPU build, and vLLM "
-                "0.32's CPU attention returns garbage with a float16 or bfloat16 KV cache on float32 weights (seen "
-                "on this project's machines). Serve bf16 weights with --kv-engine-args='--dtype bfloat16' (auto is "
-                "then a bf16 KV cache), or compare KV types with --kv-engine=llamacpp (f16, q8_0, q4_0)"
             )
         fp8 = [a for a in arms if (a.kv_cache_dtype or "").startswith("fp8")]
         if fp8 and fp8_kv_unsupported:

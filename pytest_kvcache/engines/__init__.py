@@ -138,7 +138,8 @@ def build_engine_args(settings: Settings, arm: Arm, model: str) -> tuple[list[st
     args: list[str] = ["--model", model]
     env: dict[str, str] = {}
     if settings.embedded:
-        args += settings.embedded_spec.vllm_args
+        dtype = settings.embedded_dtype
+        args += [*(("--dtype", dtype) if dtype else ()), *settings.embedded_spec.vllm_args]
         env.update({k: v for k, v in EMBEDDED_ENV.items() if k not in os.environ})
     for flag in MEASUREMENT_ARGS:
         if not _has_flag(user_args, flag) and not _has_flag(user_args, flag.replace("--", "--no-", 1)):

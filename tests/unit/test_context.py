@@ -39,15 +39,24 @@ def test_the_embedded_models_are_named_and_the_trained_one_is_the_default(tmp_pa
     assert embedded.parse("org/model") is None
 
 
-def test_half_precision_kv_on_the_float32_trained_model_is_refused_unless_a_dtype_is_chosen(tmp_path: Path) -> None:
-    with pytest.raises(SettingsError, match="garbage with a float16 or bfloat16 KV cache on float32 weights"):
-        resolve({"arms": "auto,float16"}, {}, {}, {}, tmp_path, fp8_kv_unsupported=None)
-    bf16 = resolve(
-        {"arms": "auto,float16", "engine_args": "--dtype bfloat16"}, {}, {}, {}, tmp_path, fp8_kv_unsupported=None
-    )
-    assert [a.kv_cache_dtype for a in bf16.arms] == ["auto", "float16"]
+def test_the_trained_model_is_served_in_bf16_when_an_arm_has_a_half_precision_kv_cache(tmp_path: Path) -> None:
+    """vLLM 0.32's CPU build returns garbage with a float16/bfloat16 KV cache on float32 weights: such a run
+    serves the embedded trained model in bfloat16, every arm alike; otherwise float32 (exact, faster)."""
+    from pytest_kvcache.engines import build_engine_args
+
+    half = resolve({"arms": "auto,float16"}, {}, {}, {}, tmp_path, fp8_kv_unsupported=None)
+    assert half.embedded_dtype == "bfloat16"
+    for arm in half.arms:
+        args, _ = build_engine_args(half, arm, "/m")
+        assert args[args.index("--dtype") + 1] == "bfloat16" and "--load-format" not in args
+    plain = resolve({"arms": "auto,fp8"}, {}, {}, {}, tmp_path, fp8_kv_unsupported=None)
+    assert plain.embedded_dtype == "float32"
+    args, _ = build_engine_args(plain, plain.arms[1], "/m")
+    assert args[args.index("--dtype") + 1] == "float32" and args[args.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
     tiny = resolve({"arms": "auto,float16", "model": "embedded:tiny-qwen3"}, {}, {}, {}, tmp_path)
-    assert tiny.arms[1].kv_cache_dtype == "float16"
+    assert tiny.embedded_dtype is None
+    args, _ = build_engine_args(tiny, tiny.arms[1], "/m")
+    assert "--dtype" not in args and args[args.index("--load-format") + 1] == "dummy"
 
 
 def test_an_explicit_depth_beyond_a_known_context_is_a_usage_error(tmp_path: Path) -> None:
