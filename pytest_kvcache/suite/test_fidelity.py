@@ -118,9 +118,9 @@ def _score_forced(
     def score(position: int) -> tuple[float, list[tuple[int, float]]]:
         nonlocal steps
         steps += 1
-        body = kv_client.post_json(
-            "/completion", fidelity.forced_payload(ids, position, top_k), kv_settings.request_timeout_s
-        )
+        # a window's first position prefills everything before it: the first-token limit of that prompt
+        timeout = kv_client.client.limits.first_token_limit_s(position)
+        body = kv_client.client.post_json("/completion", fidelity.forced_payload(ids, position, top_k), timeout)
         return fidelity.parse_forced(body, ids[position], top_k)
 
     started = time.perf_counter()
