@@ -74,11 +74,9 @@ HostCpuAction = Literal["flag", "exclude", "off"]
 
 #: The seed's depth probes (GPU): fresh prefill at 10K and 90K tokens, 2 agentic sessions of all 15 turns.
 SEED_DEPTHS = (10_000, 90_000)
-#: The embedded CPU default's are each embedded model's own (``config/embedded.py``).
-#: The fidelity probe's depths: GPU default, and the CPU default's (prompt logprobs cost the CPU build
-#: ~1.7 ms a position on 2 cores: 7 s at 4K, 44 s at 16K).
+#: The fidelity probe's depths (GPU). An embedded model's CPU sizes, depths included, are its own
+#: (``config/embedded.py``).
 FIDELITY_DEPTHS = (1_000, 8_000, 32_000)
-CPU_FIDELITY_DEPTHS = (1_000, 4_000)
 FIDELITY_TEXTS = ("prose", "code")
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
