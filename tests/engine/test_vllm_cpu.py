@@ -276,7 +276,7 @@ def test_a_users_kv_openai_probe_checks_the_trained_models_answer(replicates_run
     boot, whichever KV type. Its call is not a measured request (no record)."""
     out = replicates_run.output
     for boot in ("auto.r1", f"{SECOND_ARM}.r1", f"{SECOND_ARM}.r2", "auto.r2"):
-        assert f"test_answers.py::test_the_trained_model_names_the_capital[{boot}] PASSED" in out, out[-4000:]
+        assert f"PASSED test_answers.py::test_the_trained_model_names_the_capital[{boot}]" in out, out[-4000:]
     assert not [r for r in replicates_run.records() if "test_answers" in r["test"]]
 
 
