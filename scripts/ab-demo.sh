@@ -6,10 +6,11 @@
 # |Δ logprob| against f16 with a 95% CI, beside the A/A across f16's own two boots; both texts:
 # --kv-fidelity-texts=prose,code).
 #
-# Why llama.cpp here: on a CPU it serves the trained model ~7x faster than vLLM's CPU build (136 against
-# ~20 decode tok/s on 2 cores), its q4_0 KV cache changes the model's greedy answers, and vLLM's CPU build
-# changes this model's outputs with no KV type (float32 weights: only `auto` serves right; bf16 weights:
-# float16 KV scores the same prompt logprobs as bf16 KV). docs/models.md has the measurements.
+# Why llama.cpp here: it runs alike on every x86 CPU, serves the trained model several times faster than
+# vLLM's CPU build (136 against ~20 decode tok/s on 2 AVX2 cores), and its q4_0 KV cache changes the
+# model's greedy answers. vLLM's CPU build changes this model's outputs only with fp8 KV, which needs
+# AVX-512/AMX (`pytest --kv-arms=auto,fp8 -m "short or fidelity" --kv-replicates=2` runs it there); its
+# float16 KV scores what bf16 KV does. docs/models.md has the measurements.
 # KV_SECOND_ARM=q8_0 compares another cache type. A missing llama-server is built once (about 9 minutes on
 # 2 cores) and cached in ~/.cache/pytest-kvcache/llama.cpp. Extra arguments go to pytest (e.g. --kv-runs=10).
 set -euo pipefail
