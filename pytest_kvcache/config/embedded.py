@@ -61,7 +61,7 @@ SMOLLM2 = EmbeddedModel(
     short_max_tokens=128,
     warmups=1,
     runs=5,
-    # 39 tok/s is vLLM's bf16 prefill here (no AVX2 bf16 matmul), 46 llama.cpp's with q4_0 KV at 4K; a
+    # 39 tok/s is vLLM's bf16 prefill on an AVX2 machine (no bf16 matmul), 46 llama.cpp's with q4_0 KV at 4K; a
     # shared machine halves it
     min_prefill_tps=10.0,
     # float32: the weights dequantized from Q4_1 are exact in it, and AVX2 has no bf16 matmul (3.7× slower
