@@ -108,7 +108,7 @@ def llama_ab(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Ru
         "--kv-depth-warmups=0",
         "--kv-depth-runs=1",
         "--kv-fidelity-texts=code",
-        "--kv-fidelity-depths=1k,2k",
+        "--kv-fidelity-depths=1k",
         GATE,
     )
     proc = subprocess.run(
@@ -124,8 +124,10 @@ def test_llama_ab_passes_its_gate_and_leaves_nothing_running(llama_ab: Run) -> N
     assert not llama_processes(llama_ab.tag)
     report = json.loads((llama_ab.folder / "report.json").read_text())
     gates = report.get("gates") or []
-    assert len(gates) == 2 and all(g["outcome"] != "fail" for g in gates), gates  # one per short shape
-    assert any(g["outcome"] == "pass" for g in gates), gates
+    # one per short shape; with 2 boots an arm the CIs are within-boot, so a gate may stay inconclusive
+    # (it then warns), but q4_0 never decodes at a tenth of f16's speed
+    assert len(gates) == 2 and all(g["outcome"] in ("pass", "inconclusive") for g in gates), gates
+    assert all(g["value"] > 0.1 for g in gates), gates
 
 
 def test_llama_evidence_shows_each_arms_resolved_cache_types(llama_ab: Run) -> None:
