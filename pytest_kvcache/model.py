@@ -103,6 +103,8 @@ class AgreementRecord(TypedDict, total=False):
     ok: bool
     ids: list[int]
     logprobs: list[float]
+    #: the generated text (the report shows where two arms' greedy texts diverge)
+    text: str
     error: str
     send_unix_s: float
     wall_s: float
@@ -142,6 +144,8 @@ class FidelityRecord(TypedDict, total=False):
     wall_s: float
     ok: bool
     error: str
+    #: how it was scored when not by one prompt-logprobs request (llama-server: forced continuations)
+    method: str
 
 
 class SamplingRecord(TypedDict, total=False):
@@ -939,6 +943,10 @@ class Report(TypedDict, total=False):
     #: what the verdict cost: device time, booting / measuring / waiting, the compile cache's saving
     cost: CostSection | None
     capacity: CapacitySection
+    #: each arm's greedy texts against the baseline's, where they part (``report.greedy``)
+    greedy: list[dict[str, Any]]
+    #: what could not fit the context, and the agentic fixture used (``report.left_out``)
+    left_out: dict[str, Any]
     flags: FlagSummary
     verdicts: list[str]
     notes: list[str]

@@ -306,6 +306,20 @@ def kv_client(kv_server: Server, kv_settings: Settings) -> Iterator[ArmClient]:
 
 
 @pytest.fixture
+def kv_openai(kv_server: Server, kv_settings: Settings) -> Iterator[Any]:
+    """An ``openai.OpenAI`` client pointed at this arm's server, for calls that are not timed: checking a
+    tool call's JSON or an answer's content. Its requests are not recorded; timed requests stay on
+    ``kv_client``. ``kv_server.model`` is the model name to pass."""
+    import openai
+
+    client = openai.OpenAI(
+        base_url=f"{kv_server.url}/v1", api_key="EMPTY", timeout=kv_settings.request_timeout_s, max_retries=0
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture
 def kv_benchmark(request: pytest.FixtureRequest) -> Any:
     """pytest-benchmark's ``benchmark`` fixture when it is active, else None.
 
@@ -321,7 +335,8 @@ def kv_benchmark(request: pytest.FixtureRequest) -> Any:
 class Recorder:
     """``kv_record(sample, probe=..., phase=..., index=..., **context)`` appends one record to
     ``requests.jsonl``; ``kv_record.sampling(info, **context)`` says why an adaptive loop stopped;
-    ``kv_record.fidelity(entry)`` logs one scored text of the fidelity probe (``fidelity.jsonl``)."""
+    ``kv_record.fidelity(entry)`` logs one scored text of the fidelity probe (``fidelity.jsonl``);
+    ``kv_record.left_out(probe=..., point=..., reason=...)`` says a request was not sent: it cannot fit."""
 
     def __init__(self, session: KvSession, server: Server, test: str) -> None:
         self.session, self.server, self.test = session, server, test
@@ -337,6 +352,11 @@ class Recorder:
     def fidelity(self, entry: FidelityRecord) -> FidelityRecord:
         """Append one scored text to ``fidelity.jsonl`` (the fidelity probe)."""
         return self.session.run.record_fidelity(self.server.boot, {**entry, "test": self.test})
+
+    def left_out(self, *, probe: str, point: str, reason: str, **detail: object) -> None:
+        """A planned request not sent because it cannot fit the engine's context: ``left_out.jsonl``, a
+        progress line and the report's "Left out by design" section (never a failure)."""
+        self.session.run.left_out(self.server.boot, probe=probe, point=point, reason=reason, test=self.test, **detail)
 
 
 @pytest.fixture

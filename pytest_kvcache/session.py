@@ -18,13 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvcache.config.settings import (
-    CPU_CAPACITY_DEPTHS,
-    CPU_FIDELITY_DEPTHS,
-    FIDELITY_DEPTHS,
-    Boot,
-    Settings,
-)
+from pytest_kvcache.config.settings import CPU_CAPACITY_DEPTHS, FIDELITY_DEPTHS, Boot, Settings
 from pytest_kvcache.engines.base import Engine
 from pytest_kvcache.engines.registry import EngineRegistry
 from pytest_kvcache.model import Json, PlanEntry, Report
@@ -146,6 +140,7 @@ class KvSession:
     _depth_planned: bool = False
     _fidelity_planned: bool = False
     _capacity_planned: bool = False
+    _short_planned: bool = False
     #: A pytest-xdist worker refused the run on its host (exit 4): no report of an empty run.
     usage_error: str | None = None
 
@@ -257,6 +252,7 @@ class KvSession:
         self._depth_planned = any(boot_of(i) is not None and i.get_closest_marker("depth") for i in items)
         self._fidelity_planned = any(boot_of(i) is not None and i.get_closest_marker("fidelity") for i in items)
         self._capacity_planned = any(boot_of(i) is not None and i.get_closest_marker("capacity") for i in items)
+        self._short_planned = any(boot_of(i) is not None and i.get_closest_marker("short") for i in items)
         if self.progress is not None:
             self.progress.planned(counts)
 
@@ -272,32 +268,67 @@ class KvSession:
                 check(parse(text, arms=arms), specs)
         except GateError as exc:
             raise pytest.UsageError(f"pytest-kvcache: --kv-fail: {exc}") from None
+        boots_here = self.role is None or self.role.kind == "worker"  # a pytest-xdist controller boots nothing
+        if boots_here and not self.config.option.collectonly and any(e.get("tests") for e in self.run.plan):
+            self.prepare_model()
+
+    def prepare_model(self) -> None:
+        """The embedded model found, checked and (for vLLM, once per machine) converted before any boot; a
+        missing wheel, a GGUF or cache that fails its check, or a failed conversion is a usage error."""
+        from pytest_kvcache.engines import prepare_embedded
+
+        writer = TerminalWriter(self.config)
+        error = prepare_embedded(self.settings, on_convert=lambda message: writer.line(f"kvcache: {message}"))
+        if error is not None:
+            raise pytest.UsageError(f"pytest-kvcache: {error}")
 
     def pytest_report_collectionfinish(self) -> list[str]:
         return self.plan_lines()
 
     def plan_lines(self) -> list[str]:
         st = self.settings
+        spec = st.embedded_spec
         default = (
             "as served by each --kv-endpoint"
             if st.launcher == "external"
-            else "embedded tiny-qwen3 (CPU, dummy weights)"
+            else f"embedded:{spec.name} — {spec.title}"
+            + (", dummy weights" if not spec.trained else "")
+            + (
+                f", {st.embedded_dtype} on vLLM"
+                + (
+                    " (an arm's float16/bfloat16 KV cache: vLLM's CPU build serves those wrongly on float32 weights)"
+                    if st.embedded_dtype == "bfloat16"
+                    else ""
+                )
+                if spec.trained and st.engine == "vllm"
+                else ""
+            )
         )
         model = st.model or default
         order = f", order {st.order}" if st.replicates >= 2 else ""
         lines = [f"kvcache boot plan — launcher {st.launcher}, model {model}{order}:"]
-        if st.embedded and st.launcher != "external" and self._depth_planned:
+        if st.context_tokens is not None:
+            lines.append(f"  context {st.context_tokens:,} tokens ({st.context_source}): no request beyond it is sent")
+        cpu = st.embedded and st.launcher != "external"
+        if cpu and self._short_planned and (st.max_tokens, st.warmups, st.runs) != (None, 3, 5):
+            lines.append(
+                f"  short probes sized for the CPU: {st.max_tokens or 'each shape’s'} tokens, {st.warmups} warmup(s) + "
+                f"{st.runs} runs a shape (elsewhere: 1000/800 tokens, 3 + 5)"
+            )
+        if cpu and self._depth_planned:
             lines.append(
                 f"  depth probes sized for the CPU: depths {','.join(depth_label(d) for d in st.depths)}, "
-                f"{st.sessions} agentic session(s) of {st.turns or 'all'} turns "
-                "(the seed's: --kv-depths=10k,90k --kv-sessions=2 --kv-turns=15)"
+                f"{st.sessions} agentic session(s) of {st.turns or 'all'} turns, "
+                f"{st.agentic_max_tokens} tokens a turn, "
+                f"agentic depth {st.agentic_depth} (the seed's: --kv-depths=10k,90k --kv-sessions=2 --kv-turns=15)"
             )
-        cpu_fidelity = st.fidelity_depths == CPU_FIDELITY_DEPTHS
-        if st.embedded and st.launcher != "external" and self._fidelity_planned and cpu_fidelity:
+        if cpu and self._fidelity_planned:
             lines.append(
-                f"  fidelity sized for the CPU: depths {','.join(depth_label(d) for d in st.fidelity_depths)} "
-                f"(elsewhere: --kv-fidelity-depths={','.join(depth_label(d) for d in FIDELITY_DEPTHS)})"
+                f"  fidelity sized for the CPU: depths {','.join(depth_label(d) for d in st.fidelity_depths)}, "
+                f"window {st.fidelity_window} (elsewhere: --kv-fidelity-depths="
+                f"{','.join(depth_label(d) for d in FIDELITY_DEPTHS)} --kv-fidelity-window=512)"
             )
+        lines += [f"  {note}" for note in st.context_notes]
         if st.max_replicates:
             lines.append(
                 f"  boot budget: up to {st.rounds} boots per arm (--kv-max-replicates; {st.replicates} planned): "

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from pytest_kvcache.config import embedded as embedded_models
 from pytest_kvcache.config.engine_kinds import ENGINE_KINDS, LLAMACPP_ALIASES, LLAMACPP_CACHE_TYPES, EngineKind
 from pytest_kvcache.model import ArmData
 from pytest_kvcache.report.options import ReportOptions
@@ -55,6 +56,10 @@ KV_CACHE_DTYPES: tuple[str, ...] = (
 #: (fp8 ones need AVX-512 or AMX: ``hostcpu.py``; float16 was seen to serve the bf16 tiny model).
 CPU_KV_CACHE_DTYPES: frozenset[str] = frozenset({"auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"})
 
+#: KV dtypes vLLM 0.32's CPU build serves wrongly on float32 weights (garbage text; bf16 weights are fine):
+#: a run with such an arm serves the embedded trained model in bfloat16 (``Settings.embedded_dtype``).
+HALF_KV_ON_FLOAT32: frozenset[str] = frozenset({"float16", "bfloat16"})
+
 #: Short names users type. ``fp8`` resolves explicitly to e4m3, as the seed's engine resolved it.
 ALIASES: Mapping[str, str] = {
     "fp8": "fp8_e4m3",
@@ -75,14 +80,9 @@ HostCpuAction = Literal["flag", "exclude", "off"]
 
 #: The seed's depth probes (GPU): fresh prefill at 10K and 90K tokens, 2 agentic sessions of all 15 turns.
 SEED_DEPTHS = (10_000, 90_000)
-#: The embedded CPU default's: smaller, so that ``-m depth`` fits a few minutes an arm on 2 cores.
-CPU_DEPTHS = (4_000, 16_000)
-CPU_SESSIONS = 1
-CPU_TURNS = 9
-#: The fidelity probe's depths: GPU default, and the CPU default's (prompt logprobs cost the CPU build
-#: ~1.7 ms a position on 2 cores: 7 s at 4K, 44 s at 16K).
+#: The fidelity probe's depths (GPU). An embedded model's CPU sizes, depths included, are its own
+#: (``config/embedded.py``).
 FIDELITY_DEPTHS = (1_000, 8_000, 32_000)
-CPU_FIDELITY_DEPTHS = (1_000, 4_000)
 FIDELITY_TEXTS = ("prose", "code")
 #: The capacity probe's defaults (docs/probes/capacity.md): depths, mean think time, measured window per
 #: trial, tokens per turn, most sessions tried — on a GPU, and on the embedded CPU default (2 cores).
@@ -285,7 +285,9 @@ class Settings:
     launcher: LauncherKind = "process"
     #: which kind of server every arm is (``--kv-engine``): request fields, token counting, evidence
     engine: EngineKind = "vllm"
-    model: str | None = None  # None: the embedded tiny CPU model (a GGUF made from it for llama.cpp)
+    model: str | None = None  # None: an embedded model (``embedded_model``)
+    #: which embedded model serves when ``model`` is None (``--kv-model=embedded:NAME``; config/embedded.py)
+    embedded_model: str = embedded_models.DEFAULT
     #: a local tokenizer folder for servers without a tokenizer endpoint (None: the model's, or the embedded one)
     tokenizer: str | None = None
     engine_args: tuple[str, ...] = ()
@@ -372,6 +374,18 @@ class Settings:
     gpu_groups: tuple[str, ...] = ()
     #: Parallel lanes (pytest-xdist workers) the blocks of boots are placed on; 1 without pytest-xdist.
     lanes: int = 1
+    #: ``--kv-agentic-depth``: fit (default), stock, a token count or a share of the context (``75%``)
+    agentic_depth: str = "fit"
+    #: The context (tokens one request may fill) known before any boot: the embedded model's, a model
+    #: folder's config, ``--max-model-len``/``--ctx-size`` in the engine arguments; None: known at boot.
+    context_tokens: int | None = None
+    #: where ``context_tokens`` came from, in words
+    context_source: str | None = None
+    #: the options given explicitly (CLI, environment or ini), by name: an explicit depth that cannot fit
+    #: is an error, a default one is left out and said so
+    explicit: frozenset[str] = frozenset()
+    #: default probe points left out before any boot because they cannot fit ``context_tokens``
+    context_notes: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -384,6 +398,20 @@ class Settings:
     @property
     def embedded(self) -> bool:
         return self.model is None
+
+    @property
+    def embedded_spec(self) -> embedded_models.EmbeddedModel:
+        """The embedded model served when ``model`` is None."""
+        return embedded_models.EMBEDDED[self.embedded_model]
+
+    @property
+    def embedded_dtype(self) -> str | None:
+        """The weights dtype vLLM serves the embedded trained model in (None: the tiny model, dummy weights):
+        float32, or bfloat16 for every arm of a run where an arm has a float16 or bfloat16 KV cache —
+        vLLM 0.32's CPU build returns garbage with those on float32 weights."""
+        if not self.embedded_spec.trained:
+            return None
+        return "bfloat16" if any(a.kv_cache_dtype in HALF_KV_ON_FLOAT32 for a in self.arms) else "float32"
 
     @property
     def rounds(self) -> int:
@@ -407,6 +435,7 @@ class Settings:
             "model": self.model,
             "tokenizer": self.tokenizer,
             "embedded_model": self.embedded,
+            "embedded_name": self.embedded_model if self.embedded else None,
             "engine_args": list(self.engine_args),
             "engine_cmd": list(self.engine_cmd),
             "endpoints": dict(self.endpoints),
@@ -479,6 +508,10 @@ class Settings:
             "host_cpu_action": self.host_cpu_action,
             "gpu_groups": list(self.gpu_groups),
             "lanes": self.lanes,
+            "agentic_depth": self.agentic_depth,
+            "context_tokens": self.context_tokens,
+            "context_source": self.context_source,
+            "context_notes": list(self.context_notes),
         }
 
     def client_kwargs(self) -> ClientLimits:
@@ -626,6 +659,26 @@ def _texts(raw: Any) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise SettingsError(f"fidelity texts must be distinct; got {raw!r}")
     return tuple(names)
+
+
+def _agentic_depth(raw: Any) -> str:
+    """``fit``, ``stock``, a token count (``6k``, ``6000``) or a share of the context (``75%``)."""
+    text = str(raw).strip().lower()
+    if text in ("fit", "stock"):
+        return text
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 < share <= 100:
+            raise SettingsError(f"expected fit, stock, a token count like 6k or a share like 75%; got {raw!r}")
+        return f"{share:g}%"
+    try:
+        (tokens,) = parse_depths(text)
+    except ValueError:
+        raise SettingsError(f"expected fit, stock, a token count like 6k or a share like 75%; got {raw!r}") from None
+    return str(tokens)
 
 
 def _depths(raw: Any) -> tuple[int, ...]:
@@ -981,7 +1034,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec(
         "model",
-        "model path or id served by every arm (default: the embedded tiny CPU model, dummy weights).",
+        "model path or id served by every arm, or an embedded model: embedded:smollm2-135m (the default: "
+        "SmolLM2-135M-Instruct, trained weights, 8K context) or embedded:tiny-qwen3 (random weights).",
         "MODEL",
     ),
     OptionSpec("engine_args", "extra engine arguments appended for every arm (one shell-quoted string).", "ARGS"),
@@ -1054,7 +1108,16 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "(the model's own replies and tool calls are appended, as the seed did).",
         "MODE",
     ),
-    OptionSpec("agentic_max_tokens", "max_tokens per agentic turn (default 600).", "N"),
+    OptionSpec(
+        "agentic_max_tokens", "max_tokens per agentic turn (default 600; 64 on the embedded trained model).", "N"
+    ),
+    OptionSpec(
+        "agentic_depth",
+        "how deep the agentic session's last turn goes: fit (default: the stock fixture, its tool results scaled "
+        "down when its last turn cannot fit the context), stock (as it is: turns that cannot fit are left out), "
+        "a token count like 6k, or a share of the context like 75%. Scaling keeps the turns and their growth.",
+        "fit|stock|N|PCT",
+    ),
     OptionSpec(
         "fail",
         "a regression gate 'METRIC[PROBE[@POINT]]: CONDITION' (repeatable), e.g. "
@@ -1467,10 +1530,13 @@ def resolve(
 ) -> Settings:
     """Resolve all raw values into one frozen Settings, or raise SettingsError naming the bad input."""
 
+    explicit: set[str] = set()
+
     def get(name: str, parse: Callable[[Any], Any], default: Any) -> Any:
         raw, origin = _pick(name, cli, env, ini)
         if raw is None:
             return default
+        explicit.add(name)
         return _parse(name, raw, origin, parse)
 
     def joined(raw: Any) -> str:
@@ -1488,6 +1554,14 @@ def resolve(
     if engine == "openai" and launcher == "process" and not get("engine_cmd", lambda raw: raw, None):
         raise SettingsError("--kv-engine=openai with the process launcher needs --kv-engine-cmd (the server to start)")
     model = get("model", lambda raw: str(raw).strip(), None) or None
+    embedded_name = embedded_models.DEFAULT
+    if model is not None:
+        try:
+            named = embedded_models.parse(model)
+        except ValueError as exc:
+            raise SettingsError(f"--kv-model: {exc}") from None
+        if named is not None:
+            embedded_name, model = named, None
     if model is not None and looks_like_path(model):
         path = Path(model).expanduser()
         if not path.is_absolute():
@@ -1537,9 +1611,11 @@ def resolve(
             listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in fp8)
             raise SettingsError(f"arm(s) {listed} cannot run on the embedded CPU default here: {fp8_kv_unsupported}")
 
-    # The embedded tiny model on CPU prefills ~7K tok/s on 2 cores: the seed's 90K depths and 15-turn
-    # sessions take many minutes an arm there, so its depth probes get smaller defaults (the boot plan says so).
+    # An embedded model on the CPU: the seed's 90K depths, 15-turn sessions and 1000-token decodes take many
+    # minutes an arm there (the trained model prefills 40-190 tok/s and decodes ~20-140), so its probes get
+    # the sizes config/embedded.py gives it (the boot plan says so).
     cpu_default = model is None and launcher != "external"
+    spec = embedded_models.EMBEDDED[embedded_name]
     engine_cmd = get("engine_cmd", lambda raw: _args(joined(raw)), ())
     engine_args = get("engine_args", lambda raw: _args(" ".join(raw) if isinstance(raw, list) else raw), ())
     report_dir = report_dir_of(cli, env, ini, rootdir, writable=True)
@@ -1553,7 +1629,7 @@ def resolve(
     replicates = get("replicates", lambda raw: _count(1)(str(raw)), 1)
     seed = get("seed", lambda raw: _count(0)(str(raw)), 0)
     target_ci = get("target_ci", _pct, None)
-    runs = get("runs", lambda raw: _count(1)(str(raw)), 5)
+    runs = get("runs", lambda raw: _count(1)(str(raw)), spec.runs if cpu_default else 5)
     max_runs = get("max_runs", lambda raw: _count(1)(str(raw)), None)
     max_replicates = get("max_replicates", lambda raw: _count(1)(str(raw)), None)
     if target_ci is None and max_runs is not None:
@@ -1584,6 +1660,7 @@ def resolve(
         launcher=launcher,
         engine=engine,
         model=model,
+        embedded_model=embedded_name,
         tokenizer=get("tokenizer", _tokenizer_dir(rootdir), None),
         engine_args=engine_args,
         engine_cmd=engine_cmd,
@@ -1593,24 +1670,29 @@ def resolve(
         request_timeout_s=get("request_timeout", lambda raw: _positive_float(str(raw)), 600.0),
         stall_timeout_s=get("stall_timeout", lambda raw: _positive_float(str(raw)), 120.0),
         first_token_floor_s=get("first_token_floor", lambda raw: _positive_float(str(raw)), 120.0),
-        min_prefill_tps=get("min_prefill_tps", lambda raw: _positive_float(str(raw)), 500.0),
+        min_prefill_tps=get(
+            "min_prefill_tps", lambda raw: _positive_float(str(raw)), spec.min_prefill_tps if cpu_default else 500.0
+        ),
         progress=get("progress", _choice("auto", "lines", "off"), "auto"),
         host_cpu_max_pct=get("host_cpu_max", _pct_or_off, 50.0),
         host_cpu_action=get("host_cpu", _choice("flag", "exclude", "off"), "flag"),
-        warmups=get("warmups", lambda raw: _count(0)(str(raw)), 3),
+        warmups=get("warmups", lambda raw: _count(0)(str(raw)), spec.warmups if cpu_default else 3),
         runs=runs,
-        max_tokens=get("max_tokens", lambda raw: _count(1)(str(raw)), None),
+        max_tokens=get("max_tokens", lambda raw: _count(1)(str(raw)), spec.short_max_tokens if cpu_default else None),
         sampling=get("sampling", _choice("greedy", "sampled"), "greedy"),
         report_dir=report_dir,
         suite=not get("no_suite", lambda raw: raw if isinstance(raw, bool) else _bool(str(raw)), False),
         seed=seed,
-        depths=get("depths", _depths, CPU_DEPTHS if cpu_default else SEED_DEPTHS),
+        depths=get("depths", _depths, spec.depths if cpu_default else SEED_DEPTHS),
         depth_warmups=get("depth_warmups", lambda raw: _count(0)(str(raw)), 1),
         depth_runs=get("depth_runs", lambda raw: _count(1)(str(raw)), 3),
-        sessions=get("sessions", lambda raw: _count(1)(str(raw)), CPU_SESSIONS if cpu_default else 2),
-        turns=get("turns", lambda raw: _count(1)(str(raw)), CPU_TURNS if cpu_default else None),
+        sessions=get("sessions", lambda raw: _count(1)(str(raw)), spec.sessions if cpu_default else 2),
+        turns=get("turns", lambda raw: _count(1)(str(raw)), spec.turns if cpu_default else None),
         agentic_mode=get("agentic_mode", _choice("replay", "live"), "replay"),
-        agentic_max_tokens=get("agentic_max_tokens", lambda raw: _count(1)(str(raw)), 600),
+        agentic_max_tokens=get(
+            "agentic_max_tokens", lambda raw: _count(1)(str(raw)), spec.agentic_max_tokens if cpu_default else 600
+        ),
+        agentic_depth=get("agentic_depth", _agentic_depth, "fit"),
         gates=judged.gates,
         inconclusive=judged.inconclusive,
         save=judged.save_as.name if judged.save_as else None,
@@ -1648,10 +1730,13 @@ def resolve(
         client_procs=get("client_procs", _procs, None),
         client_max_cpu_pct=get("client_max_cpu", _pct_or_off, 85.0),
         client_max_lag_ms=get("client_max_lag_ms", _positive_or_off, 5.0),
-        fidelity_depths=get("fidelity_depths", _depths, CPU_FIDELITY_DEPTHS if cpu_default else FIDELITY_DEPTHS),
+        fidelity_depths=get("fidelity_depths", _depths, spec.fidelity_depths if cpu_default else FIDELITY_DEPTHS),
         fidelity_texts=get("fidelity_texts", _texts, FIDELITY_TEXTS),
         fidelity_top_k=get("fidelity_topk", lambda raw: _count(0)(str(raw)), 5),
-        fidelity_window=get("fidelity_window", lambda raw: _count(BLOCK_MIN)(str(raw)), 512),
+        fidelity_window=get(
+            "fidelity_window", lambda raw: _count(BLOCK_MIN)(str(raw)), spec.fidelity_window if cpu_default else 512
+        ),
+        explicit=frozenset(explicit),
         cache_bytes=get("cache_bytes", _size, None),
         slo=get("slo", _slo, CPU_SLO if cpu_default else GPU_SLO),
         capacity_depths=get("capacity_depths", _depths, CPU_CAPACITY_DEPTHS if cpu_default else CAPACITY_DEPTHS),
@@ -1673,5 +1758,8 @@ def resolve(
         capacity_max_sessions=max_sessions,
         capacity_start=start,
     )
+    from pytest_kvcache.config.context import fit_context
+
+    settings = fit_context(settings)
     check_budgets(settings)
     return settings

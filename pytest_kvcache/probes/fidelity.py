@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -41,8 +41,11 @@ __all__ = [
     "block_metrics",
     "compare_windows",
     "depth_label",
+    "forced_payload",
+    "forced_windows",
     "ids_sha256",
     "load_text",
+    "parse_forced",
     "parse_prompt_logprobs",
     "payload",
     "windows",
@@ -220,6 +223,71 @@ def windows(
                 logprob=tuple(round(lp, DECIMALS) for lp, _ in rows),
                 top_ids=tuple(tuple(t for t, _ in top) for _, top in rows),
                 top_logprobs=tuple(tuple(round(lp, DECIMALS) for _, lp in top) for _, top in rows),
+            )
+        )
+    return kept, short
+
+
+def forced_payload(ids: Sequence[int], position: int, top_k: int) -> dict[str, Any]:
+    """llama-server's ``/completion`` asked for the distribution at ``position``: the prompt is the ids
+    before it, the one generated token is forced to ``ids[position]`` (a logit bias the sampler applies
+    after the logprobs are taken: ``n_probs`` reports the raw softmax), and the prompt cache keeps the
+    prefix, so each step evaluates one token."""
+    return {
+        "prompt": [int(t) for t in ids[:position]],
+        "n_predict": 1,
+        "n_probs": max(1, top_k),
+        "temperature": 0.0,
+        "logit_bias": [[int(ids[position]), 1e4]],
+        "cache_prompt": True,
+    }
+
+
+def parse_forced(body: Any, token: int, top_k: int) -> tuple[float, list[tuple[int, float]]]:
+    """(logprob of ``token``, [(id, logprob) of the top-k]) from a forced ``/completion`` answer."""
+    try:
+        entry = body["completion_probabilities"][0]
+        chosen, logprob = int(entry["id"]), float(entry["logprob"])
+        top = [(int(t["id"]), float(t["logprob"])) for t in entry.get("top_logprobs") or []]
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise ValueError("the response carries no completion_probabilities[0] with id and logprob") from None
+    if chosen != token:
+        raise ValueError(f"the forced token {token} was not generated (got {chosen}): logit_bias was ignored")
+    if not math.isfinite(logprob):
+        raise ValueError(f"token {token} has logprob {logprob}")
+    return logprob, top[:top_k]
+
+
+def forced_windows(
+    ids: Sequence[int],
+    depths: Sequence[int],
+    window: int,
+    top_k: int,
+    score: Callable[[int], tuple[float, list[tuple[int, float]]]],
+) -> tuple[list[Window], list[int]]:
+    """The windows of :func:`windows`, scored one position at a time by ``score(position)`` (llama-server:
+    :func:`forced_payload`), deepest last so that the prompt cache only ever grows."""
+    kept: list[Window] = []
+    short: list[int] = []
+    done: dict[int, tuple[float, list[tuple[int, float]]]] = {}
+    for depth in sorted(depths):
+        if depth > len(ids):
+            short.append(depth)
+            continue
+        start = max(1, depth - window)
+        rows = []
+        for position in range(start, depth):
+            if position not in done:
+                done[position] = score(position)
+            rows.append(done[position])
+        kept.append(
+            Window(
+                depth=depth,
+                start=start,
+                ids=tuple(int(t) for t in ids[start:depth]),
+                logprob=tuple(round(lp, DECIMALS) for lp, _ in rows),
+                top_ids=tuple(tuple(t for t, _ in top) for _, top in rows) if top_k else (),
+                top_logprobs=tuple(tuple(round(lp, DECIMALS) for _, lp in top) for _, top in rows) if top_k else (),
             )
         )
     return kept, short

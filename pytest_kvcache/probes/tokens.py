@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.engines import embedded_model_path
+from pytest_kvcache.engines import embedded_model_folder
 
 Messages = list[dict[str, Any]]
 
@@ -32,7 +32,12 @@ def tokenizer_dir(settings: Settings) -> Path:
         if path.is_dir():
             return path
         raise TokenizerError(f"--kv-model {settings.model!r} is not a local folder; give --kv-tokenizer=DIR")
-    return embedded_model_path()
+    from pytest_kvcache.engines.trained_model import TrainedModelError
+
+    try:
+        return embedded_model_folder(settings)
+    except TrainedModelError as exc:
+        raise TokenizerError(str(exc)) from None
 
 
 @functools.cache

@@ -44,7 +44,7 @@ from pytest_kvcache.model import (
     SummaryRow,
 )
 from pytest_kvcache.probes import agreement
-from pytest_kvcache.report import bands, confounds, failures
+from pytest_kvcache.report import bands, confounds, failures, greedy, left_out
 from pytest_kvcache.report import capacity as capacity_report
 from pytest_kvcache.report import cost as cost_report
 from pytest_kvcache.report import energy as energy_report
@@ -1067,6 +1067,8 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
         ),
         "fidelity": fidelity_report.section(run.fidelity_blocks, run.fidelity, arms, settings, seed),
         "energy": energy_report.section(data, run.energy, arms, specs),
+        "greedy": greedy.section(run.agreement, arms),
+        "left_out": left_out.section(run.path, settings, run.records),
         "flags": flag_summary(run.records),
         "bands": {"platform": platform, "families": used_bands},
         "failures": failures.section(run.records, arms, specs),

@@ -233,6 +233,12 @@ class Progress:
         else:
             self._line(text)
 
+    def left_out(self, entry: Mapping[str, object]) -> None:
+        """A request not sent because it cannot fit the context: said on a line of its own (never rewritten)."""
+        self._line(
+            f"kvcache: {entry.get('probe')}@{entry.get('point')} {entry.get('boot')} left out: {entry.get('reason')}"
+        )
+
     def closed(self) -> None:
         for boot_id in list(self._booting):
             self._stop_watch(boot_id)

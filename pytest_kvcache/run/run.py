@@ -31,7 +31,7 @@ import httpx
 
 from pytest_kvcache.client import Client, Sample
 from pytest_kvcache.config.settings import Boot, Settings
-from pytest_kvcache.engines import embedded_model_path, engine_profile, visible_devices
+from pytest_kvcache.engines import embedded_name, engine_profile, visible_devices
 from pytest_kvcache.engines.base import Engine, EngineError, salient_error, tail
 from pytest_kvcache.engines.evidence import collect, resolved_cache_dtype
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
@@ -292,7 +292,7 @@ class Run:
         if self.settings.launcher == "external":
             served = [e.get("served_model") for e in self.evidence.values() if e.get("served_model")]
             return str(served[0]) if served else "as served by each --kv-endpoint"
-        return str(embedded_model_path())
+        return embedded_name(self.settings)
 
     def set_plan(self, tests_per_boot: Mapping[str, int]) -> None:
         self.plan = [
@@ -382,6 +382,7 @@ class Run:
             evidence["gpu_ready"] = ready
             evidence["vram_ready_mib"] = memory_used_mib(ready)
             self._check(boot, evidence)
+            self._check_context(boot, evidence)
         except EngineError as exc:
             for listener in self.listeners:
                 listener.boot_failed(boot, exc.headline)
@@ -404,7 +405,7 @@ class Run:
             listener.boot_ready(boot, evidence)
         folder.write(f"arms/{boot.boot_id}/evidence.json", evidence)
         self.write_meta(status="running")
-        model = evidence.get("served_model") or self.settings.model or str(embedded_model_path())
+        model = evidence.get("served_model") or self.settings.model or embedded_name(self.settings)
         return Server(
             url=engine.url,
             arm=boot.arm,
@@ -434,6 +435,17 @@ class Run:
             raise EngineError(
                 f"{boot.boot_id}: declared kv_cache_dtype {expected} but the engine reports cache_dtype={resolved}"
             )
+
+    def _check_context(self, boot: Boot, evidence: Evidence) -> None:
+        """Where the context was not known before any boot: an explicit depth (or token count) that cannot
+        fit this engine's max_model_len fails the boot before any request is sent."""
+        from pytest_kvcache.config.context import check_at_boot
+
+        error, notes = check_at_boot(self.settings, evidence.get("max_model_len"), boot.boot_id)
+        if error:
+            raise EngineError(f"{boot.boot_id}: {error}")
+        if notes:
+            evidence.setdefault("warnings", []).extend(notes)
 
     def end_boot(self, boot_id: str) -> None:
         """A boot's probes are done: send its agreement requests, then stop its engine. Idempotent."""
@@ -654,6 +666,19 @@ class Run:
             listener.scored(stamped)
         return stamped
 
+    # ------------------------------------------------------------------ left out by design
+
+    def left_out(self, boot: Boot, *, probe: str, point: str, reason: str, **detail: object) -> None:
+        """A planned request that is not sent because it cannot fit the engine's context: logged to
+        ``left_out.jsonl`` (the report's "Left out by design" section) and told to the listeners that
+        report it (the progress lines). Not a failure: the request could never have been served."""
+        entry = {"arm": boot.arm.name, "boot": boot.boot_id, "probe": probe, "point": point, "reason": reason, **detail}
+        self.log("left_out.jsonl", entry)
+        for listener in self.listeners:
+            tell = getattr(listener, "left_out", None)
+            if callable(tell):
+                tell(entry)
+
     # ------------------------------------------------------------------ output agreement
 
     def queue_agreement(self, boot: Boot, *, test: str, shape: str, payload: Payload) -> None:
@@ -699,6 +724,9 @@ class Run:
                         body = client.post_json("/v1/chat/completions", profile.adapt(payload), timeout)
                         tokens = parse_response(body)
                         entry["ok"], entry["ids"], entry["logprobs"] = True, list(tokens.ids), list(tokens.logprobs)
+                        text = ((body.get("choices") or [{}])[0].get("message") or {}).get("content")
+                        if isinstance(text, str):
+                            entry["text"] = text
                     except (httpx.HTTPError, ValueError) as exc:
                         entry["ok"], entry["error"] = False, f"{type(exc).__name__}: {exc}"
                     entry["send_unix_s"], entry["wall_s"] = sent, time.time() - sent

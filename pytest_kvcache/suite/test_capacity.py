@@ -13,9 +13,9 @@ from pytest_kvcache.fanout import Fanout, FanoutError, SessionTrial, default_pro
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import capacity, prefill
 from pytest_kvcache.probes.concurrency import excluded_reason, saturation
+from pytest_kvcache.probes.counting import token_counter
 from pytest_kvcache.probes.short import chat_payload
 from pytest_kvcache.run.measure import ArmClient, Server
-from pytest_kvcache.suite.test_prefill import _token_counter
 
 
 def _ms(value: float | None) -> str:
@@ -34,7 +34,11 @@ def test_capacity(
     max_len = kv_server.evidence.get("max_model_len")
     if max_len and depth + st.capacity_max_tokens > max_len:
         pytest.skip(f"depth {depth} + {st.capacity_max_tokens} output tokens exceeds {kv_server.name}'s max_model_len")
-    count, method = _token_counter(kv_client, kv_server, st)
+    count_body, method = token_counter(kv_client, kv_server, st)
+
+    def count(messages: list[dict[str, Any]]) -> int:
+        return count_body({"messages": messages})
+
     failure: str | None = None
     try:
         sized = prefill.size_prompt(depth, capacity.session_salt(st.seed, depth, -1, 0), count)

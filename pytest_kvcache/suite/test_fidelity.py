@@ -3,6 +3,8 @@ ids in every arm; the report compares each arm's logprobs with the baseline arm'
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -28,7 +30,8 @@ def test_fidelity(
     kv_fidelity_text: str,
 ) -> None:
     label = f"fidelity {kv_fidelity_text} on {kv_server.name}"
-    if not kv_server.profile.prompt_logprobs:
+    forced = kv_server.profile.forced_scoring and not kv_server.profile.prompt_logprobs
+    if not kv_server.profile.prompt_logprobs and not forced:
         pytest.skip(f"{label}: a {kv_server.profile.title} gives no prompt logprobs over token ids")
     try:
         text = fidelity.load_text(kv_fidelity_text)
@@ -45,10 +48,13 @@ def test_fidelity(
         "top_k": kv_settings.fidelity_top_k,
         "window": kv_settings.fidelity_window,
     }
+    tokenize = (
+        {"content": text.text, "add_special": False}
+        if forced
+        else {"model": kv_server.model, "prompt": text.text, "add_special_tokens": False}
+    )
     try:
-        tokenized = kv_client.post_json(
-            "/tokenize", {"model": kv_server.model, "prompt": text.text, "add_special_tokens": False}
-        )
+        tokenized = kv_client.post_json("/tokenize", tokenize)
         all_ids = [int(t) for t in tokenized["tokens"]]
     except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
         failure = f"the fidelity probe needs the engine's /tokenize for token ids: {_error(exc)}"
@@ -69,6 +75,9 @@ def test_fidelity(
         kv_record.fidelity(entry)
         pytest.skip(f"{label}: {reason}")
     entry["ids_sha256"], entry["prompt_tokens"] = fidelity.ids_sha256(ids), len(ids)
+    if forced:
+        _score_forced(kv_client, kv_record, kv_settings, entry, ids, usable, depths, label)
+        return
     payload = fidelity.payload(kv_server.model, ids, kv_settings.fidelity_top_k)
     try:
         body, wall_s, engine = kv_client.post_measured("/v1/completions", payload, kv_settings.request_timeout_s)
@@ -89,3 +98,41 @@ def test_fidelity(
     kv_record.fidelity(entry)
     if excluded:
         pytest.fail(f"{label}: {excluded}", pytrace=False)
+
+
+def _score_forced(
+    kv_client: ArmClient,
+    kv_record: Recorder,
+    kv_settings: Settings,
+    entry: FidelityRecord,
+    ids: list[int],
+    usable: list[int],
+    depths: list[int],
+    label: str,
+) -> None:
+    """llama-server has no prompt logprobs: each window position is one forced one-token continuation
+    (``fidelity.forced_payload``) on the prompt cache — the same requests, in the same order, in every arm."""
+    top_k = kv_settings.fidelity_top_k
+    steps = 0
+
+    def score(position: int) -> tuple[float, list[tuple[int, float]]]:
+        nonlocal steps
+        steps += 1
+        # a window's first position prefills everything before it: the first-token limit of that prompt
+        timeout = kv_client.client.limits.first_token_limit_s(position)
+        body = kv_client.client.post_json("/completion", fidelity.forced_payload(ids, position, top_k), timeout)
+        return fidelity.parse_forced(body, ids[position], top_k)
+
+    started = time.perf_counter()
+    try:
+        kept, short = fidelity.forced_windows(ids, usable, kv_settings.fidelity_window, top_k, score)
+    except (httpx.HTTPError, ValueError, EngineDied) as exc:
+        entry["ok"], entry["error"] = False, _error(exc)
+        kv_record.fidelity(entry)
+        pytest.fail(f"{label}: forced scoring failed at step {steps + 1}: {entry['error']}", pytrace=False)
+    entry["ok"], entry["wall_s"], entry["engine"] = True, time.perf_counter() - started, None
+    entry["method"] = f"forced one-token continuations on the prompt cache ({steps} requests)"
+    entry["cold_proof"], entry["flags"], entry["excluded_reason"] = "n/a", [], None
+    entry["windows"] = [w.to_dict() for w in kept]
+    entry["short_depths"] = [d for d in depths if d not in usable] + short
+    kv_record.fidelity(entry)

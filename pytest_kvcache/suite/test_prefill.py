@@ -3,67 +3,18 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
 from pytest_kvcache.client import Sample
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.plugin import Recorder
-from pytest_kvcache.probes import prefill, tokens
+from pytest_kvcache.probes import counting, prefill
 from pytest_kvcache.probes.agentic import prompt_sha256
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
 from pytest_kvcache.probes.short import chat_payload
 from pytest_kvcache.run.measure import ArmClient, Server
-
-Messages = list[dict[str, Any]]
-
-
-def _token_counter(
-    kv_client: ArmClient, kv_server: Server, kv_settings: Settings
-) -> tuple[Callable[[Messages], int], str]:
-    """The server's own count where its profile has one (vLLM's ``/tokenize``; llama.cpp's
-    ``/apply-template`` + ``/tokenize``); the model's tokenizer here for a generic server; calibration
-    requests (their own salts) only when neither answers, and the evidence says so."""
-    model = kv_server.model
-    kind = kv_server.profile.tokens
-
-    def tokenize(messages: Messages) -> int:
-        try:
-            return int(kv_client.post_json("/tokenize", {"model": model, "messages": messages})["count"])
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
-            raise prefill.SizingError(f"/tokenize failed: {type(exc).__name__}: {exc}") from None
-
-    def llamacpp(messages: Messages) -> int:
-        try:
-            prompt = kv_client.post_json("/apply-template", {"messages": messages})["prompt"]
-            body = {"content": prompt, "add_special": True, "parse_special": True}
-            return len(kv_client.post_json("/tokenize", body)["tokens"])
-        except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-            raise prefill.SizingError(f"/apply-template + /tokenize failed: {type(exc).__name__}: {exc}") from None
-
-    if kind == "local":
-        try:
-            return tokens.local_counter(tokens.tokenizer_dir(kv_settings)), "local"
-        except tokens.TokenizerError as exc:
-            kv_server.evidence["tokenize"] = f"no local tokenizer ({exc}); prefill sized by calibration"
-    else:
-        counter = llamacpp if kind == "llamacpp" else tokenize
-        try:
-            counter(prefill.messages_for("probe"))
-            return counter, "tokenize"
-        except prefill.SizingError as exc:
-            kv_server.evidence["tokenize"] = f"unavailable ({type(exc).__name__}: {exc}); prefill sized by calibration"
-
-    def calibrate(messages: Messages) -> int:
-        sample = kv_client.stream_chat(chat_payload(model, messages, "greedy", 1))
-        if not sample.ok or sample.prompt_tokens is None:
-            raise prefill.SizingError(f"calibration request failed: {sample.error_kind}: {sample.error}")
-        return sample.prompt_tokens
-
-    return calibrate, "calibrated"
 
 
 @pytest.mark.prefill
@@ -76,13 +27,16 @@ def test_prefill(
     kv_benchmark: Any,
     kv_depth: int,
 ) -> None:
-    max_len = kv_server.evidence.get("max_model_len")
-    if max_len and kv_depth + prefill.MAX_TOKENS > max_len:
-        pytest.skip(
-            f"depth {kv_depth} + {prefill.MAX_TOKENS} output tokens exceeds {kv_server.name}'s max_model_len {max_len}"
-        )
+    too_deep = counting.overflow(kv_depth, prefill.MAX_TOKENS, kv_server)
+    if too_deep:  # a default depth (an explicit one failed the boot): left out by design, and said so
+        kv_record.left_out(probe="prefill", point=prefill.depth_label(kv_depth), reason=too_deep)
+        pytest.skip(f"prefill {prefill.depth_label(kv_depth)} left out: {too_deep}")
     block_size = int((kv_server.evidence.get("cache_config") or {}).get("block_size") or 16)
-    count, method = _token_counter(kv_client, kv_server, kv_settings)
+    count_body, method = counting.token_counter(kv_client, kv_server, kv_settings)
+
+    def count(messages: list[dict[str, Any]]) -> int:
+        return count_body({"messages": messages})
+
     seed = kv_settings.seed
 
     def send(phase: str, index: int) -> tuple[Sample, dict[str, object]]:

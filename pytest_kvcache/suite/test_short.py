@@ -11,6 +11,7 @@ import pytest
 from pytest_kvcache.client import Sample
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.plugin import Agree, Recorder
+from pytest_kvcache.probes import counting
 from pytest_kvcache.probes.agreement import agreement_payload
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
 from pytest_kvcache.probes.short import AGREEMENT_MAX_TOKENS, SHAPES, ShortShape, build_payload
@@ -29,6 +30,14 @@ def test_short(
     shape: ShortShape,
 ) -> None:
     payload = build_payload(shape, kv_server.model, kv_settings.sampling, kv_settings.max_tokens)
+    if counting.max_model_len(kv_server) is not None:  # a prompt that cannot fit is never sent
+        count, method = counting.token_counter(kv_client, kv_server, kv_settings)
+        too_long = (
+            counting.overflow(count(payload), int(payload["max_tokens"]), kv_server) if method != "calibrated" else None
+        )
+        if too_long:
+            kv_record.left_out(probe="short", point=shape.name, reason=too_long)
+            pytest.skip(f"short {shape.name} left out: {too_long}")
 
     def send(phase: str, index: int) -> tuple[Sample, dict[str, object]]:
         sample, engine = kv_client.measure(payload)

@@ -98,14 +98,16 @@ def test_overflow(kv_server, kv_client, kv_record):
 
 @pytest.fixture(scope="session")
 def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """One real two-arm A/B on the embedded default — short, depth and concurrency probes, and a user's probe
-    the engine rejects (``OVERFLOW_PROBE``) — shared by the assertions of this tier (2 boots). Small depths and
-    a shortened session: the code path is the main job's."""
+    """One real two-arm A/B on the random-weight embedded model — short, depth and concurrency probes, and a
+    user's probe the engine rejects (``OVERFLOW_PROBE``) — shared by the speed and capacity assertions of this
+    tier (2 boots): nothing here judges outputs, and the tiny model decodes ~7x faster than the trained one.
+    Small depths and a shortened session."""
     workdir = tmp_path_factory.mktemp("ab")
     (workdir / "test_overflow.py").write_text(OVERFLOW_PROBE, encoding="utf-8")
     return run_pytest(
         workdir,
         f"--kv-arms=auto,{SECOND_ARM}",
+        "--kv-model=embedded:tiny-qwen3",
         "-m",
         "short or depth or concurrency or overflow",
         "--kv-concurrency=8",
@@ -164,40 +166,55 @@ def capacity_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The embedded tiny model with seeded random weights (``fixtures/make_random_weights.py``): peaked,
-    prompt-dependent logprobs, where vLLM's dummy weights give a flat −ln(vocab) everywhere."""
-    out = tmp_path_factory.mktemp("model") / "tiny-random"
-    script = ROOT / "fixtures" / "make_random_weights.py"
-    subprocess.run([sys.executable, str(script), "--out", str(out)], check=True, capture_output=True, timeout=300)
-    return out
+#: A user's probe on the trained model through ``kv_openai``: an untimed call that checks the answer's content.
+ANSWER_PROBE = """
+import pytest
+
+pytestmark = pytest.mark.answer
+
+
+def test_the_trained_model_names_the_capital(kv_server, kv_openai):
+    reply = kv_openai.chat.completions.create(
+        model=kv_server.model,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=16,
+        temperature=0,
+    )
+    assert "Paris" in (reply.choices[0].message.content or "")
+"""
+ANSWER_PYPROJECT = """
+[tool.pytest.ini_options]
+markers = ["answer: a user's probe of the trained model's answers"]
+"""
 
 
 @pytest.fixture(scope="session")
-def replicates_run(tmp_path_factory: pytest.TempPathFactory, random_model: Path, monkeypatch_session: Any) -> Run:
+def replicates_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Two boots per arm on two pytest-xdist workers (``-n 2``): one block of both arms on each, in
-    counterbalanced order (A B on lane 0, B A on lane 1, side by side), on the random-weights model: short
-    probes, and the fidelity probe at 1k and 2k (the same arm booted twice is its A/A)."""
-    monkeypatch_session.setenv("VLLM_CPU_KVCACHE_SPACE", "2")  # a model path gets no embedded-default env
+    counterbalanced order (A B on lane 0, B A on lane 1, side by side), on the embedded trained model in
+    bf16 (auto: a bf16 KV cache) against the other KV type vLLM's CPU build serves right on it (fp8 where
+    the CPU has AVX-512/AMX, else float16): short probes, a user's ``kv_openai`` probe, and the fidelity
+    probe at 1k and 2k (the same arm booted twice is its A/A)."""
+    workdir = tmp_path_factory.mktemp("abba")
+    (workdir / "test_answers.py").write_text(ANSWER_PROBE)
+    (workdir / "pyproject.toml").write_text(ANSWER_PYPROJECT)
     return run_pytest(
-        tmp_path_factory.mktemp("abba"),
+        workdir,
         "-p",
         "xdist",
         "-n",
         "2",
         f"--kv-arms=auto,{SECOND_ARM}",
         "--kv-replicates=2",
-        f"--kv-model={random_model}",
         "-m",
-        "short or fidelity",
+        "short or fidelity or answer",
         "-v",
         "--kv-warmups=1",
         "--kv-runs=3",
         "--kv-max-tokens=32",
         "--kv-fidelity-depths=1k,2k",
-        "--kv-fidelity-window=256",
-        engine_args="--enforce-eager",  # as the embedded default boots: no torch.compile
+        # float16 KV serves the trained model in bf16 by default; fp8 is asked for in bf16 here too
+        engine_args="--dtype bfloat16" if SECOND_ARM == "fp8" else "",
     )
 
 

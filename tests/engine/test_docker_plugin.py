@@ -33,6 +33,7 @@ def test_two_arm_run_in_containers(tmp_path: Path, cpu_image: str, docker_client
         "--kv-launcher=docker",
         f"--kv-image={cpu_image}",
         "--kv-arms=auto,float16",
+        "--kv-model=embedded:tiny-qwen3",  # mechanics: the random-weight model boots fastest
         "-m",
         "short",
         "--kv-warmups=0",
@@ -60,6 +61,7 @@ def test_failing_engine_leaves_no_container(tmp_path: Path, cpu_image: str, dock
         "--kv-launcher=docker",
         f"--kv-image={cpu_image}",
         "--kv-arms=auto",
+        "--kv-model=embedded:tiny-qwen3",
         "-m",
         "short",
         "--kv-engine-args=--no-such-flag",
@@ -72,7 +74,13 @@ def test_failing_engine_leaves_no_container(tmp_path: Path, cpu_image: str, dock
 def test_missing_image_fails_fast_with_its_name(tmp_path: Path, docker_client: Any) -> None:
     start = time.monotonic()
     run = run_pytest(
-        tmp_path, "--kv-launcher=docker", "--kv-image=pytest-kvcache/absent:1", "--kv-arms=auto", "-m", "short"
+        tmp_path,
+        "--kv-launcher=docker",
+        "--kv-image=pytest-kvcache/absent:1",
+        "--kv-arms=auto",
+        "--kv-model=embedded:tiny-qwen3",
+        "-m",
+        "short",
     )
     assert time.monotonic() - start < 60
     assert "image 'pytest-kvcache/absent:1' is not present locally (pass --kv-pull to pull it)" in run.output
@@ -89,6 +97,7 @@ def test_sigint_mid_run_removes_the_container(tmp_path: Path, cpu_image: str, do
             "--kv-launcher=docker",
             f"--kv-image={cpu_image}",
             "--kv-arms=auto",
+            "--kv-model=embedded:tiny-qwen3",
             "-m",
             "short",
             "--kv-warmups=0",

@@ -224,9 +224,12 @@ def test_ab_outputs_are_compared_and_the_boots_are_clean(ab_run: Run) -> None:
     assert report["self_check"]["summary"].startswith("Measuring-client self-check (quick")
 
 
-def test_fidelity_aa_across_boots_is_zero_and_float16_against_auto_is_reported(replicates_run: Run) -> None:
-    """Random weights on the CPU build: the same arm booted twice scores identical prompt logprobs at
-    every depth (the measure's floor), and whatever float16 KV does against auto is in the report."""
+def test_fidelity_aa_across_boots_is_zero_and_the_second_kv_type_is_judged_against_it(replicates_run: Run) -> None:
+    """The trained model on the CPU build (bf16 weights): the same arm booted twice scores identical prompt
+    logprobs at every depth (the measure's floor). fp8 KV (AVX-512/AMX) moves them beyond that floor's CI
+    (0.16-0.20 nats/token on this project's AVX-512 machine); float16 KV (AVX2) scores exactly what bf16
+    KV does — vLLM 0.32's CPU build computes the prompt's attention alike with either (seen also with
+    256-token prefill chunks, which read the cache back): the llama.cpp tier shows q4_0's effect there."""
     run = replicates_run
     assert run.returncode == 0, run.output
     scored = [json.loads(line) for line in (run.folder / "fidelity.jsonl").read_text().splitlines()]
@@ -234,8 +237,8 @@ def test_fidelity_aa_across_boots_is_zero_and_float16_against_auto_is_reported(r
     assert {r["cold_proof"] for r in scored} == {"metrics"} and len({r["ids_sha256"] for r in scored}) == 2
     for r in scored:
         assert [w["depth"] for w in r["windows"]] == [1000, 2000] and len(r["windows"][1]["ids"]) == 256
-        logprobs = r["windows"][1]["logprob"]
-        assert max(logprobs) - min(logprobs) > 1.0  # peaked, prompt-dependent: not dummy weights' flat −ln 4096
+        nll = -sum(r["windows"][1]["logprob"]) / 256
+        assert nll < 4.0  # a trained model: ~1-3 nats/token on English and code, not random weights' ~10.8
     report = json.loads((run.folder / "report.json").read_text())
     rows = {(r["kind"], r["arm"], r["point"]): r for r in report["fidelity"]["rows"]}
     for arm in ("auto", SECOND_ARM):
@@ -244,7 +247,12 @@ def test_fidelity_aa_across_boots_is_zero_and_float16_against_auto_is_reported(r
             assert floor["logprob_drift"] == pytest.approx(0.0, abs=1e-6) and floor["positions"] == 512
     for point in ("1k", "2k"):
         ab = rows[("between arms", SECOND_ARM, point)]
-        assert ab["boots"] == 2 and ab["texts"] == 2 and ab["logprob_drift"] is not None and ab["logprob_drift"] >= 0
+        assert ab["boots"] == 2 and ab["texts"] == 2
+        floor_high = rows[("across boots", "auto", point)]["logprob_drift_ci"][1]
+        if SECOND_ARM == "fp8":
+            assert ab["logprob_drift_ci"][0] > floor_high, ab
+        else:
+            assert ab["logprob_drift"] == pytest.approx(0.0, abs=1e-6), ab
     assert any(v.startswith(f"{SECOND_ARM} vs auto: ") and "nats/token at 2k" in v for v in report["verdicts"])
     assert "## Fidelity at depth" in (run.folder / "report.md").read_text()
     assert (run.folder / "fidelity.png").is_file()
@@ -283,8 +291,17 @@ def test_two_workers_boot_counterbalanced_blocks_side_by_side(replicates_run: Ru
     across = rows[("across boots", "auto", "code")]  # the same arm booted twice, on two lanes: auto vs auto
     assert across["pairs"] == 1 and across["length"] == 32
     md = (run.folder / "report.md").read_text()
-    assert "Order on lane 0: auto.r1 → " + f"{SECOND_ARM}.r1" in md and "## Blocks (pytest-xdist lanes)" in md
+    assert f"Order on lane 0: auto.r1 → {SECOND_ARM}.r1" in md and "## Blocks (pytest-xdist lanes)" in md
     assert "CIs cover within-boot noise only" in md
+
+
+def test_a_users_kv_openai_probe_checks_the_trained_models_answer(replicates_run: Run) -> None:
+    """``kv_openai``: an ``openai.OpenAI`` client on the arm's server; the trained model names Paris in every
+    boot, whichever KV type. Its call is not a measured request (no record)."""
+    out = replicates_run.output
+    for boot in ("auto.r1", f"{SECOND_ARM}.r1", f"{SECOND_ARM}.r2", "auto.r2"):
+        assert f"PASSED test_answers.py::test_the_trained_model_names_the_capital[{boot}]" in out, out[-4000:]
+    assert not [r for r in replicates_run.records() if "test_answers" in r["test"]]
 
 
 CONFOUNDED_ARM = """
@@ -302,6 +319,7 @@ def test_an_undeclared_speculative_config_is_a_confound_and_its_acceptance_is_re
     run = run_pytest(
         tmp_path,
         "--kv-arms=auto,f16x",
+        "--kv-model=embedded:tiny-qwen3",
         "-m",
         "short",
         "-k",

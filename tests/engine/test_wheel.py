@@ -43,15 +43,17 @@ def test_wheel_installs_in_a_fresh_venv_and_collects_the_suite(tmp_path: Path) -
     project = tmp_path / "project"  # a user's project: no checkout, no conftest
     project.mkdir()
     result = subprocess.run(
-        [str(python), "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "--kv-arms=auto,float16"],
+        [str(python), "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "--kv-arms=auto,bf16"],
         cwd=project,
         capture_output=True,
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    # short 2 + prefill 2 depths + agentic 1 session (the CPU default) + concurrency 3 levels + fidelity 2 texts
+    # short 2 + prefill 2 depths + agentic 1 session (the CPU default) + concurrency 3 levels + fidelity 2 texts;
+    # the embedded trained model's wheel is not in this venv: collecting needs none of it
     assert "1. auto (baseline): kv_cache_dtype=auto — 10 test(s)" in result.stdout
-    assert "test_short[auto-narrative]" in result.stdout and "test_short[float16-code]" in result.stdout
+    assert "model embedded:smollm2-135m" in result.stdout and "context 8,192 tokens" in result.stdout
+    assert "test_short[auto-narrative]" in result.stdout and "test_short[bf16-code]" in result.stdout
     model = subprocess.run(
         [str(python), "-c", "from pytest_kvcache.engines import embedded_model_path as p; print(p())"],
         capture_output=True,

@@ -92,3 +92,11 @@ def kill_leftovers(proc: subprocess.Popen[bytes], tag: str) -> None:
         proc.communicate(timeout=10)
     for pid in processes_with(tag):
         os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(autouse=True)
+def tiny_embedded_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin tier runs arms on the stand-in engine, which serves no weights: the random-weight tiny
+    model (``embedded:tiny-qwen3``) spares every run the trained model's conversion and its float32-only KV
+    rule. A test of the trained default deletes the variable (``monkeypatch.delenv``)."""
+    monkeypatch.setenv("PYTEST_KVCACHE_MODEL", "embedded:tiny-qwen3")

@@ -75,12 +75,33 @@ def test_prefill_without_tokenize_falls_back_to_calibration(pytester: pytest.Pyt
     assert "prefill sized by calibration" in evidence["tokenize"]
 
 
-def test_depth_over_max_model_len_is_skipped_with_both_numbers(
+def test_an_explicit_depth_over_the_engines_max_model_len_fails_the_boot_before_any_request(
     pytester: pytest.Pytester, standin_args: list[str]
 ) -> None:
+    """The tiny model's config allows 131,072 tokens, but the engine serves 8,192: --kv-depths=9k cannot fit,
+    and the first boot says so before any request — never a silent skip and a green run."""
     result = pytester.runpytest_subprocess("--kv-arms=auto", *standin_args, "-m", "prefill", "--kv-depths=9k", "-rs")
-    result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*depth 9000 + 16 output tokens exceeds auto's max_model_len 8192*"])
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*--kv-depths: 9k + 16 output tokens cannot fit the context of 8,192 tokens (max_model_len of auto's engine)*"]
+    )
+    assert not read_records(pytester.path / ".kvcache" / "runs" / "latest" / "requests.jsonl")
+
+
+def test_a_default_depth_over_the_engines_max_model_len_is_left_out_and_said(
+    pytester: pytest.Pytester, standin_args: list[str]
+) -> None:
+    result = pytester.runpytest_subprocess(
+        "--kv-arms=auto",
+        *standin_args,
+        "-m",
+        "prefill",
+        "--kv-engine-args=--max-model-len 6000 " + standin_args[1].split("=", 1)[1],
+        "-rs",
+    )
+    result.stdout.fnmatch_lines(["*prefill@16k: left out, 16,000 + 16 tokens exceed the context of 6,000 tokens*"])
+    result.assert_outcomes(passed=1)  # 4k; 16k was left out of the plan before any boot
+    assert "left out" in (pytester.path / ".kvcache" / "runs" / "latest" / "report.md").read_text()
 
 
 def test_agentic_replay_on_standin(pytester: pytest.Pytester, standin_args: list[str]) -> None:

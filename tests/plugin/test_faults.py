@@ -229,11 +229,19 @@ CASES = [
         standin=True,
     ),
     Case(
-        "every-probe-skipped-says-why",
+        "explicit-depth-beyond-the-engines-context",
         ("--kv-arms=auto", "--kv-depths=9k", "-m", "prefill"),
+        1,
+        "*auto: --kv-depths: 9k + 16 output tokens cannot fit the context of 8,192 tokens (max_model_len of "
+        "auto's engine); give depths up to 8,176",
+        standin=True,
+    ),
+    Case(
+        "every-probe-skipped-says-why",
+        ("--kv-arms=auto", "--kv-engine=openai", "-m", "fidelity"),
         0,
-        "note: 1 probe test(s) skipped: test_prefill[[]auto-9k]: depth 9000 + 16 output tokens exceeds auto's "
-        "max_model_len 8192",
+        "note: 2 probe test(s) skipped: test_fidelity[[]auto-prose]: fidelity prose on auto: a generic "
+        "OpenAI-compatible server gives no prompt logprobs over token ids*",
         standin=True,
     ),
 ]
@@ -334,23 +342,24 @@ def test_a_model_the_server_does_not_serve_is_refused(
     assert not read_records(latest(pytester) / "requests.jsonl")
 
 
-def test_a_server_without_tokenize_and_a_short_context_fails_the_probe_cleanly(
+def test_a_depth_beyond_the_engine_args_context_is_a_usage_error_before_any_boot(
     pytester: pytest.Pytester, standin_args: list[str], tag: str
 ) -> None:
+    """``--max-model-len 2000`` in the engine arguments is the context known before any boot: an explicit
+    3k depth cannot fit it, and nothing boots (once, a calibration request then got HTTP 400)."""
     engine = [a for a in standin_args if not a.startswith("--kv-engine-args")]
     engine.append(f"--kv-engine-args={tag} --standin-no-tokenize --standin-short-context --max-model-len 2000")
     engine = [a for a in engine if a not in ("-m", "short")]
-    # The server does not say its max_model_len (no skip up front) and refuses prompts over 2000 tokens.
     result = pytester.runpytest_subprocess(*engine, "--kv-arms=auto", "--kv-depths=3k", "-m", "prefill")
-    assert result.ret == 1, result.stdout.str()
-    result.stdout.fnmatch_lines(
+    assert result.ret == 4, result.stdout.str()
+    result.stderr.fnmatch_lines(
         [
-            "*prefill 3k on auto: cannot size a 3000-token prompt (calibrated): calibration request failed: "
-            "http_error: *maximum context length is 2000 tokens*"
+            "ERROR: pytest-kvcache: --kv-depths: 3k + 16 output tokens cannot fit the context of 2,000 tokens "
+            "(--max-model-len 2000)*"
         ]
     )
-    assert "Traceback" not in result.stdout.str()
-    assert not processes_with(tag)
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    assert not (pytester.path / ".kvcache").exists() and not processes_with(tag)
 
 
 def test_an_unwritable_job_summary_is_a_warning_not_an_internal_error(

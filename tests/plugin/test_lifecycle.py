@@ -233,3 +233,30 @@ def test_a_new_run_reaps_engines_left_by_a_killed_run(
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["reaped engine 'auto' (process group *) left running by dead run *: terminated"])
     assert not processes_with(tag)
+
+
+KV_OPENAI_PROBE = """
+import pytest
+
+pytestmark = pytest.mark.short
+
+
+def test_untimed_call(kv_server, kv_openai, kv_settings):
+    reply = kv_openai.chat.completions.create(
+        model=kv_server.model, messages=[{"role": "user", "content": "Name one prime."}], max_tokens=5
+    )
+    assert str(kv_openai.base_url).rstrip("/") == kv_server.url + "/v1"
+    assert kv_openai.timeout == kv_settings.request_timeout_s and kv_openai.max_retries == 0
+    assert reply.choices[0].message.role == "assistant" and reply.usage.completion_tokens == 5
+"""
+
+
+def test_kv_openai_is_an_openai_client_on_the_arms_server(pytester: pytest.Pytester, standin_args: list[str]) -> None:
+    """A user's probe gets ``openai.OpenAI`` pointed at each arm's server for calls that are not timed; they
+    are not recorded (the stock probes' records are the only ones)."""
+    pytester.makepyfile(test_mine=KV_OPENAI_PROBE)
+    result = pytester.runpytest_subprocess("--kv-arms=auto,float16", *standin_args, "--kv-no-suite", "-v")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_untimed_call?auto? PASSED*", "*test_untimed_call?float16? PASSED*"])
+    records = pytester.path / ".kvcache" / "runs" / "latest" / "requests.jsonl"
+    assert not records.exists() or not read_records(records)

@@ -55,7 +55,7 @@ def test_collect_only_shows_the_boot_plan_without_booting(pytester: pytest.Pytes
     result.stdout.fnmatch_lines(
         [
             "kvcache boot plan*",
-            "  fidelity sized for the CPU: depths 1k,4k (elsewhere: --kv-fidelity-depths=1k,8k,32k)",
+            "  fidelity sized for the CPU: depths 1k,4k, window 512 (elsewhere: --kv-fidelity-depths=1k,8k,32k*",
             "  capacity sized for the CPU: depths 2k,4k, SLO ttft_p95<=200ms,itl_p95<=100ms, think 1 s, 5 s measured "
             "per trial, 16 tokens a turn, 1 to at most 32 sessions; each arm's own KV cache (no --kv-cache-bytes)",
             "  1. auto (baseline): kv_cache_dtype=auto — 12 test(s)",
@@ -69,6 +69,29 @@ def test_collect_only_shows_the_boot_plan_without_booting(pytester: pytest.Pytes
     )
     assert result.ret == 0
     assert not (pytester.path / ".kvcache").exists()
+
+
+def test_the_boot_plan_states_the_trained_models_sizes_and_context(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default embedded model (trained, 8K): its CPU sizes and its context are in the plan; collecting
+    needs no conversion (--collect-only converts nothing)."""
+    monkeypatch.delenv("PYTEST_KVCACHE_MODEL")
+    result = pytester.runpytest("--collect-only", "-q", "--kv-arms=auto,fp8")
+    result.stdout.fnmatch_lines(
+        [
+            "kvcache boot plan — launcher process, model embedded:smollm2-135m — SmolLM2-135M-Instruct (trained; "
+            "Apache-2.0), float32 on vLLM:",
+            "  context 8,192 tokens (the embedded smollm2-135m's context): no request beyond it is sent",
+            "  short probes sized for the CPU: 128 tokens, 1 warmup(s) + 5 runs a shape*",
+            "  depth probes sized for the CPU: depths 1k,4k, 1 agentic session(s) of all turns, 64 tokens a turn, "
+            "agentic depth fit*",
+            "  fidelity sized for the CPU: depths 1k,4k, window 256*",
+        ]
+    )
+    result = pytester.runpytest("--collect-only", "-q", "--kv-arms=auto", "--kv-depths=10k")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*--kv-depths: 10k + 16 output tokens cannot fit the context of 8,192 tokens*"])
 
 
 def test_no_suite_collects_only_user_tests(pytester: pytest.Pytester) -> None:

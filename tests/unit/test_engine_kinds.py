@@ -49,7 +49,9 @@ def test_missing_evidence_is_listed_per_kind() -> None:
     assert any("/metrics" in m for m in OPENAI.missing_evidence())
     assert any("tokenizer endpoint" in m for m in OPENAI.missing_evidence())
     assert not any("/metrics" in m for m in LLAMACPP.missing_evidence())
-    assert any("prompt logprobs" in m for m in LLAMACPP.missing_evidence())
+    # no prompt logprobs, but forced one-token continuations score the fidelity windows
+    assert not any("prompt logprobs" in m for m in LLAMACPP.missing_evidence())
+    assert LLAMACPP.forced_scoring and not LLAMACPP.prompt_logprobs
     assert not any("per-chunk" in m for m in LLAMACPP.missing_evidence())
 
 
@@ -97,7 +99,7 @@ def test_engine_option_is_checked(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="--kv-engine"):
         resolve({"arms": "f16", "engine": "sglang"}, {}, {}, {}, tmp_path)
     settings = resolve({"arms": "f16,q8_0", "engine": "llamacpp"}, {}, {}, {}, tmp_path)
-    assert settings.engine == "llamacpp" and settings.depths == (4_000, 16_000)
+    assert settings.engine == "llamacpp" and settings.depths == (1_000, 4_000) and settings.context_tokens == 8192
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     settings = resolve({"arms": "q8_0", "engine": "llamacpp", "model": "./m.gguf"}, {}, {}, {}, tmp_path)
     assert settings.model == str(tmp_path / "m.gguf") and not settings.embedded

@@ -269,15 +269,17 @@ def test_the_verdict_sentence_puts_speed_and_fidelity_together() -> None:
 
 def test_fidelity_settings_resolve_with_cpu_defaults_and_refuse_unknown_texts(tmp_path: Any) -> None:
     def settings(**cli: Any) -> Any:
-        return resolve({"arms": "auto,float16", **cli}, {}, {}, {}, tmp_path, fp8_kv_unsupported=None)
+        return resolve({"arms": "auto,fp8", **cli}, {}, {}, {}, tmp_path, fp8_kv_unsupported=None)
 
-    cpu = settings()
+    cpu = settings()  # the embedded trained model: a narrower window (256 positions) keeps it quick on 2 cores
     assert (cpu.fidelity_depths, cpu.fidelity_texts, cpu.fidelity_top_k, cpu.fidelity_window) == (
         (1000, 4000),
         ("prose", "code"),
         5,
-        512,
+        256,
     )
+    tiny = settings(model="embedded:tiny-qwen3")
+    assert (tiny.fidelity_depths, tiny.fidelity_window) == ((1000, 4000), 512)
     gpu = settings(model="org/model", fidelity_depths="1k,32k", fidelity_texts="code", fidelity_topk="0")
     assert (gpu.fidelity_depths, gpu.fidelity_texts, gpu.fidelity_top_k) == ((1000, 32000), ("code",), 0)
     with pytest.raises(SettingsError, match="fidelity texts from prose, code"):

@@ -29,6 +29,7 @@ ADDED = {
     *("seed", "probes", "agentic", "spec_decode", "flags", "gates", "fidelity", "compile_cache", "client_load"),
     *("cost", "energy"),  # issue 37: what the verdict cost; energy per token (none: no energy.jsonl then)
     *("bands", "failures"),  # issue 32: the default bands judged with; failures and exclusions
+    *("greedy", "left_out"),  # issue 33: greedy texts where arms part; what could not fit the context
 }
 
 

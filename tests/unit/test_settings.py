@@ -72,7 +72,8 @@ def test_gpu_only_dtype_allowed_with_a_model(tmp_path: Path) -> None:
 def test_fp8_refused_when_the_cpu_cannot_serve_it(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match=r"fp8 \(fp8_e4m3\) cannot run.*AVX-512"):
         settings(tmp_path, {"arms": "auto,fp8"}, fp8_kv_unsupported="needs AVX-512 or AMX")
-    assert settings(tmp_path, {"arms": "auto,float16"}, fp8_kv_unsupported="x").arms[1].kv_cache_dtype == "float16"
+    tiny = {"arms": "auto,float16", "model": "embedded:tiny-qwen3"}
+    assert settings(tmp_path, tiny, fp8_kv_unsupported="x").arms[1].kv_cache_dtype == "float16"
 
 
 def test_missing_model_path(tmp_path: Path) -> None:
@@ -111,7 +112,7 @@ def test_precedence_cli_over_env_over_ini(tmp_path: Path) -> None:
 
 
 def test_env_arms(tmp_path: Path) -> None:
-    assert [a.name for a in settings(tmp_path, env={"PYTEST_KVCACHE_ARMS": "auto,float16"}).arms] == ["auto", "float16"]
+    assert [a.name for a in settings(tmp_path, env={"PYTEST_KVCACHE_ARMS": "auto,fp8"}).arms] == ["auto", "fp8"]
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from pytest_kvcache.model import BootEntry, DeltaRow, GateResult, Json, Report, SavedRow
 from pytest_kvcache.probes.registry import ENERGY_METRICS, ProbeSpec
-from pytest_kvcache.report import capacity, cost, energy, failures
+from pytest_kvcache.report import capacity, cost, energy, failures, greedy, left_out
 from pytest_kvcache.report.energy import joules_text
 from pytest_kvcache.report.fidelity import nats
 
@@ -643,6 +643,7 @@ def markdown(report: Report, plots: Sequence[str] = ()) -> str:
                 agreement,
             )
         lines += [f"- not available: {n}" for n in notes]
+    lines += ["", *greedy.markdown(report.get("greedy") or [])] if report.get("greedy") else []
     agentic = report.get("agentic") or {"turns": [], "growth": []}
     if agentic["turns"]:
         lines += ["", "## Agentic turns (means across sessions)", ""]
@@ -650,6 +651,8 @@ def markdown(report: Report, plots: Sequence[str] = ()) -> str:
         lines += _md_table(header, rows)
         lines += [""] + [f"- {line}" for line in growth_lines(report)]
     lines += spec_decode_lines(report)
+    found = left_out.markdown(report.get("left_out"))
+    lines += ["", *found] if found else []
     compare = report.get("compare")
     if compare:
         lines += ["", f"## Against stored run {compare['baseline_run']}", ""]

@@ -10,7 +10,7 @@ import pandas as pd
 
 from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype
 from pytest_kvcache.model import Evidence, GpuCard, Report
-from pytest_kvcache.report import capacity, cost, energy
+from pytest_kvcache.report import capacity, cost, energy, greedy, left_out
 from pytest_kvcache.report.outputs.markdown import (
     ab_tables,
     agentic_table,
@@ -169,6 +169,7 @@ def ab_lines(report: Report) -> list[str]:
         lines.append(ci["text"])
     for row in agreement_table(report):
         lines.append(f"agreement {row[0]} {row[1]} {row[2]}: identical {row[3]}, first divergence {row[4]}")
+    lines += greedy.lines(report.get("greedy") or [])
     for row in fidelity_table(report)[1]:
         lines.append(
             f"fidelity {row[0]} {row[1]} vs {row[2]} @ {row[3]}: |Δ logprob| {row[6]}, Δ NLL {row[7]}, KL ≥ {row[8]}"
@@ -187,6 +188,7 @@ def ab_lines(report: Report) -> list[str]:
             f"{r['mean_power_w'] or 0:.0f} W)"
         )
     lines += [f"energy: {line}" for line in section["not_reported"]] if section else []
+    lines += left_out.lines(report.get("left_out"))
     lines += [f"sampling: {line}" for line in sampling_lines(report)]
     check = self_check_line(report)
     if check:

@@ -1,0 +1,207 @@
+"""The model's context before any boot, and the probe points that cannot fit it.
+
+A request whose prompt tokens plus ``max_tokens`` exceed the engine's context (vLLM's ``max_model_len``,
+llama-server's per-slot ``n_ctx``) gets HTTP 400: it is never sent. Where the context is known before
+any boot — the embedded model's, a model folder's ``config.json``, a GGUF's metadata, ``--max-model-len``
+or ``--ctx-size`` in the engine arguments — a depth given explicitly beyond it is a usage error now, and a
+default depth beyond it is left out and said so (the boot plan, the report). Where it is known only once
+an engine answers, :func:`check_at_boot` does the same at the first boot, before any request.
+
+Plain Python: no pytest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_kvcache.config.settings import Settings
+
+#: Output tokens of a fresh-prefill request (``probes.prefill.MAX_TOKENS``).
+PREFILL_OUTPUT_TOKENS = 16
+#: A fidelity request scores its prompt and generates one token.
+FIDELITY_OUTPUT_TOKENS = 1
+#: Config keys that hold a model's context, in the order they are tried (text_config first for VLMs).
+CONFIG_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions", "max_seq_len")
+
+
+def _label(tokens: int) -> str:
+    return f"{tokens // 1000}k" if tokens % 1000 == 0 else str(tokens)
+
+
+def _flag_value(args: Sequence[str], *flags: str) -> str | None:
+    """The last value given to any of ``flags`` (``--flag V`` or ``--flag=V``), as the engine's parser sees it."""
+    found = None
+    for i, arg in enumerate(args):
+        for flag in flags:
+            if arg == flag and i + 1 < len(args):
+                found = args[i + 1]
+            elif arg.startswith(flag + "="):
+                found = arg.split("=", 1)[1]
+    return found
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    text = value.strip().lower()
+    try:
+        return int(float(text[:-1]) * 1024) if text.endswith("k") else int(text)
+    except ValueError:
+        return None
+
+
+def config_context(folder: Path) -> int | None:
+    """A model folder's context from its ``config.json`` (None when it says nothing usable)."""
+    try:
+        config: dict[str, Any] = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for scope in (config.get("text_config") or {}, config):
+        if not isinstance(scope, dict):
+            continue
+        for key in CONFIG_KEYS:
+            value = scope.get(key)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def gguf_context(path: Path) -> int | None:
+    """A GGUF's trained context (``<arch>.context_length``), read with the ``gguf`` package when installed."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return None
+    try:
+        reader = GGUFReader(str(path))
+        arch_field = reader.get_field("general.architecture")
+        if arch_field is None:
+            return None
+        arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
+        field = reader.get_field(f"{arch}.context_length")
+        return int(field.parts[field.data[0]][0]) if field is not None else None
+    except Exception:  # an unreadable GGUF: llama-server says why when it loads it
+        return None
+
+
+def known_context(settings: Settings) -> tuple[int | None, str | None]:
+    """The smallest context any arm's engine will have, and where that comes from; (None, None) when only
+    a booted engine can tell (a hub id, an external server)."""
+    if settings.launcher == "external":
+        return None, None
+    found: list[tuple[int, str]] = []
+    if settings.embedded:
+        spec = settings.embedded_spec
+        tokens = spec.llamacpp_ctx if settings.engine == "llamacpp" else spec.context
+        found.append((tokens, f"the embedded {spec.name}'s context"))
+    elif settings.model is not None and Path(settings.model).is_dir():
+        tokens_or_none = config_context(Path(settings.model))
+        if tokens_or_none:
+            found.append((tokens_or_none, f"{Path(settings.model).name}/config.json"))
+    elif settings.model is not None and Path(settings.model).is_file():
+        tokens_or_none = gguf_context(Path(settings.model))
+        if tokens_or_none:
+            found.append((tokens_or_none, f"{Path(settings.model).name}'s GGUF metadata"))
+    flags = ("--ctx-size", "-c") if settings.engine == "llamacpp" else ("--max-model-len",)
+    for arm in settings.arms:
+        value = _int(_flag_value((*settings.engine_args, *arm.args), *flags))
+        if value:
+            where = f"{flags[0]} {value}" + (f" (arm {arm.name})" if _flag_value(arm.args, *flags) else "")
+            found.append((value, where))
+    if not found:
+        return None, None
+    return min(found)
+
+
+def _fits_prefill(depth: int, context: int) -> bool:
+    return depth + PREFILL_OUTPUT_TOKENS <= context
+
+
+def _fits_fidelity(depth: int, context: int) -> bool:
+    return depth + FIDELITY_OUTPUT_TOKENS <= context
+
+
+def agentic_target(spec: str, context: int | None, max_tokens: int) -> int | None:
+    """The last agentic turn's prompt tokens ``--kv-agentic-depth`` asks for: a count, a share of the context
+    less the turn's output; None for ``fit`` and ``stock`` (and a share with the context unknown)."""
+    if spec in ("fit", "stock"):
+        return None
+    if spec.endswith("%"):
+        return int(float(spec[:-1]) / 100 * context) - max_tokens if context else None
+    return int(spec)
+
+
+def problems(settings: Settings, context: int, source: str) -> tuple[list[str], list[str], dict[str, Any]]:
+    """(errors for explicit values that cannot fit, notes for defaults left out, the fields to change)."""
+    errors: list[str] = []
+    notes: list[str] = []
+    changes: dict[str, Any] = {}
+    where = f"the context of {context:,} tokens ({source})"
+    explicit = settings.explicit
+
+    over = [d for d in settings.depths if not _fits_prefill(d, context)]
+    if over and "depths" in explicit:
+        errors.append(
+            f"--kv-depths: {', '.join(map(_label, over))} + {PREFILL_OUTPUT_TOKENS} output tokens cannot fit {where}; "
+            f"give depths up to {context - PREFILL_OUTPUT_TOKENS:,}"
+        )
+    elif over:
+        changes["depths"] = tuple(d for d in settings.depths if d not in over)
+        notes.extend(
+            f"prefill@{_label(d)}: left out, {d:,} + {PREFILL_OUTPUT_TOKENS} tokens exceed {where}" for d in over
+        )
+
+    over = [d for d in settings.fidelity_depths if not _fits_fidelity(d, context)]
+    if over and "fidelity_depths" in explicit:
+        errors.append(
+            f"--kv-fidelity-depths: {', '.join(map(_label, over))} cannot fit {where}; give depths up to "
+            f"{context - FIDELITY_OUTPUT_TOKENS:,}"
+        )
+    elif over:
+        changes["fidelity_depths"] = tuple(d for d in settings.fidelity_depths if d not in over)
+        notes.extend(f"fidelity@{_label(d)}: left out, {d:,} + 1 tokens exceed {where}" for d in over)
+
+    target = agentic_target(settings.agentic_depth, context, settings.agentic_max_tokens)
+    if target is not None and (target + settings.agentic_max_tokens > context or target < 1):
+        errors.append(
+            f"--kv-agentic-depth={settings.agentic_depth}: a last turn of {target:,} prompt tokens + "
+            f"{settings.agentic_max_tokens} output tokens cannot fit {where}"
+        )
+    if settings.agentic_max_tokens >= context:
+        errors.append(f"--kv-agentic-max-tokens={settings.agentic_max_tokens} cannot fit {where}")
+    if settings.max_tokens is not None and settings.max_tokens >= context:
+        errors.append(f"--kv-max-tokens={settings.max_tokens} cannot fit {where} (with a prompt)")
+    if settings.concurrency_max_tokens >= context:
+        errors.append(f"--kv-concurrency-max-tokens={settings.concurrency_max_tokens} cannot fit {where}")
+    return errors, notes, changes
+
+
+def fit_context(settings: Settings) -> Settings:
+    """``settings`` with the context known before any boot, its default depths that cannot fit left out
+    (``context_notes``); SettingsError (a usage error) for an explicit value that cannot fit."""
+    from pytest_kvcache.config.settings import SettingsError
+
+    if not settings.active:
+        return settings
+    context, source = known_context(settings)
+    if context is None or source is None:
+        return settings
+    errors, notes, changes = problems(settings, context, source)
+    if errors:
+        raise SettingsError("; ".join(errors))
+    return replace(settings, context_tokens=context, context_source=source, context_notes=tuple(notes), **changes)
+
+
+def check_at_boot(settings: Settings, max_model_len: int | None, boot_id: str) -> tuple[str | None, list[str]]:
+    """At a boot whose engine holds less context than was known before (or none was known): the error for
+    an explicit value that cannot fit the engine's ``max_model_len`` (the boot fails before any request),
+    and the notes for defaults that probes will leave out."""
+    if not max_model_len or (settings.context_tokens is not None and max_model_len >= settings.context_tokens):
+        return None, []
+    errors, notes, _ = problems(settings, int(max_model_len), f"max_model_len of {boot_id}'s engine")
+    return ("; ".join(errors) if errors else None), notes
