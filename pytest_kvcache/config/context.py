@@ -172,12 +172,19 @@ def problems(settings: Settings, context: int, source: str) -> tuple[list[str], 
             f"--kv-agentic-depth={settings.agentic_depth}: a last turn of {target:,} prompt tokens + "
             f"{settings.agentic_max_tokens} output tokens cannot fit {where}"
         )
-    if settings.agentic_max_tokens >= context:
-        errors.append(f"--kv-agentic-max-tokens={settings.agentic_max_tokens} cannot fit {where}")
-    if settings.max_tokens is not None and settings.max_tokens >= context:
-        errors.append(f"--kv-max-tokens={settings.max_tokens} cannot fit {where} (with a prompt)")
-    if settings.concurrency_max_tokens >= context:
-        errors.append(f"--kv-concurrency-max-tokens={settings.concurrency_max_tokens} cannot fit {where}")
+    # an output length given explicitly that cannot fit is a usage error; a default one only leaves its probe's
+    # requests out (each is counted before it is sent), so a probe that is not selected never stops the run
+    for field, flag, probe, value in (
+        ("agentic_max_tokens", "--kv-agentic-max-tokens", "agentic", settings.agentic_max_tokens),
+        ("max_tokens", "--kv-max-tokens", "short", settings.max_tokens),
+        ("concurrency_max_tokens", "--kv-concurrency-max-tokens", "concurrency", settings.concurrency_max_tokens),
+    ):
+        if value is None or value < context:
+            continue
+        if field in explicit:
+            errors.append(f"{flag}={value} cannot fit {where}" + (" (with a prompt)" if field == "max_tokens" else ""))
+        else:
+            notes.append(f"{probe}: every request left out, its {value:,} output tokens ({flag}) exceed {where}")
     return errors, notes, changes
 
 

@@ -33,6 +33,13 @@ def processes_with(tag: str) -> list[int]:
     return live_processes(lambda argv: standin.MODULE in argv[:3] and tag in argv)
 
 
+@pytest.fixture(autouse=True)
+def default_run_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These runs keep their store where a user's would be (under pytester's HOME): a PYTEST_KVCACHE_STORE
+    left in the environment (the engine tier's private store lives for the whole session) is taken away."""
+    monkeypatch.delenv("PYTEST_KVCACHE_STORE", raising=False)
+
+
 @pytest.fixture
 def tag() -> Iterator[str]:
     """A unique marker put on the stand-in engines' command lines, to find leaked ones."""

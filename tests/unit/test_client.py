@@ -215,7 +215,7 @@ def test_a_server_that_may_hold_its_headers_back_is_waited_for_up_to_the_first_t
     ):
         sample = client.stream_chat(payload(), prompt_tokens=0)
     assert sample.error_kind == "first_token_timeout", sample.error
-    assert (sample.error or "").startswith("no first byte within the first-token limit of 1 s")
+    assert (sample.error or "").startswith("no first token within the first-token limit of 1 s")
 
 
 def test_the_first_token_limit_grows_with_the_prompt_within_the_request_timeout() -> None:

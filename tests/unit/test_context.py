@@ -74,6 +74,28 @@ def test_an_explicit_depth_beyond_a_known_context_is_a_usage_error(tmp_path: Pat
         settings(tmp_path, model="embedded:tiny-qwen3", engine_args="--max-model-len 2048", depths="4k")
 
 
+def test_a_default_output_length_beyond_the_context_leaves_its_probe_out_and_an_explicit_one_stops_the_run(
+    tmp_path: Path,
+) -> None:
+    """A user's own probe on an engine with --max-model-len 200: the agentic probe's default 600 output tokens
+    (tiny model) cannot fit, which only leaves that probe's requests out (said before the boot); the same
+    value given on the command line is a usage error."""
+    small = settings(tmp_path, model="embedded:tiny-qwen3", engine_args="--max-model-len 200", depths="100")
+    assert small.agentic_max_tokens == 600
+    assert any(
+        note.startswith("agentic: every request left out, its 600 output tokens (--kv-agentic-max-tokens) exceed")
+        for note in small.context_notes
+    )
+    with pytest.raises(SettingsError, match="--kv-agentic-max-tokens=600 cannot fit the context of 200 tokens"):
+        settings(
+            tmp_path,
+            model="embedded:tiny-qwen3",
+            engine_args="--max-model-len 200",
+            depths="100",
+            agentic_max_tokens="600",
+        )
+
+
 def test_default_depths_beyond_a_model_folders_context_are_left_out_and_said(tmp_path: Path) -> None:
     folder = tmp_path / "m"
     folder.mkdir()
