@@ -445,6 +445,9 @@ class CrossoverRow(TypedDict, total=False):
     #: whether the data carry the crossing (a point on each side excludes parity, or share ≥ 95%), and why
     significant: bool
     evidence: str
+    #: where points on each side exclude parity: the nearest such points on either side of the crossing
+    #: (``ci_low``/``ci_high`` then hold them too)
+    bracket: list[float]
 
 
 class ResolvedArm(TypedDict):

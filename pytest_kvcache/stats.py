@@ -337,7 +337,7 @@ def verdict(metric: str, lo: float | None, hi: float | None) -> Verdict:
     return "inconclusive"
 
 
-def _first_crossing(xs: Sequence[float], ratios: Sequence[float]) -> float | None:
+def first_crossing(xs: Sequence[float], ratios: Sequence[float]) -> float | None:
     """The first change of sign of log(ratio) along ``xs``, interpolated linearly in log(ratio); a ratio of
     exactly 1 between the two sides is the crossing itself, but touching 1 (or staying at 1: identical arms)
     without changing side is none."""
@@ -345,7 +345,7 @@ def _first_crossing(xs: Sequence[float], ratios: Sequence[float]) -> float | Non
 
 
 def _signed_crossing(xs: Sequence[float], ratios: Sequence[float]) -> tuple[float | None, int]:
-    """:func:`_first_crossing` and the side the curve starts on (+1: ratio above 1, −1: below; 0: none)."""
+    """:func:`first_crossing` and the side the curve starts on (+1: ratio above 1, −1: below; 0: none)."""
     logs = np.log(np.asarray(ratios, dtype=float))
     signs = np.sign(logs)
     sided = [i for i in range(len(logs)) if signs[i] != 0]

@@ -7,6 +7,7 @@ bootstrap is seeded with the run's ``--kv-seed``, so the same folder always yiel
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -290,43 +291,75 @@ def judge_crossovers(crossovers: Sequence[CrossoverRow], deltas: Sequence[DeltaR
     """Which crossings the data carry (in place): a sign change is stated only when a point on each side of
     parity has a CI that excludes it (its delta's verdict, judged as the report judges it: over boots, or
     within boots widened by the band or the A/A noise) or when at least ``stats.CROSSING_SHARE`` of the
-    resampled curves cross the same way; otherwise "no significant crossover in the measured range"."""
+    resampled curves cross the same way; otherwise "no significant crossover in the measured range".
+
+    Where points on each side exclude parity, the crossing is placed between them: between the last such
+    point on the first side and the first on the other (``bracket``), at the first sign change of the point
+    estimates inside that bracket — never at a sign change of the estimates among points that exclude nothing
+    before it. A curve whose parity-excluding points change side more than once has no single crossover, and
+    says so."""
     for c in crossovers:
-        rows = [
-            d
+        names = list(c.get("point_names") or [])
+        by_point = {
+            d["point"]: d
             for d in deltas
-            if d["arm"] == c["arm"]
-            and d["probe"] == c["probe"]
-            and d["metric"] == c["metric"]
-            and d["point"] in (c.get("point_names") or [])
-        ]
-        verdicts = {d["verdict"] for d in rows}
-        sides = {"better", "worse"} <= verdicts
-        share = float(c.get("share") or 0.0)
-        estimate = c.get("estimate")
+            if d["arm"] == c["arm"] and d["probe"] == c["probe"] and d["metric"] == c["metric"] and d["point"] in names
+        }
         xs = c["xs"]
         span = f"{xs[0]:,.0f}–{xs[-1]:,.0f} {c['axis']}"
-        significant = estimate is not None and (sides or share >= stats.CROSSING_SHARE)
+        # the points whose CI excludes parity, with the side of parity their ratio is on (+1 above, −1 below)
+        sided = [
+            (x, 1 if (d.get("ratio") or 1.0) > 1 else -1)
+            for x, name in zip(xs, names, strict=False)
+            if (d := by_point.get(name)) is not None and d["verdict"] in ("better", "worse")
+        ]
+        changes = [(a, b) for a, b in itertools.pairwise(sided) if a[1] != b[1]]
+        share = float(c.get("share") or 0.0)
+        estimate = c.get("estimate")
+        if len(changes) > 1:
+            c["significant"] = False
+            above = ", ".join(f"{x:,.0f}" for x, side in sided if side > 0)
+            below = ", ".join(f"{x:,.0f}" for x, side in sided if side < 0)
+            c["evidence"] = f"points exclude parity above it at {above} and below it at {below} {c['axis']}"
+            c["statement"] = f"changes sign more than once in the measured range ({span}): {c['evidence']}"
+            continue
+        if changes:
+            (x0, _), (x1, _) = changes[0]
+            inside = [
+                (x, float(ratio))
+                for x, name in zip(xs, names, strict=False)
+                if x0 <= x <= x1 and (ratio := (by_point.get(name) or {}).get("ratio")) is not None
+            ]
+            found = stats.first_crossing([x for x, _ in inside], [r for _, r in inside]) if len(inside) >= 2 else None
+            c["estimate"] = estimate = found if found is not None else (x0 + x1) / 2
+            c["ci_low"], c["ci_high"] = x0, x1
+            c["bracket"] = [x0, x1]
+            c["significant"] = True
+            c["evidence"] = (
+                f"a point on each side excludes parity: {x0:,.0f} and {x1:,.0f} {c['axis']} are the nearest such "
+                "points on either side"
+            )
+            c["statement"] = (
+                f"crosses 1 between {x0:,.0f} and {x1:,.0f} {c['axis']} (the estimates at ~{estimate:,.0f})"
+            )
+            continue
+        significant = estimate is not None and share >= stats.CROSSING_SHARE
         c["significant"] = significant
         if estimate is None:
             c["evidence"] = "the ratio does not change sign"
             c["statement"] = f"no crossover in the measured range ({span})"
             continue
-        why = "a point on each side excludes parity" if sides else f"{share:.0%} of resampled curves cross the same way"
-        c["evidence"] = (
-            why
-            if significant
-            else (
-                f"only {share:.0%} of resampled curves cross the same way (needs {stats.CROSSING_SHARE:.0%}) and no "
-                "point on each side excludes parity"
-            )
-        )
         if significant:
+            c["evidence"] = f"{share:.0%} of resampled curves cross the same way"
             ci = ""
             if c.get("ci_low") is not None:
                 ci = f" (95% CI {c['ci_low']:,.0f}–{c.get('ci_high') or 0.0:,.0f})"
-            c["statement"] = f"{c['arm']}/{c['baseline']} {c['metric']} crosses 1 at ~{estimate:,.0f} {c['axis']}{ci}"
+            c["statement"] = f"crosses 1 at ~{estimate:,.0f} {c['axis']}{ci}"
         else:
+            c["evidence"] = (
+                f"only {share:.0%} of resampled curves cross the same way (needs {stats.CROSSING_SHARE:.0%}) and no "
+                "point on each side excludes parity"
+            )
             c["statement"] = f"no significant crossover in the measured range ({span}): {c['evidence']}"
 
 
@@ -346,6 +379,25 @@ def _uncertain(rows: Sequence[DeltaRow]) -> str | None:
         fewest = min(min(d.get("n_baseline", 0), d.get("n_arm", 0)) for d in rows)
         return f"not judged: {fewest} sample(s) a side, no CI (more --kv-runs / --kv-depth-runs, or boots)"
     return None
+
+
+def _standing(rows: Sequence[DeltaRow], baseline: str) -> str:
+    """Where an arm stands along a curve with no stated crossover: the points whose CI puts it ahead of or
+    behind the baseline, of all the points judged."""
+    ahead = sum(d["verdict"] == "better" for d in rows)
+    behind = sum(d["verdict"] == "worse" for d in rows)
+    total = len(rows)
+    if total and ahead == total:
+        return f"ahead of {baseline} at every point"
+    if total and behind == total:
+        return f"behind {baseline} at every point"
+    if behind and not ahead:
+        return f"behind {baseline} at {behind} of {total} points, ahead at none"
+    if ahead and not behind:
+        return f"ahead of {baseline} at {ahead} of {total} points, behind at none"
+    if ahead and behind:
+        return f"ahead of {baseline} at {ahead} and behind at {behind} of {total} points"
+    return f"no point differs from {baseline} beyond its CI"
 
 
 def verdict_sentences(
@@ -373,7 +425,13 @@ def verdict_sentences(
             rows = [d for d in deltas if d["arm"] == arm and d["probe"] == probe and d["metric"] == metric]
             for c in cross:
                 estimate, lo, hi = c.get("estimate"), c.get("ci_low"), c.get("ci_high")
-                if estimate is not None and c.get("significant", True):
+                if estimate is not None and c.get("significant", True) and c.get("bracket"):
+                    out.append(
+                        f"{arm}'s {probe} {metric} relative to {arms[0]} changes sign between "
+                        f"{_short_k(lo or 0.0)} and {_short_k(hi or 0.0)} {c['axis']} (points on each side exclude "
+                        f"parity; the estimates cross at {_short_k(estimate)}){_provisional(rows)}."
+                    )
+                elif estimate is not None and c.get("significant", True):
                     out.append(
                         f"{arm}'s {probe} {metric} relative to {arms[0]} changes sign by "
                         f"{_short_k(estimate)} {c['axis']}"
@@ -381,16 +439,7 @@ def verdict_sentences(
                         + f"{_provisional(rows)}."
                     )
                 else:
-                    signs = {d["verdict"] for d in rows}
-                    where = (
-                        unjudged
-                        if (unjudged := _uncertain(rows))
-                        else f"ahead of {arms[0]} at every point"
-                        if signs == {"better"}
-                        else f"behind {arms[0]} at every point"
-                        if signs == {"worse"}
-                        else f"no consistent difference from {arms[0]}"
-                    )
+                    where = _uncertain(rows) or _standing(rows, arms[0])
                     out.append(f"{arm}'s {probe} {metric}: {c['statement']}; {where}{_provisional(rows)}.")
     return out
 

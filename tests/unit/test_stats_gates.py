@@ -196,21 +196,36 @@ def test_evaluate_between_baseline_and_absolute() -> None:
 
 
 def test_one_boot_per_arm_decides_a_gate_missed_or_met_far_beyond_boot_to_boot_variation() -> None:
-    """With fewer than 3 boots per arm the within-boot CI is widened by the default band: +60% decides
-    neither ×1.20 nor ×2.0, but a ×5 gate fails and a ×0.2 gate passes."""
+    """With fewer than 3 boots per arm the within-boot CI is widened by the default band: a gate whose threshold
+    sits inside the band around the measured +60% is undecided (either side), one a factor beyond it is decided,
+    and ×5 / ×0.2 gates always are."""
+    band = bands.band("decode_tps", "cpu")
+    assert band is not None
+    reach = math.exp(1.96 * math.sqrt(2) * band.boot_sd)  # the band's reach around a one-boot ratio, as a factor
+    near_low, near_high = 1.6 / reach**0.5, 1.6 * reach**0.5
+    far_low, far_high = 1.6 / reach**2, 1.6 * reach**2
     data = frame(_records("fp8", [100.0, 101.0, 99.0, 100.5]) + _records("int8", [160.0, 161.0, 159.0, 160.5]))
     arms = ["fp8", "int8"]
     texts = (
-        "decode_tps[short]: int8 >= fp8 * 1.20",
-        "decode_tps[short]: int8 >= fp8 * 2.0",
+        f"decode_tps[short]: int8 >= fp8 * {near_high:.4f}",
+        f"decode_tps[short]: int8 >= fp8 * {near_low:.4f}",
         "decode_tps[short]: int8 >= fp8 * 5",
         "decode_tps[short]: int8 >= fp8 * 0.2",
         "decode_tps[short]: >= 1",
+        f"decode_tps[short]: int8 >= fp8 * {far_high:.4f}",
+        f"decode_tps[short]: int8 >= fp8 * {far_low:.4f}",
     )
     results = gates.evaluate([gates.parse(t, arms=arms) for t in texts], data, arms, seed=0, platform="cpu")
-    assert [r["outcome"] for r in results] == ["inconclusive", "inconclusive", "fail", "pass", "pass", "pass"]
-    band = bands.band("decode_tps", "cpu")
-    assert band is not None
+    assert [r["outcome"] for r in results] == [
+        "inconclusive",
+        "inconclusive",
+        "fail",
+        "pass",
+        "pass",
+        "pass",
+        "fail",
+        "pass",
+    ]
     for r in results[:4]:
         evidence = r["evidence"]
         assert evidence["kind"] == "default band" and evidence["family"] == "decode rate"
@@ -314,7 +329,7 @@ def test_a_flat_noisy_curve_gives_no_crossover() -> None:
 
 def test_a_curve_that_really_crosses_gives_a_crossover_with_its_interval() -> None:
     """3 boots per arm; the arm is 1.6× the baseline at 1k–2k and 0.5× at 8k–16k: points on each side
-    exclude parity, so the crossing is stated with its CI."""
+    exclude parity, so the crossing is stated, between the nearest such points on either side."""
     from pytest_kvcache.report import build as report_build
 
     recs: list[dict[str, Any]] = []
@@ -326,10 +341,45 @@ def test_a_curve_that_really_crosses_gives_a_crossover_with_its_interval() -> No
     rows, deltas = _crossings(recs)
     (row,) = [r for r in rows if r["metric"] == "prefill_tps"]
     assert row["ci_method"] == "boots" and row["significant"] is True
-    assert row["evidence"] == "a point on each side excludes parity"
+    assert row["evidence"].startswith("a point on each side excludes parity")
     assert row["estimate"] is not None and 4000 < row["estimate"] < 8000
     lo, hi = row["ci_low"], row["ci_high"]
-    assert lo is not None and hi is not None and lo <= row["estimate"] <= hi
-    assert row["statement"].startswith("b/a prefill_tps crosses 1 at ~") and "(95% CI " in row["statement"]
+    assert lo is not None and hi is not None and lo <= row["estimate"] <= hi and row["bracket"] == [lo, hi]
+    assert lo in (2000, 4000) and hi == 8000  # the nearest points whose CIs exclude parity on either side
+    assert row["statement"].startswith(f"crosses 1 between {lo:,.0f} and 8,000 depth")
     sentences = report_build.verdict_sentences(deltas, rows, ["a", "b"], registry.resolve())
-    assert any("relative to a changes sign by" in s for s in sentences)
+    assert any("relative to a changes sign between" in s for s in sentences)
+
+
+def test_a_crossing_is_placed_between_the_points_that_exclude_parity_not_where_noise_crosses() -> None:
+    """The estimates first cross 1 among points whose CIs include parity (1k → 2k), but the points that
+    exclude it are above at 4k and below at 16k: the crossing is stated between 4k and 16k, where the data
+    carry it — not at the noise's first sign change."""
+    recs: list[dict[str, Any]] = []
+    shape = {1000: 1.01, 2000: 0.99, 4000: 1.5, 8000: 1.02, 16000: 0.5}
+    for r, drift in zip((1, 2, 3), (1.0, 1.02, 0.98), strict=True):
+        for depth, ratio in shape.items():
+            recs += _prefill("a", f"a.r{r}", r, depth, [100.0 * drift, 101.0 * drift, 99.0 * drift])
+            recs += _prefill("b", f"b.r{r}", r, depth, [100.0 * ratio * drift, 101.0 * ratio, 99.0 * ratio])
+    rows, _ = _crossings(recs)
+    (row,) = [r for r in rows if r["metric"] == "prefill_tps"]
+    assert row["significant"] is True and row["bracket"] == [4000, 16000]
+    assert row["estimate"] is not None and 8000 < row["estimate"] < 16000
+
+
+def test_a_curve_whose_significant_points_change_side_twice_has_no_single_crossover() -> None:
+    """Above parity at 1k, below at 4k, above again at 16k, each excluding it: no one crossover is stated."""
+    from pytest_kvcache.report import build as report_build
+
+    recs: list[dict[str, Any]] = []
+    shape = {1000: 1.5, 2000: 1.0, 4000: 0.6, 8000: 1.0, 16000: 1.5}
+    for r, drift in zip((1, 2, 3), (1.0, 1.02, 0.98), strict=True):
+        for depth, ratio in shape.items():
+            recs += _prefill("a", f"a.r{r}", r, depth, [100.0 * drift, 101.0 * drift, 99.0 * drift])
+            recs += _prefill("b", f"b.r{r}", r, depth, [100.0 * ratio * drift, 101.0 * ratio, 99.0 * ratio])
+    rows, deltas = _crossings(recs)
+    (row,) = [r for r in rows if r["metric"] == "prefill_tps"]
+    assert row["significant"] is False
+    assert row["statement"].startswith("changes sign more than once in the measured range (1,000–16,000 depth)")
+    sentences = report_build.verdict_sentences(deltas, rows, ["a", "b"], registry.resolve())
+    assert not any("changes sign by" in s or "changes sign between" in s for s in sentences)

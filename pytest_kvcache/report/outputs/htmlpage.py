@@ -78,7 +78,9 @@ def _tables(report: Report) -> list[Table]:
     header = ["Metric", *arms, *[f"{a} delta" for a in arms[1:]]]
     crossings = report.get("crossovers") or []
     for probe, probe_rows in by_probe.items():
-        notes = [f"{c['metric']}: {c['statement']}" for c in crossings if c["probe"] == probe]
+        notes = [
+            f"{c['arm']}/{c['baseline']} {c['metric']}: {c['statement']}" for c in crossings if c["probe"] == probe
+        ]
         tables.append(Table(md.title(report, probe), header, probe_rows, notes=notes))
     fidelity_header, fidelity_rows = md.fidelity_table(report)
     section = report.get("fidelity")

@@ -664,7 +664,7 @@ def markdown(report: Report, plots: Sequence[str] = ()) -> str:
     crossovers = report.get("crossovers") or []
     if crossovers:
         lines += ["", "## Crossover", ""]
-        lines += [f"- {c['probe']} {c['metric']}: {c['statement']}" for c in crossovers]
+        lines += [f"- {c['arm']}/{c['baseline']} {c['probe']} {c['metric']}: {c['statement']}" for c in crossovers]
     if report.get("verdicts"):
         lines += ["", "## Verdict", ""]
         lines += [f"- {v}" for v in report["verdicts"]]

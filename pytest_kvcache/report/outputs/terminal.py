@@ -155,7 +155,9 @@ def ab_lines(report: Report) -> list[str]:
         lines.append(f"{title(report, probe)}:")
         lines += ["  " + line for line in frame.to_string(index=False).splitlines()]
     for c in report.get("crossovers") or []:
-        lines.append(f"crossover {c.get('probe')} {c.get('metric')}: {c.get('statement')}")
+        lines.append(
+            f"crossover {c.get('arm')}/{c.get('baseline')} {c.get('probe')} {c.get('metric')}: {c.get('statement')}"
+        )
     lines += [f"verdict: {v}" for v in report.get("verdicts") or []]
     ci = report.get("ci")
     if ci and ci.get("lane_order"):
