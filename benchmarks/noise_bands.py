@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from pytest_kvcache.report import bands
+from pytest_kvcache.report.frame import spec_of
 from pytest_kvcache.report.load import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +42,7 @@ DEFAULT_RUNS = (
     "docs/results/h200-replicated/run",
     "docs/results/h200-agreement/run",
     "docs/results/h200-fidelity/run",
+    "docs/results/h200-trained/run",
 )
 OUT = ROOT / "pytest_kvcache" / "data" / bands.FILE
 
@@ -83,9 +85,10 @@ def points(run_dir: Path) -> tuple[str, list[dict[str, object]]]:
     data["config"] = [arm_of(str(a)) for a in data["arm"]]
     found: list[dict[str, object]] = []
     for (config, probe, point), group in data.groupby(["config", "probe", "point"]):
+        measured = spec_of(str(probe), run.specs).metrics  # the probe's metrics, not the frame's other columns
         for metric in group.columns:
             name = bands.family(str(metric))
-            if name is None or metric in ("prompt_tokens", "cached_tokens"):
+            if name is None or metric not in measured:
                 continue
             per_boot = group.groupby("boot")[metric].agg(lambda v: [float(x) for x in v if x is not None and x == x])
             stats = [(np.mean(v), np.var(v, ddof=1) / len(v)) for v in per_boot if len(v) >= 2]
