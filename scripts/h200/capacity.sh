@@ -4,7 +4,8 @@
 # one KV budget for both arms (--kv-cache-bytes=12GiB: 87,381 tokens at bf16's 147,456 bytes a token, 174,762 at
 # fp8's 73,728) so the capacity ratio comes from the KV dtype, sessions of 16K and 32K tokens, the GPU default
 # SLO (ttft_p95<=2s,itl_p95<=60ms) and think time (2 s), trials of 10 s (the default 30 s would take ~3× the
-# device time), the search from 2 sessions, at most 32; one boot per arm. The short probes run too, so energy
+# device time), the search from 2 sessions, at most 32; one boot per arm (--kv-max-replicates=1: an open gate
+# would otherwise add boots past the hold, and says how many instead). The short probes run too, so energy
 # per token has decode windows of seconds on this model. ARMS=auto,fp8,int8 adds int8_per_token_head when the
 # time allows (~+5 min: one more boot and its searches).
 #
@@ -29,7 +30,7 @@ case "${1:?start|collect}" in
       --kv-capacity-depths=16k,32k --kv-capacity-window=10 \
       --kv-capacity-start=2 --kv-capacity-max-sessions=32 \
       --kv-warmups=1 --kv-runs=3 --kv-max-tokens=512 \
-      --kv-progress=lines --kv-startup-timeout=900 \
+      --kv-progress=lines --kv-startup-timeout=900 --kv-max-replicates=1 \
       "--kv-fail=capacity[capacity@16k]: fp8 >= auto * 1.5" \
       "--kv-fail=capacity[capacity@32k]: fp8 >= auto * 1.5" \
       "--kv-fail=energy_per_token[short]: fp8 <= auto * 1.2"
