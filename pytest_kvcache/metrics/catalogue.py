@@ -190,11 +190,12 @@ def register(metric: Metric) -> Metric:
 
 
 def unregister(name: str) -> None:
-    """Forget a declared metric (a test's toy); a stock one comes back as :data:`STOCK` declares it."""
-    _DECLARED.pop(name, None)
-    for metric in STOCK:
-        if metric.name == name:
-            _DECLARED[name] = metric
+    """Forget a declared metric (a test's toy); a stock one goes back to its :data:`STOCK` entry, in its place."""
+    stock = {m.name: m for m in STOCK}
+    if name in stock:
+        _DECLARED[name] = stock[name]
+    else:
+        _DECLARED.pop(name, None)
 
 
 def get(name: str) -> Metric:
