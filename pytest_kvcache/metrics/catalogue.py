@@ -170,7 +170,7 @@ STOCK: tuple[Metric, ...] = (
     Metric("cached_tokens", None, "tokens", "lower", compared=False, format="count", group="count"),
     # ---- a concurrency trial (N simultaneous streams)
     Metric("aggregate_tps", "decode rate", _TPS, "higher", group="trial"),
-    Metric("stream_tps_median", "decode rate", _TPS, "lower", group="trial"),
+    Metric("stream_tps_median", "decode rate", _TPS, "higher", group="trial"),
     Metric("ttft_p95_s", "latency", "s", "lower", format="seconds", group="trial"),
     # ---- the capacity probe: sessions an arm sustains under the SLO
     Metric("capacity", None, "sessions", "higher", group="capacity"),

@@ -152,3 +152,11 @@ def test_a_probe_plans_its_request_count_from_its_spec() -> None:
     spec = ProbeSpec(name="mine", title="Mine", metrics=("decode_tps",), primary_metric="decode_tps")
     assert spec.planned_requests(settings) is None
     assert spec.__class__(**{**spec.__dict__, "requests_option": "turns"}).planned_requests(settings) == 11
+
+
+def test_every_rate_is_better_higher_and_every_time_lower() -> None:
+    for metric in catalogue.declared():
+        if metric.unit == "tokens/s":
+            assert metric.direction == "higher", metric.name  # stream_tps_median was "worse" when faster
+        if metric.unit == "s":
+            assert metric.direction == "lower" and metric.format == "seconds", metric.name
