@@ -32,6 +32,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from pytest_kvcache.metrics import catalogue
+
 ErrorKind = Literal[
     "http_error",
     "connection_error",
@@ -95,8 +97,7 @@ class Sample:
 
     def measures(self) -> tuple[dict[str, float | None], list[str], dict[str, str]]:
         """Return (metrics, flags, voided): metric values, sample flags, and metric → reason it was voided."""
-        names = ("ttft_s", "wall_tps", "decode_tps", "prefill_tps")
-        metrics: dict[str, float | None] = dict.fromkeys(names)
+        metrics: dict[str, float | None] = dict.fromkeys(catalogue.names("client"))
         flags: list[str] = []
         voided: dict[str, str] = {}
         if not self.ok or self.first_token_s is None or self.end_s is None or not self.completion_tokens:

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from pytest_kvcache.metrics import catalogue
+
 SUMMARY_FIELDS = ("n", "mean", "median", "std", "cv_pct", "min", "max")
 
 
@@ -37,13 +39,11 @@ BOOTSTRAP_SAMPLES = 4000
 CONFIDENCE = 0.95
 
 
-#: Metrics better higher that are not throughputs: speculative acceptance, and the sessions an arm sustains.
-HIGHER_IS_BETTER = frozenset({"acceptance_length", "acceptance_rate", "capacity"})
-
-
 def higher_is_better(metric: str) -> bool:
-    """Throughputs (``*_tps``) and acceptance are better higher; times (``*_s``) and token counts better lower."""
-    return metric.endswith("_tps") or metric in HIGHER_IS_BETTER
+    """The metric's direction, as the catalogue declares it (``metrics.catalogue``: throughputs, acceptance and
+    capacity better higher; times, energy, fidelity and token counts better lower; an undeclared ``*_tps``
+    higher)."""
+    return catalogue.higher_is_better(metric)
 
 
 def _rng(seed: int) -> np.random.Generator:

@@ -23,28 +23,31 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, cast
 
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import ProbeSpecData
 
 PointKind = Literal["shape", "depth", "turn"]
 CurveX = Literal["depth", "prompt_tokens"]
 Label = Literal["shape", "at", "plain"]
 
+# The metric groups, as the catalogue declares them (``metrics.catalogue``: each metric's family, unit,
+# direction, label and format are there).
 #: Metrics every request record carries (``Sample.measures``): a user's probe may use any of them.
-CLIENT_METRICS = ("ttft_s", "wall_tps", "decode_tps", "prefill_tps")
+CLIENT_METRICS = catalogue.names("client")
 #: Engine-side timings (``/metrics`` deltas around a request) a record may carry.
-ENGINE_METRICS = ("engine_ttft_s", "engine_prefill_s", "engine_decode_s", "engine_queue_s")
+ENGINE_METRICS = catalogue.names("engine")
 #: Speculative decoding per request, from the ``/metrics`` deltas (``metrics.spec_metrics``): present only
 #: when the engine drafted; higher is better.
-SPEC_METRICS = ("acceptance_length", "acceptance_rate")
+SPEC_METRICS = catalogue.names("spec")
 #: Fidelity per block of scored positions, each already a difference from the baseline arm
 #: (``probes.fidelity``): lower is better, gated as absolutes (``logprob_drift[fidelity@32k]: int8 <= 0.05``).
-FIDELITY_METRICS = ("logprob_drift", "kl_topk", "nll_delta")
+FIDELITY_METRICS = catalogue.names("fidelity")
 #: Energy per token over a request's windows, on its boot's own cards (``report.energy``): J per output token
 #: over the decode window, J per prefilled prompt token over the prefill window; lower is better. Present only
 #: where NVML metered the cards and a point's windows were long enough for the counter's steps.
-ENERGY_METRICS = ("energy_per_token", "energy_per_prompt_token")
+ENERGY_METRICS = catalogue.names("energy")
 #: Token counts: summarised, never compared as a delta or gated.
-COUNT_METRICS = ("prompt_tokens", "cached_tokens")
+COUNT_METRICS = catalogue.names("count")
 
 
 def depth_label(depth: int) -> str:
@@ -86,6 +89,9 @@ class ProbeSpec:
     #: each boot's records at a point are one search (the capacity probe's): ``report.capacity`` turns them
     #: into one frame row per boot and point, whose metrics carry their own bootstrap (``frame.compare``)
     search: bool = False
+    #: the ``Settings`` field that says how many measured requests a point plans (``runs``, ``depth_runs``,
+    #: ``turns``); run-time only (not stored with the spec)
+    requests_option: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -99,8 +105,18 @@ class ProbeSpec:
 
     @property
     def compared_metrics(self) -> tuple[str, ...]:
-        """The metrics that get deltas and gates (token counts are only summarised)."""
-        return tuple(m for m in self.metrics if m not in COUNT_METRICS)
+        """The metrics that get deltas and gates (the catalogue's ``compared``: token counts are only
+        summarised)."""
+        return tuple(m for m in self.metrics if catalogue.compared(m))
+
+    def planned_requests(self, settings: object) -> int | None:
+        """How many measured requests one point of this probe plans (progress's ``i/N``): the value of the
+        option ``requests_option`` names on ``settings`` (a resolved ``Settings``); None when the spec names
+        none (a search, a trial's streams, a user's probe)."""
+        if self.requests_option is None:
+            return None
+        value = getattr(settings, self.requests_option, None)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     def to_dict(self) -> ProbeSpecData:
         return {
@@ -157,6 +173,7 @@ STOCK: tuple[ProbeSpec, ...] = (
         marker_help="short-context probe (one short prompt, long decode) — narrative and code shapes.",
         order=0,
         label="shape",
+        requests_option="runs",
     ),
     ProbeSpec(
         name="prefill",
@@ -178,6 +195,7 @@ STOCK: tuple[ProbeSpec, ...] = (
         curve_x="depth",
         markers=("depth",),
         label="at",
+        requests_option="depth_runs",
     ),
     ProbeSpec(
         name="agentic",
@@ -194,6 +212,7 @@ STOCK: tuple[ProbeSpec, ...] = (
         exclude_first_point=True,
         markers=("depth",),
         label="at",
+        requests_option="turns",
     ),
     ProbeSpec(
         name="concurrency",
@@ -203,6 +222,7 @@ STOCK: tuple[ProbeSpec, ...] = (
         marker_help="N simultaneous streams per arm (--kv-concurrency), aggregate and per-stream speed.",
         order=3,
         trials=True,
+        requests_option="runs",
     ),
     ProbeSpec(
         name="fidelity",

@@ -10,6 +10,7 @@ from typing import Any
 from pytest_kvcache import stats
 from pytest_kvcache.client import Sample
 from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import Record as RecordData
 
 Record = Callable[..., RecordData]
@@ -91,7 +92,7 @@ class ProbeOutcome:
         info: dict[str, Any] = {"valid_samples": len(self.valid)}
         if self.records:
             info.update({k: self.records[0].get(k) for k in ("arm", "boot", "probe", "shape")})
-        for metric in ("ttft_s", "wall_tps", "decode_tps", "prefill_tps"):
+        for metric in catalogue.names("client"):
             values = [v for r in self.valid if (v := r["metrics"].get(metric)) is not None]
             if values:
                 info[f"{metric}_mean"] = sum(values) / len(values)

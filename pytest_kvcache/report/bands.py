@@ -16,36 +16,23 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import DeltaRow, Evidence
 
 Platform = Literal["cpu", "gpu"]
 
-#: Metric families: metrics whose boot-to-boot spread is alike.
-FAMILIES: dict[str, tuple[str, ...]] = {
-    #: energy per output token is power over the decode rate: it inherits the rate's boot-to-boot spread
-    "decode rate": ("decode_tps", "wall_tps", "aggregate_tps", "stream_tps_median", "energy_per_token"),
-    "latency": ("ttft_s", "engine_ttft_s", "ttft_p95_s", "engine_decode_s"),
-    #: time in the engine's queue: near zero when idle, so its relative spread is no latency's
-    "queueing": ("engine_queue_s",),
-    "prefill rate": ("prefill_tps", "engine_prefill_s", "energy_per_prompt_token"),
-    "acceptance": ("acceptance_length", "acceptance_rate"),
-    "fidelity": ("logprob_drift", "kl_topk", "nll_delta"),
-}
+#: Metric families: metrics whose boot-to-boot spread is alike (each metric's ``family`` in the catalogue,
+#: ``metrics.catalogue``; a metric registered later is read there by :func:`family`).
+FAMILIES: dict[str, tuple[str, ...]] = catalogue.families()
 FILE = "noise_bands.json"
 #: The families a metric of unknown kind may be: its band is the widest of theirs.
 TIMING = ("decode rate", "latency", "prefill rate")
 
 
 def family(metric: str) -> str | None:
-    """The family of a metric: by name, else by its unit (``*_tps`` a rate, ``*_s`` a time); None: unknown."""
-    for name, metrics in FAMILIES.items():
-        if metric in metrics:
-            return name
-    if metric.endswith("_tps"):
-        return "decode rate"
-    if metric.endswith("_s"):
-        return "latency"
-    return None
+    """The family of a metric: as the catalogue declares it, else by its unit (``*_tps`` a rate, ``*_s`` a
+    time); None: unknown."""
+    return catalogue.family(metric)
 
 
 def platform_of(evidence: Mapping[str, Evidence]) -> Platform:

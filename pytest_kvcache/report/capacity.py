@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from pytest_kvcache import stats
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import (
     CapacityRow,
     CapacitySection,
@@ -307,7 +308,7 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
         "n_arm": sum(int(t.ttft.size) for _, s in au for t in s.judged),
         "boots_baseline": len(bu),
         "boots_arm": len(au),
-        "direction": "higher",
+        "direction": catalogue.direction(metric),
         "verdict": verdict,
         "censored": any(s.censored for _, s in [*bu, *au]),
     }

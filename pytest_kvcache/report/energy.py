@@ -35,6 +35,8 @@ from typing import Any, Literal, cast
 import numpy as np
 import pandas as pd
 
+from pytest_kvcache.metrics import catalogue
+from pytest_kvcache.metrics.catalogue import joules_text as joules_text
 from pytest_kvcache.model import EnergyRow, EnergySection, Evidence, Json
 from pytest_kvcache.probes.registry import ProbeSpec
 
@@ -444,15 +446,9 @@ def _row(at: pd.DataFrame, energy: Energy, kind: str) -> dict[str, Json] | None:
     }
 
 
-def joules_text(value: float | None) -> str:
-    """``2.07 J`` / ``54.2 mJ`` / ``9.90 kJ`` / ``–``: three significant digits, no exponent."""
-    if value is None or value != value:
-        return "–"
-    for scale, unit in ((1e6, "MJ"), (1e3, "kJ"), (1.0, "J"), (1e-3, "mJ"), (1e-6, "µJ")):
-        if abs(value) >= scale or scale == 1e-6:
-            x = value / scale
-            return f"{x:.0f} {unit}" if abs(x) >= 100 else f"{x:.1f} {unit}" if abs(x) >= 10 else f"{x:.2f} {unit}"
-    return "–"  # pragma: no cover - the loop always returns
+def per_what(metric: str) -> str:
+    """What an energy metric is per, from its catalogue unit (``J/prompt token`` → ``prompt token``)."""
+    return catalogue.get(metric).unit.partition("/")[2] or "token"
 
 
 def table(report_energy: EnergySection | None) -> tuple[list[str], list[list[str]]]:
@@ -464,7 +460,7 @@ def table(report_energy: EnergySection | None) -> tuple[list[str], list[list[str
             continue
         seconds = r.get("window_s")
         power = r.get("mean_power_w")
-        unit = "prompt token" if r["metric"] == "energy_per_prompt_token" else "token"
+        unit = per_what(r["metric"])
         boots = f"{r['boots_reported']} of {r['boots']}"
         if r.get("reason"):
             boots += f" ({r['reason']})"

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from pytest_kvcache import stats
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import Comparison, Record
 from pytest_kvcache.probes.registry import ProbeSpec, user_spec
 from pytest_kvcache.report.energy import request_windows, trial_windows
@@ -242,7 +243,7 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
         "n_arm": len(av),
         "boots_baseline": len(base_boots),
         "boots_arm": len(arm_boots),
-        "direction": "higher" if stats.higher_is_better(metric) else "lower",
+        "direction": catalogue.direction(metric),
         "verdict": verdict,
     }
     if method == "within-boot" and verdict != "inconclusive":

@@ -13,8 +13,8 @@ from typing import Literal, cast
 import pandas as pd
 
 from pytest_kvcache import stats
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import GateResult, Report, SavedRow, SavedSection
-from pytest_kvcache.probes.registry import COUNT_METRICS
 from pytest_kvcache.report import gates as gate_grammar
 from pytest_kvcache.report.bands import platform_of
 from pytest_kvcache.report.build import build, judge_crossovers, report_verdicts
@@ -96,7 +96,7 @@ def compare_with_saved(
     keys = sorted({(s["probe"], s["point"], s["metric"], s["arm"]) for s in report["summary"]})
     for probe, point, metric, arm in keys:
         spec = (specs or {}).get(probe)
-        if metric in COUNT_METRICS or old_data.empty or (spec is not None and spec.own_section):
+        if not catalogue.compared(metric) or old_data.empty or (spec is not None and spec.own_section):
             continue
         old = old_data[(old_data["probe"] == probe) & (old_data["point"] == point) & (old_data["arm"] == arm)]
         new = data[(data["probe"] == probe) & (data["point"] == point) & (data["arm"] == arm)]

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from pytest_kvcache.config.settings import Boot, Settings
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import Evidence, FidelityRecord, Record
+from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.prefill import depth_label
 
 Mode = Literal["lines", "live", "off"]
@@ -75,11 +77,12 @@ def figure(record: Record) -> str:
     parts = []
     ttft = metrics.get("ttft_s")
     if ttft is not None:
-        parts.append(f"ttft {ttft:.2f} s" if ttft >= 1 else f"ttft {ttft * 1000:.0f} ms")
-    for name, unit in (("prefill_tps", "prefill tok/s"), ("decode_tps", "decode tok/s")):
+        short = catalogue.get("ttft_s").short
+        parts.append(f"{short} {ttft:.2f} s" if ttft >= 1 else f"{short} {ttft * 1000:.0f} ms")
+    for name in ("prefill_tps", "decode_tps"):
         value = metrics.get(name)
         if value is not None and (name != "prefill_tps" or record.get("probe") == "prefill"):
-            parts.append(f"{value:,.0f} {unit}")
+            parts.append(f"{value:,.0f} {catalogue.get(name).short}")
     if not record.get("ok"):
         parts.append(f"FAILED {record.get('error_kind')}")
     elif record.get("excluded_reason"):
@@ -258,14 +261,7 @@ class Progress:
 
 
 def requests_of(record: Record, settings: Settings) -> int | None:
-    """How many measured requests the record's probe point plans (for ``i/N``), when the plugin knows."""
-    probe = record.get("probe")
-    if probe == "short":
-        return settings.runs
-    if probe == "prefill":
-        return settings.depth_runs
-    if probe == "concurrency":
-        return settings.runs
-    if probe == "agentic":
-        return settings.turns
-    return None
+    """How many measured requests the record's probe point plans (for ``i/N``), when its spec says
+    (``ProbeSpec.planned_requests``)."""
+    spec = registry.get(str(record.get("probe")))
+    return spec.planned_requests(settings) if spec is not None else None

@@ -5,23 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import BootEntry, DeltaRow, GateResult, Json, Report, SavedRow
-from pytest_kvcache.probes.registry import ENERGY_METRICS, ProbeSpec
+from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report import capacity, cost, energy, failures, greedy, left_out
-from pytest_kvcache.report.energy import joules_text
 from pytest_kvcache.report.fidelity import nats
 
 
 def fmt(value: float | int | None, metric: str) -> str:
-    if value is None or value != value:
-        return "–"
-    if metric in ENERGY_METRICS:
-        return joules_text(float(value))
-    if metric.endswith("_s"):
-        return f"{value:.3f} s" if abs(value) >= 1 else f"{value * 1000:.0f} ms"
-    if metric in ("prompt_tokens", "cached_tokens", "kv_cache_size_tokens"):
-        return f"{value:,.0f}"
-    return f"{value:,.2f}"
+    """``value`` in ``metric``'s display format (``metrics.catalogue``)."""
+    return catalogue.text(value, metric)
 
 
 def fmt_delta(row: DeltaRow | SavedRow) -> str:

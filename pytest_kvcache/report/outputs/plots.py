@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import FidelityRow, Report
 from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report import capacity
@@ -141,20 +142,8 @@ def render(report: Report) -> dict[str, bytes]:
 
 
 def axis_label(metric: str) -> str:
-    """A metric's axis label with its unit."""
-    named = {
-        "ttft_s": "time to first token (s)",
-        "acceptance_length": "acceptance length (tokens per step)",
-        "acceptance_rate": "acceptance rate (share of drafts)",
-        "prompt_tokens": "prompt tokens",
-    }
-    if metric in named:
-        return named[metric]
-    if metric.endswith("_tps"):
-        return f"{metric} (tokens/s)"
-    if metric.endswith("_s"):
-        return f"{metric} (s)"
-    return metric
+    """A metric's axis label with its unit (``metrics.catalogue``)."""
+    return catalogue.label(metric)
 
 
 def _mean_half_width(row: pd.Series) -> float:

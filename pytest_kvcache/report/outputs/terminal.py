@@ -183,7 +183,7 @@ def ab_lines(report: Report) -> list[str]:
     for r in section["rows"] if section else []:
         if r["joules_per_token"] is None:
             continue
-        unit = "prompt token" if r["metric"] == "energy_per_prompt_token" else "token"
+        unit = energy.per_what(r["metric"])
         lines.append(
             f"energy {r['arm']} {r['probe']}@{r['point']} {r['window']}: {energy.joules_text(r['joules_per_token'])}/"
             f"{unit} ({energy.joules_text(r['joules'])} over {r['windows']} windows, {r['window_s'] or 0:.2f} s, "
