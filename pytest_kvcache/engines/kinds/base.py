@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import httpx
 
+from pytest_kvcache.config.engine_kinds import ENGINE_KINDS
 from pytest_kvcache.config.settings import Arm, Settings, SettingsError
 from pytest_kvcache.model import LogFacts
 
@@ -275,7 +276,10 @@ def unregister_kind(name: str) -> None:
 
 
 def kind_names() -> tuple[str, ...]:
-    return tuple(_KINDS)
+    """The registered kinds' names: the built-in ones first (vllm, llamacpp, openai), then the others as
+    they were registered."""
+    builtin = [name for name in ENGINE_KINDS if name in _KINDS]
+    return (*builtin, *(name for name in _KINDS if name not in builtin))
 
 
 def get_kind(name: str) -> Kind:
