@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
-from pytest_kvcache.config.settings import Arm, Settings, SettingsError
+from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines.kinds import Command, Kind, register_kind
 from pytest_kvcache.engines.kinds.vllm import VLLM, parse_log
 from pytest_kvcache.model import LogFacts
@@ -31,15 +31,11 @@ TOY_COUNTERS: Mapping[str, str] = {
 @register_kind("toy")
 class ToyKind(Kind):
     profile = replace(VLLM, kind="toy", title="Toy engine (the stand-in, a kind registered by a test)")
-    dtype_aliases = TOY_DTYPES
+    dtype_aliases = TOY_DTYPES  # its arm names (an arm's kv_cache_dtype is the value), and no raw dtype
+    dtypes = ()
     counters = TOY_COUNTERS
     request_success = "vllm:request_success_total"
     cache_config_info = "vllm:cache_config_info"
-
-    def resolve_arm(self, name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
-        if name not in TOY_DTYPES:
-            raise SettingsError(f"unknown toy arm {name!r}; valid arms: {', '.join(TOY_DTYPES)}")
-        return Arm(name=name, kv_cache_dtype=TOY_DTYPES[name], source="alias", typed_as=name)
 
     def command(self, settings: Settings, boot: Boot, log_path: Path) -> Command:
         args = ["--model", "toy-model", "--kv-cache-dtype", boot.arm.kv_cache_dtype or "auto"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import httpx
 
 from pytest_kvcache.config.engine_kinds import ENGINE_KINDS
-from pytest_kvcache.config.settings import Arm, Settings, SettingsError
+from pytest_kvcache.config.settings import ALIASES, KV_CACHE_DTYPES, Arm, Settings, SettingsError
 from pytest_kvcache.model import LogFacts
 
 if TYPE_CHECKING:
@@ -153,9 +153,10 @@ class Kind:
     profile: EngineProfile = EngineProfile(kind="", title="")
     #: what the terminal's evidence line calls it; None: a vLLM-shaped line (its /metrics cache config)
     short_title: str | None = None
-    #: short names users type (``int8``) → the engine's own KV dtype value; and the values it takes itself
-    dtype_aliases: Mapping[str, str] = {}
-    dtypes: tuple[str, ...] = ()
+    #: short names users type (``int8``) → the engine's own KV dtype value, and the values it takes itself
+    #: (vLLM's by default: a named arm's ``kv_cache_dtype`` is checked against vLLM's too)
+    dtype_aliases: Mapping[str, str] = ALIASES
+    dtypes: tuple[str, ...] = KV_CACHE_DTYPES
     #: ``--kv-model`` is a file (a GGUF) rather than a model folder; the usage error's words when it is not
     model_is_file: bool = False
     model_file_what: str = "this engine serves a model file"
@@ -191,11 +192,11 @@ class Kind:
 
     def resolve_arm(self, name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
         """One typed arm name: a named arm (``[tool.pytest_kvcache.arms.NAME]``), an alias or a raw dtype."""
-        from pytest_kvcache.config.settings import ALIASES, KV_CACHE_DTYPES, _named_arm, _typed_arm
+        from pytest_kvcache.config.settings import _named_arm, _typed_arm
 
         if name in named:
             return _named_arm(name, named[name])
-        return _typed_arm(name, named, ALIASES, KV_CACHE_DTYPES, "arm")
+        return _typed_arm(name, named, self.dtype_aliases, self.dtypes, "arm")
 
     def check(self, *, launcher: str, engine_cmd: object) -> None:
         """Refuse a launcher this kind cannot run with (a usage error)."""
