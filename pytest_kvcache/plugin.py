@@ -108,6 +108,9 @@ def _raw(config: pytest.Config) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def load_settings(config: pytest.Config) -> Settings:
+    from pytest_kvcache.engines.kinds import load_entry_points
+
+    load_entry_points()  # the engine kinds other packages register: --kv-engine takes their names
     cli, ini = _raw(config)
     return resolve(
         cli, os.environ, ini, _named_arms(config), config.rootpath, fp8_kv_unsupported=fp8_kv_unsupported_reason()

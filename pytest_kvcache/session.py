@@ -286,8 +286,11 @@ class KvSession:
         return self.plan_lines()
 
     def plan_lines(self) -> list[str]:
+        from pytest_kvcache.engines.kinds import DEFAULT_KIND, get_kind
+
         st = self.settings
         spec = st.embedded_spec
+        kind = get_kind(st.engine)
         default = (
             "as served by each --kv-endpoint"
             if st.launcher == "external"
@@ -300,13 +303,14 @@ class KvSession:
                     if st.embedded_dtype == "bfloat16"
                     else ""
                 )
-                if spec.trained and st.engine == "vllm"
+                if spec.trained and kind.embedded_dtype
                 else ""
             )
         )
         model = st.model or default
         order = f", order {st.order}" if st.replicates >= 2 else ""
-        lines = [f"kvcache boot plan — launcher {st.launcher}, model {model}{order}:"]
+        engine = f", engine {kind.title}" if kind.name != DEFAULT_KIND else ""
+        lines = [f"kvcache boot plan — launcher {st.launcher}{engine}, model {model}{order}:"]
         if st.context_tokens is not None:
             lines.append(f"  context {st.context_tokens:,} tokens ({st.context_source}): no request beyond it is sent")
         cpu = st.embedded and st.launcher != "external"

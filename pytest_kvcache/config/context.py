@@ -94,10 +94,13 @@ def known_context(settings: Settings) -> tuple[int | None, str | None]:
     a booted engine can tell (a hub id, an external server)."""
     if settings.launcher == "external":
         return None, None
+    from pytest_kvcache.engines.kinds import get_kind
+
+    kind = get_kind(settings.engine)
     found: list[tuple[int, str]] = []
     if settings.embedded:
         spec = settings.embedded_spec
-        tokens = spec.llamacpp_ctx if settings.engine == "llamacpp" else spec.context
+        tokens = kind.embedded_context(spec)
         found.append((tokens, f"the embedded {spec.name}'s context"))
     elif settings.model is not None and Path(settings.model).is_dir():
         tokens_or_none = config_context(Path(settings.model))
@@ -107,7 +110,7 @@ def known_context(settings: Settings) -> tuple[int | None, str | None]:
         tokens_or_none = gguf_context(Path(settings.model))
         if tokens_or_none:
             found.append((tokens_or_none, f"{Path(settings.model).name}'s GGUF metadata"))
-    flags = ("--ctx-size", "-c") if settings.engine == "llamacpp" else ("--max-model-len",)
+    flags = kind.context_flags
     for arm in settings.arms:
         value = _int(_flag_value((*settings.engine_args, *arm.args), *flags))
         if value:

@@ -1,12 +1,14 @@
-"""The kinds of server an arm can be (``--kv-engine``) and llama.cpp's KV cache types: plain data, read by
-the settings and by ``engines.profiles``."""
+"""The built-in kinds of server an arm can be (``--kv-engine``) and llama.cpp's KV cache types: plain data,
+read by the settings and by ``engines/kinds/``. Each kind is a registered module there (``engines.kinds``),
+and ``--kv-engine`` takes any registered kind's name."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
-EngineKind = Literal["vllm", "llamacpp", "openai"]
+#: A registered kind's name (``engines.kinds.kind_names()`` lists them).
+EngineKind = str
+#: The kinds the package ships (``engines/kinds/``); others register their own.
 ENGINE_KINDS: tuple[EngineKind, ...] = ("vllm", "llamacpp", "openai")
 
 #: llama-server's ``--cache-type-k/-v`` values (``common/arg.cpp``: kv_cache_types).

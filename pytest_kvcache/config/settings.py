@@ -16,12 +16,15 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from pytest_kvcache.config import embedded as embedded_models
-from pytest_kvcache.config.engine_kinds import ENGINE_KINDS, LLAMACPP_ALIASES, LLAMACPP_CACHE_TYPES, EngineKind
+from pytest_kvcache.config.engine_kinds import EngineKind
 from pytest_kvcache.model import ArmData
 from pytest_kvcache.report.options import ReportOptions
+
+if TYPE_CHECKING:
+    from pytest_kvcache.engines.kinds import Kind
 
 #: The capacity probe's default SLOs (``probes.capacity``; docs/probes/capacity.md says where they come from):
 #: on the embedded CPU default (the tiny model answers a cached 2K-token turn in ~30–130 ms on 2 busy cores and
@@ -833,7 +836,7 @@ def check_budgets(settings: Settings) -> None:
     from pytest_kvcache.config.budget import embedded_model, need, refusal
 
     budgets = {a.name: settings.kv_budget(a) for a in settings.arms}
-    if settings.cache_bytes is not None and settings.engine != "vllm":
+    if settings.cache_bytes is not None and not engine_kind(settings.engine).kv_budget:
         raise SettingsError(
             f"--kv-cache-bytes sets vLLM's --kv-cache-memory-bytes; a {settings.engine} server sizes its KV cache "
             "itself (llama.cpp: --ctx-size tokens, in each arm's args)"
@@ -1371,13 +1374,20 @@ def _named_arm(name: str, table: Mapping[str, Any]) -> Arm:
     )
 
 
+def engine_kind(name: str) -> Kind:
+    """The registered engine kind (``engines/kinds/``) that carries everything kind-specific about ``name``:
+    its arms, the launchers it runs with, its model's shape, its KV budget."""
+    from pytest_kvcache.engines.kinds import get_kind, kind_names
+
+    try:
+        return get_kind(name)
+    except KeyError:
+        raise SettingsError(f"unknown engine kind {name!r}; registered: {', '.join(kind_names())}") from None
+
+
 def resolve_arm(name: str, named: Mapping[str, Mapping[str, Any]], engine: EngineKind = "vllm") -> Arm:
-    """Resolve one typed arm name: named arm > alias > raw dtype (vLLM's, or llama.cpp's cache types)."""
-    if engine == "llamacpp":
-        return _llamacpp_arm(name, named)
-    if name in named:
-        return _named_arm(name, named[name])
-    return _typed_arm(name, named, ALIASES, KV_CACHE_DTYPES, "arm")
+    """Resolve one typed arm name: named arm > alias > raw dtype (the engine kind's own names)."""
+    return engine_kind(engine).resolve_arm(name, named)
 
 
 def _typed_arm(
@@ -1392,21 +1402,10 @@ def _typed_arm(
     raise SettingsError(f"unknown {what} {name!r}; valid arms: {', '.join(valid)}")
 
 
-def _llamacpp_arm(name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
-    """A llama.cpp arm: its ``kv_cache_dtype`` is a ``--cache-type-k/-v`` value (f16 when unset)."""
-    if name in named:
-        table = dict(named[name])
-        raw = table.pop("kv_cache_dtype", None)
-        arm = _named_arm(name, table)
-        if raw is None:
-            return replace(arm, kv_cache_dtype="f16")
-        if not isinstance(raw, str) or LLAMACPP_ALIASES.get(raw, raw) not in LLAMACPP_CACHE_TYPES:
-            raise SettingsError(
-                f"[tool.pytest_kvcache.arms.{name}]: unknown llama.cpp kv_cache_dtype {raw!r}; "
-                f"valid: {', '.join(LLAMACPP_CACHE_TYPES)}"
-            )
-        return replace(arm, kv_cache_dtype=LLAMACPP_ALIASES.get(raw, raw))
-    return _typed_arm(name, named, LLAMACPP_ALIASES, LLAMACPP_CACHE_TYPES, "llama.cpp arm")
+def _kind_names() -> tuple[str, ...]:
+    from pytest_kvcache.engines.kinds import kind_names
+
+    return kind_names()
 
 
 def resolve_arms(
@@ -1545,14 +1544,12 @@ def resolve(
     names = get("arms", lambda raw: _names(joined(raw)), ())
     if not names:
         return Settings(arms=())
-    engine = get("engine", _choice(*ENGINE_KINDS), "vllm")
+    engine = get("engine", _choice(*_kind_names()), "vllm")
     arms = resolve_arms(names, named_arms, engine)
 
     launcher = get("launcher", _choice("process", "docker", "external"), "process")
-    if engine != "vllm" and launcher == "docker":
-        raise SettingsError(f"--kv-engine={engine} runs with the process or external launcher, not docker")
-    if engine == "openai" and launcher == "process" and not get("engine_cmd", lambda raw: raw, None):
-        raise SettingsError("--kv-engine=openai with the process launcher needs --kv-engine-cmd (the server to start)")
+    kind = engine_kind(engine)
+    kind.check(launcher=launcher, engine_cmd=get("engine_cmd", lambda raw: raw, None))
     model = get("model", lambda raw: str(raw).strip(), None) or None
     embedded_name = embedded_models.DEFAULT
     if model is not None:
@@ -1566,9 +1563,9 @@ def resolve(
         path = Path(model).expanduser()
         if not path.is_absolute():
             path = (rootdir / path) if not path.exists() else path.resolve()
-        if engine == "llamacpp":
+        if kind.model_is_file:
             if not path.is_file():
-                raise SettingsError(f"--kv-model: llama.cpp serves a GGUF file; {model!r} is not a file")
+                raise SettingsError(f"--kv-model: {kind.model_file_what}; {model!r} is not a file")
         elif path.is_file():
             raise SettingsError(f"--kv-model: {model!r} is a file; give the model's folder (config.json and weights)")
         elif not path.is_dir():
@@ -1598,7 +1595,7 @@ def resolve(
                 f"(missing for: {', '.join(without)})"
             )
 
-    if model is None and launcher != "external" and engine == "vllm":
+    if model is None and launcher != "external" and kind.cpu_build:
         gpu_only = [a for a in arms if a.kv_cache_dtype is not None and a.kv_cache_dtype not in CPU_KV_CACHE_DTYPES]
         if gpu_only:
             listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in gpu_only)

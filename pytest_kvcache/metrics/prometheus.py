@@ -91,18 +91,24 @@ def spec_metrics(engine: Mapping[str, object]) -> dict[str, float]:
     return out
 
 
-def engine_delta(before: Scrape, after: Scrape) -> dict[str, object]:
-    """Counter deltas between two scrapes; a counter the engine does not export is left out.
+def engine_delta(
+    before: Scrape,
+    after: Scrape,
+    counters: Mapping[str, str] = ENGINE_COUNTERS,
+    per_position: str | None = SPEC_PER_POSITION,
+) -> dict[str, object]:
+    """Counter deltas between two scrapes; a counter the engine does not export is left out. ``counters``:
+    name in records → sample name (an engine kind's own; vLLM's by default).
 
     ``spec_accepted_per_position`` lists accepted tokens per draft position when the engine exports it.
     """
     out: dict[str, object] = {}
-    for key, name in ENGINE_COUNTERS.items():
+    for key, name in counters.items():
         value = delta(before, after, name)
         if value is not None:
             out[key] = int(value) if name.endswith("_total") else value
-    rows_before = {r[0].get("position"): r[1] for r in before.samples.get(SPEC_PER_POSITION, ())}
-    rows_after = {r[0].get("position"): r[1] for r in after.samples.get(SPEC_PER_POSITION, ())}
+    rows_before = {r[0].get("position"): r[1] for r in before.samples.get(per_position or "", ())}
+    rows_after = {r[0].get("position"): r[1] for r in after.samples.get(per_position or "", ())}
     if rows_after:
         positions = sorted(rows_after, key=lambda p: int(p) if p and p.isdigit() else 0)
         out["spec_accepted_per_position"] = [int(rows_after[p] - rows_before.get(p, 0.0)) for p in positions]

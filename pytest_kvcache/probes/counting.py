@@ -16,6 +16,7 @@ from typing import Any, Literal
 import httpx
 
 from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.engines.kinds import DEFAULT_KIND, find_kind, get_kind
 from pytest_kvcache.probes import tokens
 from pytest_kvcache.probes.prefill import SizingError
 from pytest_kvcache.probes.short import chat_payload
@@ -29,45 +30,30 @@ Method = Literal["tokenize", "local", "calibrated"]
 __all__ = ["SizingError", "max_model_len", "overflow", "token_counter"]
 
 
-def _chat_fields(body: Body) -> dict[str, Any]:
-    """What decides a chat prompt's tokens: the messages and, where given, the tools."""
-    fields: dict[str, Any] = {"messages": list(body["messages"])}
-    if body.get("tools"):
-        fields["tools"] = body["tools"]
-    return fields
-
-
 def token_counter(client: ArmClient, server: Server, settings: Settings) -> tuple[Counter, Method]:
     """A function that counts a chat body's prompt tokens (``{"messages": …, "tools": …}``), and how."""
     model = server.model
-    kind = server.profile.tokens
+    kind = find_kind(server.profile.kind) or get_kind(DEFAULT_KIND)
+    on_server = kind.token_counter(client, model)
 
-    def tokenize(body: Body) -> int:
+    def count(body: Body) -> int:
+        assert on_server is not None
         try:
-            return int(client.post_json("/tokenize", {"model": model, **_chat_fields(body)})["count"])
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
-            raise SizingError(f"/tokenize failed: {type(exc).__name__}: {exc}") from None
-
-    def llamacpp(body: Body) -> int:
-        try:
-            prompt = client.post_json("/apply-template", _chat_fields(body))["prompt"]
-            request = {"content": prompt, "add_special": True, "parse_special": True}
-            return len(client.post_json("/tokenize", request)["tokens"])
+            return on_server(body)
         except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-            raise SizingError(f"/apply-template + /tokenize failed: {type(exc).__name__}: {exc}") from None
+            raise SizingError(f"{kind.token_endpoint} failed: {type(exc).__name__}: {exc}") from None
 
     probe: Body = {"messages": [{"role": "user", "content": "probe"}]}
-    if kind == "local":
+    if on_server is None:
         try:
             local = tokens.local_counter(tokens.tokenizer_dir(settings))
             return (lambda body: local(list(body["messages"]))), "local"
         except tokens.TokenizerError as exc:
             server.evidence["tokenize"] = f"no local tokenizer ({exc}); prefill sized by calibration"
     else:
-        counter = llamacpp if kind == "llamacpp" else tokenize
         try:
-            counter(probe)
-            return counter, "tokenize"
+            count(probe)
+            return count, "tokenize"
         except SizingError as exc:
             server.evidence["tokenize"] = f"unavailable ({type(exc).__name__}: {exc}); prefill sized by calibration"
 

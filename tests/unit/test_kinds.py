@@ -1,0 +1,65 @@
+"""The engine-kind registry: the built-in kinds, entry points of other packages, and the old import paths."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+import pytest
+
+from pytest_kvcache.config.settings import SettingsError, resolve_arm
+from pytest_kvcache.engines import kinds
+from pytest_kvcache.engines.kinds import base
+
+
+def test_each_builtin_kind_is_its_module_and_its_profile() -> None:
+    from pytest_kvcache.engines import profiles
+
+    assert kinds.kind_names()[:3] == ("vllm", "llamacpp", "openai")
+    for name, profile in profiles.PROFILES.items():
+        kind = kinds.get_kind(name)
+        assert kind.name == profile.kind == name and kind.profile is profile is profiles.profile(name)
+        assert type(kind).__module__ == f"pytest_kvcache.engines.kinds.{name}"
+    assert kinds.get_kind("vllm").counters["prefix_cache_hits"] == "vllm:prefix_cache_hits_total"
+    assert not kinds.get_kind("llamacpp").counters and not kinds.get_kind("openai").counters
+    assert resolve_arm("int8", {}, "llamacpp").kv_cache_dtype == "q8_0"  # the kind's own dtype names
+    assert resolve_arm("fp8", {}, "vllm").kv_cache_dtype == "fp8_e4m3"
+
+
+class _Entry:
+    def __init__(self, name: str, loaded: Any) -> None:
+        self.name, self.value, self._loaded = name, f"pkg.{name}", loaded
+
+    def load(self) -> Any:
+        if isinstance(self._loaded, Exception):
+            raise self._loaded
+        return self._loaded
+
+
+@pytest.fixture
+def fresh_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(base, "_SCANNED", [])
+    monkeypatch.setattr(base, "_LOADED", [])
+
+
+def test_an_entry_point_registers_its_kind(monkeypatch: pytest.MonkeyPatch, fresh_entry_points: None) -> None:
+    class Theirs(kinds.Kind):
+        profile = kinds.EngineProfile(kind="theirs", title="their server")
+
+    def entry_points(group: str) -> list[_Entry]:
+        assert group == kinds.ENTRY_POINT_GROUP == "pytest_kvcache.engine_kinds"
+        return [_Entry("theirs", Theirs)]
+
+    monkeypatch.setattr(metadata, "entry_points", entry_points)
+    try:
+        assert kinds.load_entry_points() == ["theirs"]
+        assert kinds.get_kind("theirs").title == "their server" and "theirs" in kinds.kind_names()
+        assert kinds.load_entry_points() == ["theirs"]  # once
+    finally:
+        kinds.unregister_kind("theirs")
+
+
+def test_a_broken_entry_point_is_one_line(monkeypatch: pytest.MonkeyPatch, fresh_entry_points: None) -> None:
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [_Entry("broken", ImportError("no module x"))])
+    with pytest.raises(SettingsError, match=r"^engine kind entry point 'broken' \(pkg.broken\) failed to load: "):
+        kinds.load_entry_points()
