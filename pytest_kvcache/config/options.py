@@ -100,7 +100,7 @@ def option(
     )
     metadata = {OPTION: (name, spec)}
     if required:
-        return dataclasses.field(metadata=metadata)
+        return dataclasses.field(kw_only=True, metadata=metadata)
     value = default if unset is dataclasses.MISSING else unset
     if callable(value) and not isinstance(value, type):
         return dataclasses.field(default_factory=value, metadata=metadata)

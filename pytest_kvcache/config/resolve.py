@@ -18,9 +18,9 @@ from pytest_kvcache.config import embedded as embedded_models
 from pytest_kvcache.config import values as v
 from pytest_kvcache.config.arms import looks_like_path, resolve_arms
 from pytest_kvcache.config.constants import CPU_KV_CACHE_DTYPES, SettingsError
-from pytest_kvcache.config.options import parse_as, pick
+from pytest_kvcache.config.options import options_of, parse_as, pick
 from pytest_kvcache.config.plan import boot_budget
-from pytest_kvcache.config.settings import OPTION_BY_NAME, Settings, options_of
+from pytest_kvcache.config.settings import OPTION_BY_NAME, Settings
 from pytest_kvcache.config.values import unwritable_folder as unwritable_folder
 
 
