@@ -102,9 +102,7 @@ def option(
     if required:
         return dataclasses.field(kw_only=True, metadata=metadata)
     value = default if unset is dataclasses.MISSING else unset
-    if callable(value) and not isinstance(value, type):
-        return dataclasses.field(default_factory=value, metadata=metadata)
-    if isinstance(value, type):  # dict, list …: a fresh one each instance
+    if callable(value):  # a factory (dict, a home-relative path): called for each instance
         return dataclasses.field(default_factory=value, metadata=metadata)
     return dataclasses.field(default=value, metadata=metadata)
 

@@ -126,6 +126,8 @@ def resolve(
             values[spec.field] = report_dir_of(cli, env, ini, rootdir, writable=True)
         elif spec.parse is not None:
             values[spec.field] = get(spec.name, spec.parse, spec.default_for(on_cpu))
+        else:  # a declaration without a parser must be resolved by hand here, never silently defaulted
+            raise TypeError(f"option {spec.name!r} declares no parser and is not resolved by hand")
     _check_endpoints(values["endpoints"], launcher, [a.name for a in arms])
     if launcher == "docker":
         without = [a.name for a in arms if not (a.image or values["image"])]
