@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import pytest
 
+from pytest_kvcache.config.plan import BootPlan
 from pytest_kvcache.config.settings import Boot, Settings, SettingsError
 
 LANE_KEY = "kvcache_lane"
@@ -124,6 +125,7 @@ class KvSession(Protocol):
     """What the scheduler and the hooks here need of the plugin's session (``session.KvSession``)."""
 
     settings: Settings
+    boot_plan: BootPlan
     run: Any
     usage_error: str | None
 
@@ -267,7 +269,7 @@ class BlockScheduling:
         if any(c != first for c in collections[1:]):
             raise pytest.UsageError("pytest-kvcache: pytest-xdist workers collected different tests")
         self.collection = first
-        boots = self.session.settings.boots()
+        boots = self.session.boot_plan.boots
         blocks: dict[int, Block] = {}
         counts: dict[str, int] = {}
         order = {b.boot_id: b.index for b in boots}

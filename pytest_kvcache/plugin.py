@@ -12,7 +12,6 @@ import os
 import platform
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,8 @@ import pytest
 
 from pytest_kvcache import hookspecs
 from pytest_kvcache.config.hostcpu import fp8_kv_unsupported_reason
+from pytest_kvcache.config.options import pick
+from pytest_kvcache.config.plan import BootPlan
 from pytest_kvcache.config.settings import (
     OPTION_BY_NAME,
     OPTIONS,
@@ -29,6 +30,7 @@ from pytest_kvcache.config.settings import (
     report_options,
     resolve,
 )
+from pytest_kvcache.config.stored import Stored, open_stored, store_location
 from pytest_kvcache.engines.base import EngineError
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.concurrency import level_label
@@ -107,14 +109,29 @@ def _raw(config: pytest.Config) -> tuple[dict[str, Any], dict[str, Any]]:
     return cli, ini
 
 
-def load_settings(config: pytest.Config) -> Settings:
+def load_settings(config: pytest.Config, lanes: int = 1) -> Settings:
+    """The run's settings, resolved once from the CLI, the environment and the ini file (``lanes``: the
+    pytest-xdist workers the boots are placed on)."""
     from pytest_kvcache.engines.kinds import load_entry_points
 
     load_entry_points()  # the engine kinds other packages register: --kv-engine takes their names
     cli, ini = _raw(config)
     return resolve(
-        cli, os.environ, ini, _named_arms(config), config.rootpath, fp8_kv_unsupported=fp8_kv_unsupported_reason()
+        cli,
+        os.environ,
+        ini,
+        _named_arms(config),
+        config.rootpath,
+        fp8_kv_unsupported=fp8_kv_unsupported_reason(),
+        lanes=lanes,
     )
+
+
+def open_run_store(config: pytest.Config, settings: Settings) -> Stored:
+    """The run store checked and the stored runs ``--kv-compare``/``--kv-noise`` name loaded, before any boot."""
+    cli, ini = _raw(config)
+    _, origin = store_location(cli, os.environ, ini, config.rootpath)
+    return open_stored(settings, os.environ, origin)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -154,35 +171,41 @@ def pytest_configure(config: pytest.Config) -> None:
     listener = _register_marker(config)
     probe_registry.add_listener(listener)  # a user's probe that registers later gets its marker too
     config.stash[_LISTENER_KEY] = listener
+    role = None
+    cli, ini = _raw(config)
+    if config.pluginmanager.hasplugin("xdist") and pick(OPTION_BY_NAME["arms"], cli, os.environ, ini)[0] is not None:
+        from pytest_kvcache import distributed
+
+        role = distributed.role_of(config)  # its lanes are part of resolution: Settings is never patched after
     try:
-        settings = load_settings(config)
+        settings = load_settings(config, lanes=role.lanes if role is not None else 1)
     except SettingsError as exc:
         raise pytest.UsageError(f"pytest-kvcache: {exc}") from None
     if not settings.active:
         return
-    role = None
-    if config.pluginmanager.hasplugin("xdist"):
+    if role is not None:
         from pytest_kvcache import distributed
 
         try:
-            role = distributed.role_of(config)
-            if role is not None:
-                settings = replace(settings, lanes=role.lanes)
-                distributed.check(settings, role)
-                if role.kind == "worker" or distributed.all_local(config):
-                    host = "this host" if role.kind == "controller" else f"worker host {platform.node()}"
-                    count = distributed.nvml_count()
-                    if role.kind == "controller":
-                        distributed.check_shared_cards(settings, role, count)
-                    for lane in [role.lane] if role.kind == "worker" else range(role.lanes):
-                        distributed.check_lane_cards(settings, lane, count, host)
+            distributed.check(settings, role)
+            if role.kind == "worker" or distributed.all_local(config):
+                host = "this host" if role.kind == "controller" else f"worker host {platform.node()}"
+                count = distributed.nvml_count()
+                if role.kind == "controller":
+                    distributed.check_shared_cards(settings, role, count)
+                for lane in [role.lane] if role.kind == "worker" else range(role.lanes):
+                    distributed.check_lane_cards(settings, lane, count, host)
         except SettingsError as exc:
             raise pytest.UsageError(f"pytest-kvcache: {exc}") from None
     if role is None and settings.gpu_groups:
         raise pytest.UsageError("pytest-kvcache: --kv-gpu-groups needs pytest-xdist (-n N or --tx), one group a worker")
+    try:
+        stored = open_run_store(config, settings)
+    except SettingsError as exc:
+        raise pytest.UsageError(f"pytest-kvcache: {exc}") from None
     from pytest_kvcache.session import KvSession
 
-    session = KvSession(config=config, settings=settings, role=role)
+    session = KvSession(config=config, settings=settings, role=role, boot_plan=BootPlan.of(settings), stored=stored)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "kvcache-session")
     if role is not None:
@@ -199,7 +222,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """What resolving baselines in the run store did (an old ``.kvcache/baselines/NAME`` imported), once."""
     session = get_session(config)
-    return [f"kvcache: {note}" for note in session.settings.store_notes] if session is not None else []
+    return [f"kvcache: {note}" for note in session.stored.notes] if session is not None and session.stored else []
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -222,7 +245,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if session is None:
         return
     settings = session.settings
-    boots = settings.boots()
+    boots = session.boot_plan.boots
     metafunc.parametrize("kv_arm", boots, indirect=True, scope="session", ids=[b.boot_id for b in boots])
     if "kv_depth" in metafunc.fixturenames:
         metafunc.parametrize("kv_depth", settings.depths, ids=[depth_label(d) for d in settings.depths])

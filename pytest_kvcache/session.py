@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_kvcache.config.plan import BootPlan
 from pytest_kvcache.config.settings import CPU_CAPACITY_DEPTHS, FIDELITY_DEPTHS, Boot, Settings
+from pytest_kvcache.config.stored import Stored
 from pytest_kvcache.engines.base import Engine
 from pytest_kvcache.engines.registry import EngineRegistry
 from pytest_kvcache.model import Json, PlanEntry, Report
@@ -133,6 +135,10 @@ class KvSession:
     settings: Settings
     #: The pytest-xdist role (None: a plain single-process run).
     role: Role | None = None
+    #: The boot plan, built once at configure from the resolved settings.
+    boot_plan: BootPlan = field(kw_only=True)
+    #: The run store and the stored runs --kv-compare/--kv-noise name, opened at configure.
+    stored: Stored | None = field(default=None, kw_only=True)
     run: Run = field(init=False)
     outcome: Outcome | None = None
     _previous_sigterm: Any = None
@@ -157,6 +163,7 @@ class KvSession:
             lane=self.role.lane if self.role is not None else 0,
             run_id=self.role.run_id if self.role is not None else None,
             outbox=Outbox() if worker else None,
+            boot_plan=self.boot_plan,
         )
         self.progress: Progress | None = None
         if worker:  # its progress is the controller's to tell: boots go there with the records
@@ -229,7 +236,7 @@ class KvSession:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         """Group tests by boot explicitly: all of arm A, then all of arm B (stable within a boot)."""
-        order = {b.boot_id: b.index for b in self.settings.boots()}
+        order = {b.boot_id: b.index for b in self.boot_plan}
 
         def key(item: pytest.Item) -> tuple[int, int]:
             boot = boot_of(item)
@@ -523,7 +530,7 @@ class KvSession:
 
     def block_skip_reason(self, block: int) -> str | None:
         """Whether an adaptive block is skipped (its round's deltas are already narrow enough)."""
-        first = next((b for b in self.settings.boots() if b.block == block), None)
+        first = next((b for b in self.boot_plan if b.block == block), None)
         return self.run.skip_reason(first) if first is not None else None
 
     def worker_assigned(self, lane: int, worker: str) -> None:
@@ -539,7 +546,7 @@ class KvSession:
         from pytest_kvcache.distributed import boot_of_nodeid
 
         info = self.run.lanes_info.setdefault(lane, {})
-        planned = self.settings.boots()
+        planned = self.boot_plan.boots
         boots = sorted({b.boot_id for t in tests if (b := boot_of_nodeid(t, planned)) is not None})
         died = [d for d in info.get("died", []) if d.get("worker") == worker]
         lost = {"block": block, "worker": worker, "tests_not_run": len(tests), "boots": boots}

@@ -3,7 +3,7 @@ agreement requests and its GPU bookkeeping. No pytest: the plugin's session call
 script can use it directly::
 
     with Run(settings, make_engine=engines.make_engine) as run:
-        for boot in settings.boots():
+        for boot in BootPlan.of(settings):
             server = run.boot(boot)
             ...  # measure with ArmClient(Client(server.url), server); run.record(sample, boot, probe=...)
             run.end_boot(boot.boot_id)
@@ -30,6 +30,7 @@ from typing import Any, Literal, Protocol, cast
 import httpx
 
 from pytest_kvcache.client import Client, Sample
+from pytest_kvcache.config.plan import BootPlan
 from pytest_kvcache.config.settings import Boot, Settings
 from pytest_kvcache.engines import embedded_name, engine_profile, visible_devices
 from pytest_kvcache.engines.base import Engine, EngineError, salient_error, tail
@@ -116,8 +117,11 @@ class Run:
         lane: int = 0,
         run_id: str | None = None,
         outbox: Outbox | None = None,
+        boot_plan: BootPlan | None = None,
     ) -> None:
         self.settings = settings
+        #: the run's boots, built once (the plugin builds it at configure and hands it on)
+        self.boot_plan = boot_plan if boot_plan is not None else BootPlan.of(settings)
         self.role: Role = role
         self.lane = lane
         self.run_id = run_id
@@ -202,7 +206,7 @@ class Run:
                 max_temp_c=st.gpu_max_temp,
             )
         )
-        lanes = {b.lane for b in st.boots()} if self.role == "single" else {self.lane}
+        lanes = self.boot_plan.lanes_used if self.role == "single" else {self.lane}
         self.gpu.open(self.folder.path, devices=[visible_devices(st, arm, lane) for arm in st.arms for lane in lanes])
         if st.host_cpu_max_pct is not None and st.host_cpu_action != "off":
             folder = self.folder
@@ -311,7 +315,7 @@ class Run:
                     else {}
                 ),
             }
-            for b in self.settings.boots()
+            for b in self.boot_plan
         ]
 
     def log(self, name: str, record: Mapping[str, object]) -> None:
@@ -541,7 +545,7 @@ class Run:
 
     def replay(self, method: str, arguments: Mapping[str, Any]) -> None:
         """A worker's boot event, told to this run's listeners (the controller's progress lines)."""
-        boots = {b.boot_id: b for b in self.settings.boots()}
+        boots = self.boot_plan.by_id()
         boot = boots.get(str(arguments.get("boot")))
         if boot is None:
             return
@@ -604,7 +608,7 @@ class Run:
 
         arms = [a.name for a in self.settings.arms]
         specs = probe_registry.resolve()
-        blocks = {b.boot_id: b.block for b in self.settings.boots()} if self.settings.lanes > 1 else None
+        blocks = {b.boot_id: b.block for b in self.boot_plan} if self.settings.lanes > 1 else None
         bands, saved = self._judging_inputs()
         done_ci, widest = rounds_check(
             self.records,

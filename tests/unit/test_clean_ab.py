@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pytest_kvcache import stats
-from pytest_kvcache.config.settings import Arm, SettingsError, boot_order, resolve
+from pytest_kvcache.config.settings import Arm, SettingsError, boot_order
 from pytest_kvcache.probes import agreement, registry
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
 from pytest_kvcache.report import bands, build, confounds, gates, judge
@@ -18,6 +18,7 @@ from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.outputs.markdown import fmt_delta
 from pytest_kvcache.run.folder import write_json
+from tests.factories import make_settings
 
 SPECS = registry.resolve()
 
@@ -67,7 +68,7 @@ def test_random_order_is_seeded_and_every_round_holds_every_arm() -> None:
 
 
 def resolve_cli(tmp_path: Path, **cli: Any) -> Any:
-    return resolve({"arms": "auto,float16", **cli}, {}, {}, {}, tmp_path)
+    return make_settings(tmp_path, arms="auto,float16", **cli)
 
 
 def test_replicates_default_to_abba_and_name_boots(tmp_path: Path) -> None:

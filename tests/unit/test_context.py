@@ -11,12 +11,13 @@ import pytest
 
 from pytest_kvcache.config import embedded
 from pytest_kvcache.config.context import agentic_target, check_at_boot, config_context
-from pytest_kvcache.config.settings import SettingsError, resolve
+from pytest_kvcache.config.settings import SettingsError
 from pytest_kvcache.probes import agentic
+from tests.factories import make_settings
 
 
 def settings(tmp_path: Path, **cli: Any) -> Any:
-    return resolve({"arms": "auto", **cli}, {}, {}, {}, tmp_path, fp8_kv_unsupported=None)
+    return make_settings(tmp_path, arms="auto", **cli)
 
 
 def test_the_embedded_models_are_named_and_the_trained_one_is_the_default(tmp_path: Path) -> None:
@@ -44,16 +45,16 @@ def test_the_trained_model_is_served_in_bf16_when_an_arm_has_a_half_precision_kv
     serves the embedded trained model in bfloat16, every arm alike; otherwise float32 (exact, faster)."""
     from pytest_kvcache.engines import build_engine_args
 
-    half = resolve({"arms": "auto,float16"}, {}, {}, {}, tmp_path, fp8_kv_unsupported=None)
+    half = make_settings(tmp_path, arms="auto,float16")
     assert half.embedded_dtype == "bfloat16"
     for arm in half.arms:
         args, _ = build_engine_args(half, arm, "/m")
         assert args[args.index("--dtype") + 1] == "bfloat16" and "--load-format" not in args
-    plain = resolve({"arms": "auto,fp8"}, {}, {}, {}, tmp_path, fp8_kv_unsupported=None)
+    plain = make_settings(tmp_path, arms="auto,fp8")
     assert plain.embedded_dtype == "float32"
     args, _ = build_engine_args(plain, plain.arms[1], "/m")
     assert args[args.index("--dtype") + 1] == "float32" and args[args.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
-    tiny = resolve({"arms": "auto,float16", "model": "embedded:tiny-qwen3"}, {}, {}, {}, tmp_path)
+    tiny = make_settings(tmp_path, arms="auto,float16", model="embedded:tiny-qwen3")
     assert tiny.embedded_dtype is None
     args, _ = build_engine_args(tiny, tiny.arms[1], "/m")
     assert "--dtype" not in args and args[args.index("--load-format") + 1] == "dummy"

@@ -11,11 +11,12 @@ import pandas as pd
 import pytest
 
 from pytest_kvcache import stats
-from pytest_kvcache.config.settings import SettingsError, resolve
+from pytest_kvcache.config.settings import SettingsError
 from pytest_kvcache.model import FidelityRecord
 from pytest_kvcache.probes import fidelity
 from pytest_kvcache.report import fidelity as report_fidelity
 from pytest_kvcache.report.gates import evaluate, parse
+from tests.factories import make_settings
 
 
 def body_for(ids: list[int], top: int = 3, shift: float = 0.0) -> dict[str, Any]:
@@ -269,7 +270,7 @@ def test_the_verdict_sentence_puts_speed_and_fidelity_together() -> None:
 
 def test_fidelity_settings_resolve_with_cpu_defaults_and_refuse_unknown_texts(tmp_path: Any) -> None:
     def settings(**cli: Any) -> Any:
-        return resolve({"arms": "auto,fp8", **cli}, {}, {}, {}, tmp_path, fp8_kv_unsupported=None)
+        return make_settings(tmp_path, arms="auto,fp8", **cli)
 
     cpu = settings()  # the embedded trained model: a narrower window (256 positions) keeps it quick on 2 cores
     assert (cpu.fidelity_depths, cpu.fidelity_texts, cpu.fidelity_top_k, cpu.fidelity_window) == (

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pytest_kvcache import distributed, stats
+from pytest_kvcache.config.plan import BootPlan
 from pytest_kvcache.config.settings import Arm, SettingsError, boot_order, lane_order, parse_gpu_groups, resolve
 from pytest_kvcache.distributed import LANE_KEY, Role, boot_of_nodeid, check, check_lane_cards
 from pytest_kvcache.engines import make_engine, visible_devices
@@ -22,6 +23,7 @@ from pytest_kvcache.gpu.state import GpuOptions, GpuState
 from pytest_kvcache.run.forward import Outbox, apply, target
 from pytest_kvcache.run.run import Run
 from pytest_kvcache.testing.fake_nvml import FakeCard, FakeNvml
+from tests.factories import make_settings
 
 A, B, C = (Arm(name, name) for name in ("a", "b", "c"))
 
@@ -71,13 +73,13 @@ def test_gpu_groups_parse_and_refuse_a_card_twice() -> None:
 
 
 def _settings(tmp_path: Path, **cli: Any) -> Any:
-    return resolve({"arms": "auto,float16", **cli}, {}, {}, {}, tmp_path)
+    return make_settings(tmp_path, arms="auto,float16", **cli)
 
 
 def test_each_lane_sees_only_its_group(tmp_path: Path) -> None:
     """The engine's CUDA_VISIBLE_DEVICES (process), the container's device ids (docker) and the GPU state
     follow the lane's group; on a fake NVML of four cards, each lane's snapshots name only its cards."""
-    st = replace(_settings(tmp_path, gpu_groups="0,1;2,3", replicates="2"), lanes=2)
+    st = _settings(tmp_path, gpu_groups="0,1;2,3", replicates="2", lanes=2)
     boots = st.boots()
     assert {b.boot_id: b.lane for b in boots} == {"auto.r1": 0, "float16.r1": 0, "float16.r2": 1, "auto.r2": 1}
     assert [visible_devices(st, st.arms[0], lane) for lane in (0, 1)] == ["0,1", "2,3"]
@@ -292,6 +294,7 @@ class FakeNode:
 class FakeSession:
     def __init__(self, settings: Any) -> None:
         self.settings = settings
+        self.boot_plan = BootPlan.of(settings)
         self.lost: list[tuple[int, int | None, str, list[str]]] = []
 
     def planned_remote(self, counts: Any) -> None:

@@ -10,20 +10,11 @@ from pytest_kvcache.config.settings import (
     KV_CACHE_DTYPES,
     OPTIONS,
     SettingsError,
-    resolve,
     resolve_arms,
 )
+from tests.factories import make_settings
 
-
-def settings(
-    tmp_path: Path,
-    cli: dict[str, Any] | None = None,
-    env: dict[str, str] | None = None,
-    ini: dict[str, Any] | None = None,
-    named: dict[str, Any] | None = None,
-    **kw: Any,
-):
-    return resolve(cli or {}, env or {}, ini or {}, named or {}, tmp_path, **kw)
+settings = make_settings
 
 
 def test_no_arms_means_inactive(tmp_path: Path) -> None:

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from pytest_kvcache import cli, store
-from pytest_kvcache.config.settings import SettingsError, resolve
+from pytest_kvcache.config.settings import SettingsError
 from pytest_kvcache.run.folder import write_json
 from pytest_kvcache.store import history
 from pytest_kvcache.store.record import Comparability, PointRow, RunRow, comparability, vcs_of
 from pytest_kvcache.store.sqlite import SqliteStore
+from tests.factories import make_settings, open_run
 
 
 def point(mean: float, arm: str = "fp8", metric: str = "decode_tps") -> PointRow:
@@ -189,20 +190,22 @@ def _legacy_run(folder: Path) -> None:
 def test_an_old_workspace_baseline_is_imported_once(tmp_path: Path) -> None:
     _legacy_run(tmp_path / ".kvcache" / "baselines" / "main")
     cli_values = {"arms": "auto,float16", "compare": "main", "store": str(tmp_path / "store")}
-    first = resolve(cli_values, {}, {}, {}, tmp_path)
-    (note,) = first.store_notes
+    first, stored = open_run(tmp_path, cli_values)
+    assert stored is not None
+    (note,) = stored.notes
     assert note.startswith("imported baseline 'main' from ") and str(tmp_path / "store") in note
     assert (tmp_path / "store" / "baselines" / "main" / "run.json").is_file()
     assert first.report_options().compare == tmp_path / "store" / "baselines" / "main"
-    assert resolve(cli_values, {}, {}, {}, tmp_path).store_notes == ()
+    second = open_run(tmp_path, cli_values)[1]
+    assert second is not None and second.notes == ()
 
 
 def test_store_errors_are_named(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
     with pytest.raises(SettingsError, match=r"^--kv-store: .*afile is a file, not a store folder"):
-        resolve({"arms": "auto", "store": str(tmp_path / "afile")}, {}, {}, {}, tmp_path)
+        make_settings(tmp_path, {"arms": "auto", "store": str(tmp_path / "afile")})
     with pytest.raises(SettingsError, match=r"^--kv-compare: no stored baseline 'nope' in .*store.baselines"):
-        resolve({"arms": "auto", "compare": "nope", "store": str(tmp_path / "store")}, {}, {}, {}, tmp_path)
+        make_settings(tmp_path, {"arms": "auto", "compare": "nope", "store": str(tmp_path / "store")})
 
 
 # ------------------------------------------------------------------------------------------ history

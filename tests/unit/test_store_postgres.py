@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from pytest_kvcache import store
-from pytest_kvcache.config.settings import SettingsError, resolve
+from pytest_kvcache.config.settings import SettingsError
 from pytest_kvcache.run.folder import write_json
 from pytest_kvcache.store.postgres import PostgresStore
+from tests.factories import make_settings
 from tests.unit.test_store import row
 
 
@@ -60,4 +61,4 @@ def test_an_unreachable_server_is_a_named_usage_error(tmp_path: Path) -> None:
     with pytest.raises(store.StoreError, match=r"cannot open the store postgresql://kv:\*\*\*@127.0.0.1:1/"):
         PostgresStore(bad)
     with pytest.raises(SettingsError, match=r"^--kv-store: cannot open the store postgresql://kv:\*\*\*@"):
-        resolve({"arms": "auto", "store": bad}, {}, {}, {}, tmp_path)
+        make_settings(tmp_path, {"arms": "auto", "store": bad})

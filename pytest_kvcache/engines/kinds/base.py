@@ -192,7 +192,7 @@ class Kind:
 
     def resolve_arm(self, name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
         """One typed arm name: a named arm (``[tool.pytest_kvcache.arms.NAME]``), an alias or a raw dtype."""
-        from pytest_kvcache.config.settings import _named_arm, _typed_arm
+        from pytest_kvcache.config.arms import _named_arm, _typed_arm
 
         if name in named:
             return _named_arm(name, named[name])

@@ -60,7 +60,7 @@ LLAMACPP_MEASUREMENT_ARGS: tuple[str, ...] = ("--metrics", "--slots", "--no-webu
 
 def llamacpp_arm(name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
     """A llama.cpp arm: its ``kv_cache_dtype`` is a ``--cache-type-k/-v`` value (f16 when unset)."""
-    from pytest_kvcache.config.settings import _named_arm, _typed_arm
+    from pytest_kvcache.config.arms import _named_arm, _typed_arm
 
     if name in named:
         table = dict(named[name])

@@ -1,0 +1,83 @@
+"""Data the options are checked against: KV dtypes and aliases, probe defaults, the option value types."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Literal
+
+#: The capacity probe's default SLOs (``probes.capacity``; docs/probes/capacity.md says where they come from):
+#: on the embedded CPU default (the tiny model answers a cached 2K-token turn in ~30–130 ms on 2 busy cores and
+#: prefills it from scratch in ~150–300 ms), and elsewhere (an interactive agent's bound on a GPU).
+CPU_SLO = "ttft_p95<=200ms,itl_p95<=100ms"
+GPU_SLO = "ttft_p95<=2s,itl_p95<=60ms"
+
+#: Every value vLLM's ``--kv-cache-dtype`` accepts (vLLM 0.32's ``CacheDType``), in one place.
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "ultraquant_4bit",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "nvfp4_4over6",
+)
+
+#: What vLLM's CPU attention backend serves: the only dtypes the embedded CPU default allows
+#: (fp8 ones need AVX-512 or AMX: ``hostcpu.py``; float16 was seen to serve the bf16 tiny model).
+CPU_KV_CACHE_DTYPES: frozenset[str] = frozenset({"auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"})
+
+#: KV dtypes vLLM 0.32's CPU build serves wrongly on float32 weights (garbage text; bf16 weights are fine):
+#: a run with such an arm serves the embedded trained model in bfloat16 (``Settings.embedded_dtype``).
+HALF_KV_ON_FLOAT32: frozenset[str] = frozenset({"float16", "bfloat16"})
+
+#: Short names users type. ``fp8`` resolves explicitly to e4m3, as the seed's engine resolved it.
+ALIASES: Mapping[str, str] = {
+    "fp8": "fp8_e4m3",
+    "e4m3": "fp8_e4m3",
+    "e5m2": "fp8_e5m2",
+    "int8": "int8_per_token_head",
+    "int8-pth": "int8_per_token_head",
+    "bf16": "auto",
+}
+
+LauncherKind = Literal["process", "docker", "external"]
+Sampling = Literal["greedy", "sampled"]
+AgenticMode = Literal["replay", "live"]
+Order = Literal["sequential", "abba", "random"]
+SelfCheck = Literal["quick", "full", "off"]
+Progress = Literal["auto", "lines", "off"]
+HostCpuAction = Literal["flag", "exclude", "off"]
+
+#: The seed's depth probes (GPU): fresh prefill at 10K and 90K tokens, 2 agentic sessions of all 15 turns.
+SEED_DEPTHS = (10_000, 90_000)
+#: The fidelity probe's depths (GPU). An embedded model's CPU sizes, depths included, are its own
+#: (``config/embedded.py``).
+FIDELITY_DEPTHS = (1_000, 8_000, 32_000)
+FIDELITY_TEXTS = ("prose", "code")
+#: The capacity probe's defaults (docs/probes/capacity.md): depths, mean think time, measured window per
+#: trial, tokens per turn, most sessions tried — on a GPU, and on the embedded CPU default (2 cores).
+CAPACITY_DEPTHS = (16_000, 32_000)
+CPU_CAPACITY_DEPTHS = (2_000, 4_000)
+CAPACITY_THINK_S, CPU_CAPACITY_THINK_S = 2.0, 1.0
+CAPACITY_WINDOW_S, CPU_CAPACITY_WINDOW_S = 30.0, 5.0
+CAPACITY_MAX_TOKENS, CPU_CAPACITY_MAX_TOKENS = 64, 16
+CAPACITY_MAX_SESSIONS, CPU_CAPACITY_MAX_SESSIONS = 256, 32
+
+ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
+
+
+class SettingsError(ValueError):
+    """A bad option value or arm: the plugin turns it into a usage error (exit 4)."""

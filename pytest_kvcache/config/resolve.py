@@ -1,0 +1,239 @@
+"""Resolution: raw values (CLI > environment > ini > default) into one frozen :class:`Settings`.
+
+Every option declared with a parser on a ``Settings`` field resolves the same way, from its declaration
+(:func:`_declared`); the few whose value depends on others (arms, engine, launcher, model, the boot budget
+and order, the self-check) are resolved by hand below. Resolution reads configuration only — the folders
+it names are checked, but the run store is opened and stored runs are loaded after it, by
+:func:`pytest_kvcache.config.stored.open_stored`. It ends with the context known before any boot
+(:func:`config.context.fit_context`) and the KV budgets checked, and returns a Settings nothing modifies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_kvcache.config import embedded as embedded_models
+from pytest_kvcache.config import values as v
+from pytest_kvcache.config.arms import engine_kind, looks_like_path, resolve_arms
+from pytest_kvcache.config.constants import CPU_KV_CACHE_DTYPES, SettingsError
+from pytest_kvcache.config.options import options_of, parse_as, pick
+from pytest_kvcache.config.plan import boot_budget
+from pytest_kvcache.config.settings import OPTION_BY_NAME, Settings
+from pytest_kvcache.config.values import unwritable_folder as unwritable_folder
+
+
+def check_budgets(settings: Settings) -> None:
+    """Every arm's KV budget holds one request of its ``max_model_len`` at its bytes per token (computed from the
+    model's config.json and the arm's KV dtype); a budget only where the plugin can apply one (vLLM it boots)."""
+    from pytest_kvcache.config.budget import embedded_model, need, refusal
+
+    budgets = {a.name: settings.kv_budget(a) for a in settings.arms}
+    if settings.cache_bytes is not None and not engine_kind(settings.engine).kv_budget:
+        raise SettingsError(
+            f"--kv-cache-bytes sets vLLM's --kv-cache-memory-bytes; a {settings.engine} server sizes its KV cache "
+            "itself (llama.cpp: --ctx-size tokens, in each arm's args)"
+        )
+    if settings.cache_bytes is not None and settings.launcher == "external":
+        raise SettingsError("--kv-cache-bytes cannot size the KV cache of a server you started (external launcher)")
+    folder = Path(settings.model) if settings.model is not None else embedded_model()
+    for arm in settings.arms:
+        budget = budgets[arm.name]
+        if budget is None or not folder.is_dir():
+            continue
+        found = need(folder, arm.kv_cache_dtype, settings.engine_args, arm.args)
+        if found is not None and (why := refusal(arm.name, budget, found, arm.kv_cache_dtype)):
+            raise SettingsError(why)
+
+
+def report_dir_of(
+    cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[str, Any], rootdir: Path, *, writable: bool = False
+) -> Path:
+    """``--kv-report-dir`` as a path; with ``writable`` (a run: it writes there) one it cannot write is refused."""
+    raw, origin = pick(OPTION_BY_NAME["report_dir"], cli, env, ini)
+    path = Path(str(raw) if raw is not None else ".kvcache/runs").expanduser()
+    path = path if path.is_absolute() else rootdir / path
+    if path.exists() and not path.is_dir():
+        raise SettingsError(f"{origin if raw is not None else '--kv-report-dir'}: {path} is a file, not a folder")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise SettingsError(f"--kv-report-dir: {path} is under {parent}, which is a file")
+            break
+    problem = v.unwritable_folder(path) if writable else None
+    if problem is not None:
+        raise SettingsError(f"{origin if raw is not None else '--kv-report-dir'}: {problem}")
+    return path
+
+
+def resolve(
+    cli: Mapping[str, Any],
+    env: Mapping[str, str],
+    ini: Mapping[str, Any],
+    named_arms: Mapping[str, Mapping[str, Any]],
+    rootdir: Path,
+    fp8_kv_unsupported: str | None = None,
+    *,
+    lanes: int = 1,
+    settings_class: type[Settings] = Settings,
+) -> Settings:
+    """Resolve all raw values into one frozen Settings, or raise SettingsError naming the bad input.
+
+    ``lanes``: the parallel lanes (pytest-xdist workers) the boots are placed on. ``settings_class``: a
+    subclass of Settings that declares more options (its fields' ``option(…)``), resolved the same way."""
+    specs = {spec.name: spec for spec in options_of(settings_class)}
+    explicit: set[str] = set()
+
+    def raw_of(name: str) -> tuple[Any, str]:
+        return pick(specs.get(name) or OPTION_BY_NAME[name], cli, env, ini)
+
+    def get(name: str, parse: Any, default: Any) -> Any:
+        raw, origin = raw_of(name)
+        if raw is None:
+            return default
+        explicit.add(name)
+        return parse_as(raw, origin, parse)
+
+    names = get("arms", lambda raw: v.names(v.joined(raw)), ())
+    if not names:
+        return settings_class(arms=())
+    engine = get("engine", specs["engine"].parse, "vllm")
+    arms = resolve_arms(names, named_arms, engine)
+
+    launcher = get("launcher", specs["launcher"].parse, "process")
+    kind = engine_kind(engine)
+    kind.check(launcher=launcher, engine_cmd=raw_of("engine_cmd")[0])
+    model, embedded_name = _model(get("model", v.stripped, None) or None, engine, rootdir)
+
+    # An embedded model on the CPU: the seed's 90K depths, 15-turn sessions and 1000-token decodes take many
+    # minutes an arm there (the trained model prefills 40-190 tok/s and decodes ~20-140), so its probes get
+    # the sizes config/embedded.py gives it (each option's ``cpu_default``; the boot plan says so).
+    cpu_default = model is None and launcher != "external"
+    on_cpu = embedded_models.EMBEDDED[embedded_name] if cpu_default else None
+
+    # Every option resolved from its declaration alone.
+    by_hand = {"arms", "engine", "launcher", "model", "fail", "order", "max_replicates", "self_check", "store"}
+    values: dict[str, Any] = {}
+    for spec in specs.values():
+        if spec.field is None or spec.name in by_hand:
+            continue
+        if spec.name == "tokenizer":
+            values[spec.field] = get(spec.name, v.tokenizer_dir(rootdir), None)
+        elif spec.name == "report_dir":
+            values[spec.field] = report_dir_of(cli, env, ini, rootdir, writable=True)
+        elif spec.parse is not None:
+            values[spec.field] = get(spec.name, spec.parse, spec.default_for(on_cpu))
+        else:  # a declaration without a parser must be resolved by hand here, never silently defaulted
+            raise TypeError(f"option {spec.name!r} declares no parser and is not resolved by hand")
+    _check_endpoints(values["endpoints"], launcher, [a.name for a in arms])
+    if launcher == "docker":
+        without = [a.name for a in arms if not (a.image or values["image"])]
+        if without:
+            raise SettingsError(
+                f"--kv-launcher=docker needs an image: give --kv-image or an 'image' in the arm's table "
+                f"(missing for: {', '.join(without)})"
+            )
+    if model is None and launcher != "external" and kind.cpu_build:
+        _check_cpu_arms(arms, fp8_kv_unsupported)
+
+    from pytest_kvcache import store
+    from pytest_kvcache.config.stored import store_location
+
+    location, _ = store_location(cli, env, ini, rootdir)  # checked (a URL: connected to) by open_stored
+    gates = get("fail", lambda raw: v.gates(raw, [a.name for a in arms]), ())
+    replicates, runs, target_ci, max_runs = (values[k] for k in ("replicates", "runs", "target_ci_pct", "max_runs"))
+    if target_ci is None and max_runs is not None:
+        raise SettingsError("--kv-max-runs only applies with --kv-target-ci")
+    if max_runs is not None and max_runs < runs:
+        raise SettingsError(f"--kv-max-runs ({max_runs}) must be at least --kv-runs ({runs})")
+    max_replicates = boot_budget(
+        get("max_replicates", v.count(1), None), replicates, gates=bool(gates), target_ci=target_ci, launcher=launcher
+    )
+    rounds = max(replicates, max_replicates or 0)
+    order, order_seed = get("order", v.order, ("abba" if rounds >= 2 else "sequential", None))
+    start, max_sessions = values["capacity_start"], values["capacity_max_sessions"]
+    if start > max_sessions:
+        raise SettingsError(f"--kv-capacity-start ({start}) is above --kv-capacity-max-sessions ({max_sessions})")
+    full_check = get("self_check", v.flag, False)
+    no_check = get("no_self_check", v.flag, False)
+    if full_check and no_check:
+        raise SettingsError("--kv-self-check and --kv-no-self-check contradict each other")
+
+    settings = settings_class(
+        **values,
+        arms=arms,
+        launcher=launcher,
+        engine=engine,
+        model=model,
+        embedded_model=embedded_name,
+        gates=gates,
+        order=order,
+        order_seed=values["seed"] if order_seed is None else order_seed,
+        max_replicates=max_replicates,
+        store=location,
+        store_baselines=store.baselines_dir_of(location, env),
+        self_check="off" if no_check else "full" if full_check else "quick",
+        lanes=lanes,
+        explicit=frozenset(explicit),
+    )
+    from pytest_kvcache.config.context import fit_context
+
+    settings = fit_context(settings)
+    check_budgets(settings)
+    return settings
+
+
+def _model(model: str | None, engine: str, rootdir: Path) -> tuple[str | None, str]:
+    """``--kv-model``: (a hub id or an absolute local path, or None: embedded; the embedded model's name)."""
+    embedded_name = embedded_models.DEFAULT
+    if model is not None:
+        try:
+            named = embedded_models.parse(model)
+        except ValueError as exc:
+            raise SettingsError(f"--kv-model: {exc}") from None
+        if named is not None:
+            embedded_name, model = named, None
+    if model is not None and looks_like_path(model):
+        path = Path(model).expanduser()
+        if not path.is_absolute():
+            path = (rootdir / path) if not path.exists() else path.resolve()
+        if engine_kind(engine).model_is_file:
+            if not path.is_file():
+                raise SettingsError(f"--kv-model: {engine_kind(engine).model_file_what}; {model!r} is not a file")
+        elif path.is_file():
+            raise SettingsError(f"--kv-model: {model!r} is a file; give the model's folder (config.json and weights)")
+        elif not path.is_dir():
+            raise SettingsError(f"--kv-model: model folder {model!r} does not exist")
+        model = str(path.resolve())
+    return model, embedded_name
+
+
+def _check_endpoints(endpoints: Mapping[str, str], launcher: str, arm_names: list[str]) -> None:
+    if endpoints and launcher != "external":
+        raise SettingsError("--kv-endpoint requires --kv-launcher=external")
+    if launcher == "external":
+        stray = sorted(set(endpoints) - set(arm_names))
+        if stray:
+            raise SettingsError(
+                f"--kv-endpoint names arm(s) not in --kv-arms: {', '.join(stray)} (arms: {', '.join(arm_names)})"
+            )
+        missing = [n for n in arm_names if n not in endpoints]
+        if missing:
+            raise SettingsError(f"--kv-launcher=external needs --kv-endpoint ARM=URL for: {', '.join(missing)}")
+
+
+def _check_cpu_arms(arms: Any, fp8_kv_unsupported: str | None) -> None:
+    """The embedded CPU default serves only what vLLM's CPU attention backend serves, and fp8 only where the
+    host CPU can (AVX-512 or AMX)."""
+    gpu_only = [a for a in arms if a.kv_cache_dtype is not None and a.kv_cache_dtype not in CPU_KV_CACHE_DTYPES]
+    if gpu_only:
+        listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in gpu_only)
+        raise SettingsError(
+            f"arm(s) {listed} need a GPU: the embedded CPU default serves only "
+            f"{', '.join(sorted(CPU_KV_CACHE_DTYPES))}. Give --kv-model (and a GPU engine) to test them."
+        )
+    fp8 = [a for a in arms if (a.kv_cache_dtype or "").startswith("fp8")]
+    if fp8 and fp8_kv_unsupported:
+        listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in fp8)
+        raise SettingsError(f"arm(s) {listed} cannot run on the embedded CPU default here: {fp8_kv_unsupported}")
