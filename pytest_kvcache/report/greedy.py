@@ -1,6 +1,6 @@
 """The arms' greedy texts side by side, where they diverge: the output-agreement requests' own text.
 
-Output agreement compares token ids (``report.build.agreement_report``); this section shows what those
+Output agreement compares token ids (``report.sections.agreement``); this section shows what those
 tokens say. Per short shape and arm, the first agreement request of the first boot it shares with the
 baseline arm: the token where the two greedy decodes part, the text they share up to there (its end), and
 each arm's continuation from there on. On a trained model that is the model's own answer changing under a

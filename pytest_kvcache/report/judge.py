@@ -17,9 +17,10 @@ from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import GateResult, Report, SavedRow, SavedSection
 from pytest_kvcache.report import gates as gate_grammar
 from pytest_kvcache.report.bands import platform_of
-from pytest_kvcache.report.build import build, judge_crossovers, report_verdicts
+from pytest_kvcache.report.build import build
 from pytest_kvcache.report.frame import Specs, compare
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.verdicts import judge_crossovers, report_verdicts
 
 #: The exit codes, for pytest and ``kvcache-report`` alike.
 EXIT_OK = 0

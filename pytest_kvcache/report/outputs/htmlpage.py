@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
@@ -69,7 +69,7 @@ def _delta_cell(delta: DeltaRow | SavedRow | None) -> Cell:
     return Cell(f"{MARKS.get(verdict, '')} {md.fmt_delta(delta)}".strip(), verdict)
 
 
-def _tables(report: Report) -> list[Table]:
+def _probe_tables(report: Report) -> list[Table]:
     arms = [a["name"] for a in report["arms"]]
     tables: list[Table] = []
     by_probe: dict[str, list[list[Cell]]] = {}
@@ -82,89 +82,159 @@ def _tables(report: Report) -> list[Table]:
             f"{c['arm']}/{c['baseline']} {c['metric']}: {c['statement']}" for c in crossings if c["probe"] == probe
         ]
         tables.append(Table(md.title(report, probe), header, probe_rows, notes=notes))
-    fidelity_header, fidelity_rows = md.fidelity_table(report)
-    section = report.get("fidelity")
-    if fidelity_rows and section:
-        intro = md.fidelity_lines(report)[3]  # the setup sentence
-        tables.append(Table("Fidelity at depth", fidelity_header, _plain(fidelity_rows), intro, list(section["notes"])))
-    metered = report.get("energy")
-    energy_header, energy_rows = energy.table(metered)
-    if metered and energy_rows:
-        intro = str(metered.get("line") or "")
-        tables.append(
-            Table(
-                "Energy per token",
-                energy_header,
-                _plain(energy_rows),
-                intro,
-                [md.ENERGY_NOTE, *(metered.get("not_reported") or [])],
-            )
-        )
-    sessions = report.get("capacity")
-    if sessions and sessions["rows"]:
-        head, rows = capacity.table(sessions)
-        tables.append(
-            Table("Capacity under the SLO", head, _plain(rows), capacity.setup_line(sessions), [capacity.NOTE])
-        )
-        head, rows = capacity.trials_table(sessions)
-        tables.append(Table("Capacity trials", head, _plain(rows), notes=list(sessions["notes"])))
-    agentic = report.get("agentic")
-    if agentic and agentic["turns"]:
-        head, turns = md.agentic_table(report)
-        growth = md.growth_lines(report)
-        tables.append(Table("Agentic turns (means across sessions)", head, _plain(turns), notes=growth))
-    spec = md.spec_decode_rows(report)
-    if spec:
-        decode = report.get("spec_decode")
-        setup = (decode.get("config") if decode else None) or {}
-        intro = "; ".join(f"{arm}: {value or 'not stated'}" for arm, value in setup.items())
-        tables.append(Table("Speculative decoding", md.SPEC_HEADER, _plain(spec), intro, [md.SPEC_NOTE]))
-    agreement = md.agreement_table(report)
-    if agreement:
-        head = ["Comparison", "Arms", "Shape", "Identical", "First divergence (mean index)", "Mean abs(Δ logprob)"]
-        notes = [f"not available: {n}" for n in report["agreement"]["notes"]]
-        tables.append(Table("Output agreement (greedy token ids)", head, _plain(agreement), notes=notes))
-    lost = report.get("failures")
-    if lost:
-        rows = failures.table(lost)
-        tables.append(Table("Failures and exclusions", failures.HEADER, _plain(rows), lost["lines"][0]))
-    compare = report.get("compare")
-    if compare:
-        saved = [
-            [Cell(r["arm"]), Cell(r["probe"]), Cell(r["point"]), Cell(r["metric"]), _delta_cell(r)]
-            for r in compare["rows"]
-        ]
-        head = ["Arm", "Probe", "Point", "Metric", "Delta vs stored"]
-        tables.append(Table(f"Against stored run {compare['baseline_run']}", head, saved, notes=compare["warnings"]))
     return tables
 
 
-def _folded(report: Report) -> list[dict[str, object]]:
-    found: list[dict[str, object]] = []
+def _fidelity(report: Report) -> list[Table]:
+    fidelity_header, fidelity_rows = md.fidelity_table(report)
+    section = report.get("fidelity")
+    if not fidelity_rows or not section:
+        return []
+    intro = md.fidelity_lines(report)[3]  # the setup sentence
+    return [Table("Fidelity at depth", fidelity_header, _plain(fidelity_rows), intro, list(section["notes"]))]
+
+
+def _energy(report: Report) -> list[Table]:
+    metered = report.get("energy")
+    energy_header, energy_rows = energy.table(metered)
+    if not metered or not energy_rows:
+        return []
+    intro = str(metered.get("line") or "")
+    notes = [md.ENERGY_NOTE, *(metered.get("not_reported") or [])]
+    return [Table("Energy per token", energy_header, _plain(energy_rows), intro, notes)]
+
+
+def _capacity(report: Report) -> list[Table]:
+    sessions = report.get("capacity")
+    if not sessions or not sessions["rows"]:
+        return []
+    head, rows = capacity.table(sessions)
+    tables = [Table("Capacity under the SLO", head, _plain(rows), capacity.setup_line(sessions), [capacity.NOTE])]
+    head, rows = capacity.trials_table(sessions)
+    return [*tables, Table("Capacity trials", head, _plain(rows), notes=list(sessions["notes"]))]
+
+
+def _agentic(report: Report) -> list[Table]:
+    agentic = report.get("agentic")
+    if not agentic or not agentic["turns"]:
+        return []
+    head, turns = md.agentic_table(report)
+    return [Table("Agentic turns (means across sessions)", head, _plain(turns), notes=md.growth_lines(report))]
+
+
+def _spec_decode(report: Report) -> list[Table]:
+    spec = md.spec_decode_rows(report)
+    if not spec:
+        return []
+    decode = report.get("spec_decode")
+    setup = (decode.get("config") if decode else None) or {}
+    intro = "; ".join(f"{arm}: {value or 'not stated'}" for arm, value in setup.items())
+    return [Table("Speculative decoding", md.SPEC_HEADER, _plain(spec), intro, [md.SPEC_NOTE])]
+
+
+def _agreement(report: Report) -> list[Table]:
+    agreement = md.agreement_table(report)
+    if not agreement:
+        return []
+    head = ["Comparison", "Arms", "Shape", "Identical", "First divergence (mean index)", "Mean abs(Δ logprob)"]
+    notes = [f"not available: {n}" for n in report["agreement"]["notes"]]
+    return [Table("Output agreement (greedy token ids)", head, _plain(agreement), notes=notes)]
+
+
+def _failures(report: Report) -> list[Table]:
+    lost = report.get("failures")
+    if not lost:
+        return []
+    return [Table("Failures and exclusions", failures.HEADER, _plain(failures.table(lost)), lost["lines"][0])]
+
+
+def _compare(report: Report) -> list[Table]:
+    compare = report.get("compare")
+    if not compare:
+        return []
+    saved = [
+        [Cell(r["arm"]), Cell(r["probe"]), Cell(r["point"]), Cell(r["metric"]), _delta_cell(r)] for r in compare["rows"]
+    ]
+    head = ["Arm", "Probe", "Point", "Metric", "Delta vs stored"]
+    return [Table(f"Against stored run {compare['baseline_run']}", head, saved, notes=compare["warnings"])]
+
+
+#: The page's tables, one function per section, in the order they are shown.
+TABLES: list[Callable[[Report], list[Table]]] = [
+    _probe_tables,
+    _fidelity,
+    _energy,
+    _capacity,
+    _agentic,
+    _spec_decode,
+    _agreement,
+    _failures,
+    _compare,
+]
+
+
+def _tables(report: Report) -> list[Table]:
+    return [table for section in TABLES for table in section(report)]
+
+
+def _arms(report: Report) -> list[dict[str, object]]:
     head, rows = md.arms_table(report)
-    found.append({"title": "Arms: declared and resolved", "header": head, "rows": rows})
+    return [{"title": "Arms: declared and resolved", "header": head, "rows": rows}]
+
+
+def _gpu(report: Report) -> list[dict[str, object]]:
     head, rows = md.gpu_table(report)
-    if rows:
-        found.append({"title": "GPU state", "header": head, "rows": rows})
-    if report.get("boots"):
-        head, rows = md.boot_table(report)
-        lines = md.order_lines(report)
-        lines += [f"{b['boot']} not booted: {b['skipped']}" for b in report["boots"] if b.get("skipped")]
-        lines += [f"Compile cache — {line}" for line in report.get("compile_cache") or []]
-        found.append({"title": "Boots and order", "header": head, "rows": rows, "lines": lines})
-    if report.get("blocks"):
-        head, rows = md.block_table(report)
-        found.append({"title": "Blocks (pytest-xdist lanes)", "header": head, "rows": rows})
-    if report.get("confounds"):
-        lines = [line.removeprefix("- ").replace("**", "") for line in md.confound_lines(report) if line.strip()]
-        found.append({"title": "Confounds", "lines": lines})
+    return [{"title": "GPU state", "header": head, "rows": rows}] if rows else []
+
+
+def _boots(report: Report) -> list[dict[str, object]]:
+    if not report.get("boots"):
+        return []
+    head, rows = md.boot_table(report)
+    lines = md.order_lines(report)
+    lines += [f"{b['boot']} not booted: {b['skipped']}" for b in report["boots"] if b.get("skipped")]
+    lines += [f"Compile cache — {line}" for line in report.get("compile_cache") or []]
+    return [{"title": "Boots and order", "header": head, "rows": rows, "lines": lines}]
+
+
+def _blocks(report: Report) -> list[dict[str, object]]:
+    if not report.get("blocks"):
+        return []
+    head, rows = md.block_table(report)
+    return [{"title": "Blocks (pytest-xdist lanes)", "header": head, "rows": rows}]
+
+
+def _confounds(report: Report) -> list[dict[str, object]]:
+    if not report.get("confounds"):
+        return []
+    lines = [line.removeprefix("- ").replace("**", "") for line in md.confound_lines(report) if line.strip()]
+    return [{"title": "Confounds", "lines": lines}]
+
+
+def _sampling(report: Report) -> list[dict[str, object]]:
     sampling = md.sampling_lines(report)
-    if sampling:
-        found.append({"title": "Sampling", "lines": sampling})
+    return [{"title": "Sampling", "lines": sampling}] if sampling else []
+
+
+def _notes(report: Report) -> list[dict[str, object]]:
     notes = md.note_lines(report)
-    if notes:
-        found.append({"title": f"Notes ({len(notes)})", "lines": notes})
-    return found
+    return [{"title": f"Notes ({len(notes)})", "lines": notes}] if notes else []
+
+
+#: The evidence folded below the tables, one function per section, in order.
+FOLDED: list[Callable[[Report], list[dict[str, object]]]] = [
+    _arms,
+    _gpu,
+    _boots,
+    _blocks,
+    _confounds,
+    _sampling,
+    _notes,
+]
+
+
+def _folded(report: Report) -> list[dict[str, object]]:
+    return [found for section in FOLDED for found in section(report)]
 
 
 def inline_code(text: object) -> markupsafe.Markup:

@@ -3,6 +3,7 @@ same thing and everything shown here is in ``report.md``/``report.json`` too."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -203,52 +204,106 @@ def ab_lines(report: Report) -> list[str]:
     return lines
 
 
-def report_lines(report: Report) -> list[Line]:
-    """The whole report, as the terminal shows it at the end of a run."""
-    out = boot_lines(report)
-    out += [Line(text) for text in summary_lines(report)]
+def _summary(report: Report) -> list[Line]:
+    return [Line(text) for text in summary_lines(report)]
+
+
+def _agentic(report: Report) -> list[Line]:
     agentic = report.get("agentic")
-    if agentic and agentic["turns"]:
-        header, rows = agentic_table(report)
-        out += [Line(""), Line("agentic decode-at-depth (per-turn means across sessions):")]
-        table = pd.DataFrame(rows, columns=header).to_string(index=False).splitlines()
-        out += [Line("  " + line) for line in table + growth_lines(report)]
+    if not agentic or not agentic["turns"]:
+        return []
+    header, rows = agentic_table(report)
+    out = [Line(""), Line("agentic decode-at-depth (per-turn means across sessions):")]
+    table = pd.DataFrame(rows, columns=header).to_string(index=False).splitlines()
+    return out + [Line("  " + line) for line in table + growth_lines(report)]
+
+
+def _capacity(report: Report) -> list[Line]:
     sessions = report.get("capacity")
-    if sessions and sessions["rows"]:
-        header, rows = capacity.table(sessions)
-        out += [Line(""), Line(f"capacity under the SLO: {capacity.setup_line(sessions)}")]
-        out += [Line("  " + line) for line in pd.DataFrame(rows, columns=header).to_string(index=False).splitlines()]
-        out += [Line(f"  {note}") for note in sessions["notes"]]
+    if not sessions or not sessions["rows"]:
+        return []
+    header, rows = capacity.table(sessions)
+    out = [Line(""), Line(f"capacity under the SLO: {capacity.setup_line(sessions)}")]
+    out += [Line("  " + line) for line in pd.DataFrame(rows, columns=header).to_string(index=False).splitlines()]
+    return out + [Line(f"  {note}") for note in sessions["notes"]]
+
+
+def _spec_decode(report: Report) -> list[Line]:
     spec = report.get("spec_decode")
-    if spec:
-        out += [Line(""), Line(f"speculative decoding: {spec['line']}")]
+    return [Line(""), Line(f"speculative decoding: {spec['line']}")] if spec else []
+
+
+def _flags(report: Report) -> list[Line]:
     flags = report.get("flags")
-    if flags and flags["samples"]:
-        text = f"warning: {flags['samples']} measured sample(s) flagged: {', '.join(flags['kinds'])}"
-        out.append(Line(text, "yellow"))
-    out += [Line(f"note: {n}", "yellow") for n in report.get("notes") or []]
+    if not flags or not flags["samples"]:
+        return []
+    return [Line(f"warning: {flags['samples']} measured sample(s) flagged: {', '.join(flags['kinds'])}", "yellow")]
+
+
+def _notes(report: Report) -> list[Line]:
+    return [Line(f"note: {n}", "yellow") for n in report.get("notes") or []]
+
+
+def _ab(report: Report) -> list[Line]:
+    return [Line(""), Line("A/B (ratio of means − 1, [95% CI]):"), *[Line(text) for text in ab_lines(report)]]
+
+
+def _compare(report: Report) -> list[Line]:
     compare = report.get("compare")
-    out += [Line(""), Line("A/B (ratio of means − 1, [95% CI]):")]
-    out += [Line(text) for text in ab_lines(report)]
-    if compare:
-        out.append(Line(f"against stored run {compare['baseline_run']}:"))
-        for row in compare["rows"]:
-            out.append(Line(f"  {row['arm']} {row['probe']}@{row['point']} {row['metric']}: {fmt_delta(row)}"))
+    if not compare:
+        return []
+    out = [Line(f"against stored run {compare['baseline_run']}:")]
+    for row in compare["rows"]:
+        out.append(Line(f"  {row['arm']} {row['probe']}@{row['point']} {row['metric']}: {fmt_delta(row)}"))
+    return out
+
+
+def _failures(report: Report) -> list[Line]:
     found = report.get("failures")
-    if found:
-        tone: Tone = "red" if found["failed"] else "yellow" if found["excluded"] else "plain"
-        out.append(Line("failures and exclusions: " + found["lines"][0], tone))
-        out += [Line(f"  {line}", tone) for line in found["lines"][1:]]
+    if not found:
+        return []
+    tone: Tone = "red" if found["failed"] else "yellow" if found["excluded"] else "plain"
+    out = [Line("failures and exclusions: " + found["lines"][0], tone)]
+    return out + [Line(f"  {line}", tone) for line in found["lines"][1:]]
+
+
+def _gates(report: Report) -> list[Line]:
+    out: list[Line] = []
     for g in report.get("gates") or []:
         ci = f" CI {g['ci_text']}" if g["ci_low"] is not None else ""
         why = f" — {gate_evidence(g)}" if gate_evidence(g) else ""
-        tone = "red" if g["outcome"] == "fail" else "yellow" if g["outcome"] == "inconclusive" else "plain"
+        tone: Tone = "red" if g["outcome"] == "fail" else "yellow" if g["outcome"] == "inconclusive" else "plain"
         text = (
             f"gate {g['outcome'].upper()}: {g['name']} — value {g['value_text']}{ci}, needs {g['threshold_text']}{why}"
         )
         out.append(Line(text, tone))
-    out += [Line(text) for text in cost.first_screen(report)]
     return out
+
+
+def _cost(report: Report) -> list[Line]:
+    return [Line(text) for text in cost.first_screen(report)]
+
+
+#: The terminal's sections, one function each, in the order they are printed.
+SECTIONS: list[Callable[[Report], list[Line]]] = [
+    boot_lines,
+    _summary,
+    _agentic,
+    _capacity,
+    _spec_decode,
+    _flags,
+    _notes,
+    _ab,
+    _compare,
+    _failures,
+    _gates,
+    _cost,
+]
+
+
+def report_lines(report: Report) -> list[Line]:
+    """The whole report, as the terminal shows it at the end of a run."""
+    return [line for section in SECTIONS for line in section(report)]
 
 
 def outcome_lines(outcome: Outcome, *, rerender: bool = False) -> list[Line]:

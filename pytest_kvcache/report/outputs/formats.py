@@ -1,0 +1,50 @@
+"""The cell formats every writer shares (``report.md``, the terminal, ``report.html``): numbers by metric,
+deltas with their CI and verdict, a markdown table, and the probe specs' titles."""
+
+from __future__ import annotations
+
+from pytest_kvcache.metrics import catalogue
+from pytest_kvcache.model import DeltaRow, Json, Report, SavedRow
+from pytest_kvcache.probes.registry import ProbeSpec
+
+
+def fmt(value: float | int | None, metric: str) -> str:
+    """``value`` in ``metric``'s display format (``metrics.catalogue``)."""
+    return catalogue.text(value, metric)
+
+
+def fmt_delta(row: DeltaRow | SavedRow) -> str:
+    delta, lo, hi = row.get("delta_pct"), row.get("ci_low"), row.get("ci_high")
+    if delta is None:
+        return "–"
+    text = f"{delta:+.1f}%"
+    if lo is not None and hi is not None:
+        text += f" [{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"
+    verdict = row.get("verdict")
+    if row.get("verdict_note"):
+        text += f" ({row['verdict_note']})"
+    elif verdict and verdict != "inconclusive":
+        text += f" {verdict}" + (f" ({row['provisional']})" if row.get("provisional") else "")
+    elif verdict:
+        text += " (inconclusive)"
+    return text
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return lines
+
+
+def probe_specs(report: Report) -> dict[str, ProbeSpec]:
+    """The probe specs the report was built with (``report["probes"]``), for titles and labels."""
+    return {d["name"]: ProbeSpec.from_dict(d) for d in report.get("probes") or []}
+
+
+def title(report: Report, probe: str) -> str:
+    spec = probe_specs(report).get(probe)
+    return spec.title if spec else probe
+
+
+def json_text(value: Json) -> str:
+    return "absent" if value is None else str(value)

@@ -1,0 +1,75 @@
+"""``report["boots"]`` and ``report["boot_results"]``: every planned boot in run order, and per boot and
+probe point the probe's primary metric."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pytest_kvcache.model import BootEntry, BootResult
+from pytest_kvcache.report.comparison import _probes
+from pytest_kvcache.report.frame import Specs, point_sort, spec_of, values
+from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.sections.context import BuildContext
+
+
+def boot_entries(run: RunData) -> list[BootEntry]:
+    """Every planned boot in run order: position, arm, replicate, whether it ran (or why not)."""
+    out: list[BootEntry] = []
+    for position, entry in enumerate(run.meta.get("plan") or [], 1):
+        boot = str(entry.get("boot"))
+        evidence = run.evidence.get(boot) or {}
+        out.append(
+            {
+                "position": position,
+                "boot": boot,
+                "arm": entry.get("arm"),
+                "replicate": entry.get("replicate", 1),
+                "extra": bool(entry.get("extra")),
+                "status": evidence.get("status") or ("skipped" if entry.get("skipped") else "not booted"),
+                "skipped": entry.get("skipped"),
+                "ready_s": evidence.get("ready_s"),
+                "started_unix_s": evidence.get("started_unix_s"),
+                "compile_s": (evidence.get("log") or {}).get("compile_s"),
+                "compile_cache": (evidence.get("log") or {}).get("compile_cache"),
+                "init_engine_s": (evidence.get("log") or {}).get("init_engine_s"),
+            }
+        )
+    return out
+
+
+def boot_results(data: pd.DataFrame, boots: Sequence[BootEntry], specs: Specs) -> list[BootResult]:
+    """Per boot, per probe point: the probe's primary metric (mean and n of valid samples)."""
+    rows: list[BootResult] = []
+    if data.empty:
+        return rows
+    for boot in boots:
+        mine = data[data["boot"] == boot["boot"]]
+        for probe in _probes(mine, specs):
+            if spec_of(probe, specs).own_section:
+                continue  # differences from the baseline: in their own section, not a boot's figure
+            metric = spec_of(probe, specs).primary_metric
+            by_probe = mine[mine["probe"] == probe]
+            for point in sorted(by_probe["point"].unique(), key=point_sort):
+                found = values(by_probe[by_probe["point"] == point], metric)
+                if found:
+                    rows.append(
+                        {
+                            "boot": boot["boot"],
+                            "arm": boot["arm"],
+                            "position": boot["position"],
+                            "probe": probe,
+                            "point": point,
+                            "metric": metric,
+                            "mean": float(np.mean(found)),
+                            "n": len(found),
+                        }
+                    )
+    return rows
+
+
+def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
+    return {"boots": ctx.boots, "boot_results": boot_results(ctx.data, ctx.boots, ctx.specs)}

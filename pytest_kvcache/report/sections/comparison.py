@@ -1,0 +1,18 @@
+"""``report["summary"]``, ``report["deltas"]`` and ``report["crossovers"]``: the A/B comparison statistics
+(:mod:`pytest_kvcache.report.comparison`), judged (:mod:`pytest_kvcache.report.verdicts`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_kvcache.report.comparison import summary_rows
+from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.sections.context import BuildContext
+
+
+def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
+    return {
+        "summary": summary_rows(ctx.data, ctx.arms, ctx.specs),
+        "deltas": ctx.deltas,
+        "crossovers": ctx.crossovers,
+    }

@@ -1,0 +1,86 @@
+"""``report["spec_decode"]``: speculative-decoding acceptance per arm, probe and point; or "not enabled"."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from pytest_kvcache import stats
+from pytest_kvcache.model import Record, SpecDecodeRow, SpecDecodeSection
+from pytest_kvcache.report.frame import Specs, point_of, point_sort, spec_of
+from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.sections.context import BuildContext
+
+
+def spec_decode_section(
+    records: Sequence[Record], arms: Sequence[str], specs: Specs, config: Mapping[str, str | None], seed: int
+) -> SpecDecodeSection:
+    """Speculative-decoding acceptance per arm, probe and point from the per-request ``/metrics`` deltas
+    (measured requests that drafted), with the mean acceptance length's CI; or "not enabled"."""
+    groups: dict[tuple[str, str, str], list[Record]] = {}
+    for r in records:
+        engine = r.get("engine") or {}
+        if r.get("phase") != "measured" or not r.get("ok") or not engine.get("spec_drafts"):
+            continue
+        key = (str(r.get("arm")), str(r.get("probe")), point_of(r, specs))
+        groups.setdefault(key, []).append(r)
+    rows: list[SpecDecodeRow] = []
+    order = {arm: i for i, arm in enumerate(arms)}
+    for (arm, probe, point), found in sorted(
+        groups.items(),
+        key=lambda kv: (order.get(kv[0][0], 99), spec_of(kv[0][1], specs).order, kv[0][1], point_sort(kv[0][2])),
+    ):
+        engines = [r.get("engine") or {} for r in found]
+        drafts = sum(int(cast(int, e.get("spec_drafts") or 0)) for e in engines)
+        drafted = sum(int(cast(int, e.get("spec_draft_tokens") or 0)) for e in engines)
+        accepted = sum(int(cast(int, e.get("spec_accepted_tokens") or 0)) for e in engines)
+        width = max((len(cast(list[int], e.get("spec_accepted_per_position") or [])) for e in engines), default=0)
+        by_position = [0] * width
+        for e in engines:
+            for i, n in enumerate(cast(list[int], e.get("spec_accepted_per_position") or [])):
+                by_position[i] += int(n)
+        lengths = [v for r in found if (v := (r.get("metrics") or {}).get("acceptance_length")) is not None]
+        mean, lo, hi = stats.mean_ci(lengths, seed=seed)
+        rows.append(
+            {
+                "arm": arm,
+                "probe": probe,
+                "point": point,
+                "requests": len(found),
+                "drafts": drafts,
+                "drafted": drafted,
+                "accepted": accepted,
+                "acceptance_pct": 100 * accepted / drafted if drafted else 0.0,
+                "acceptance_length": 1 + accepted / drafts,
+                "acceptance_length_mean": mean,
+                "ci_low": lo,
+                "ci_high": hi,
+                "per_position": [n / drafts for n in by_position],
+            }
+        )
+    parts = []
+    for arm in arms:
+        mine = [r for r in rows if r["arm"] == arm]
+        for probe in dict.fromkeys(r["probe"] for r in mine):
+            at = [r for r in mine if r["probe"] == probe]
+            drafts = sum(r["drafts"] for r in at)
+            drafted, accepted = sum(r["drafted"] for r in at), sum(r["accepted"] for r in at)
+            parts.append(
+                f"{arm} {probe}: mean acceptance length {1 + accepted / drafts:.2f} "
+                f"({accepted}/{drafted} draft tokens accepted, {100 * accepted / drafted if drafted else 0:.1f}%)"
+            )
+    setup = "; ".join(f"{arm} {config.get(arm) or 'not stated'}" for arm in arms)
+    scraped = any(r.get("engine") for r in records if r.get("phase") == "measured")
+    line = (
+        ("; ".join(parts) + f" — speculation: {setup}")
+        if parts
+        else "not enabled (no vllm:spec_decode_* counters moved)"
+        if scraped
+        else "not measured (no request had the engine's vLLM counters read around it)"
+    )
+    return {"rows": rows, "config": {arm: config.get(arm) for arm in arms}, "line": line}
+
+
+def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
+    config = {a["name"]: a["resolved"].get("speculative") for a in ctx.entries}
+    return {"spec_decode": spec_decode_section(run.records, ctx.arms, ctx.specs, config, ctx.seed)}
