@@ -6,12 +6,13 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 
 from pytest_kvcache.config.budget import CPU_SPACE_ENV
 from pytest_kvcache.config.budget import FLAG as BUDGET_FLAG
 from pytest_kvcache.config.settings import Arm, Boot, Settings
+from pytest_kvcache.datafiles import FOLDERS, embedded_folder
+from pytest_kvcache.datafiles import embedded_model_path as embedded_model_path
 from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.external import ExternalEngine
 from pytest_kvcache.engines.process import HOST, ProcessEngine, free_port
@@ -56,26 +57,12 @@ def engine_profile(settings: Settings) -> EngineProfile:
     return profile(settings.engine)
 
 
-def embedded_model_path() -> Path:
-    """The random-weight tiny model's folder (``embedded:tiny-qwen3``; served with dummy weights)."""
-    return Path(str(resources.files("pytest_kvcache") / "data" / "tiny-qwen3"))
-
-
-_FOLDERS: dict[str, Path] = {}
+_FOLDERS = FOLDERS
 
 
 def embedded_model_folder(settings: Settings, on_convert: Callable[[str], None] | None = None) -> Path:
-    """The folder vLLM serves for the embedded model: the tiny one's, or the trained one converted from
-    its GGUF (once per machine, cached; checked once per process). Raises TrainedModelError."""
-    name = settings.embedded_model
-    if name not in _FOLDERS:
-        if settings.embedded_spec.trained:
-            from pytest_kvcache.engines.trained_model import ensure_folder
-
-            _FOLDERS[name] = ensure_folder(on_convert=on_convert).path
-        else:
-            _FOLDERS[name] = embedded_model_path()
-    return _FOLDERS[name]
+    """The folder vLLM serves for the embedded model (:func:`pytest_kvcache.datafiles.embedded_folder`)."""
+    return embedded_folder(settings.embedded_model, trained=settings.embedded_spec.trained, on_convert=on_convert)
 
 
 def prepare_embedded(settings: Settings, on_convert: Callable[[str], None] | None = None) -> str | None:
