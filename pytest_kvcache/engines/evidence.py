@@ -12,6 +12,10 @@ import httpx
 from pytest_kvcache import metrics
 from pytest_kvcache.engines.profiles import VLLM, EngineProfile
 from pytest_kvcache.model import Evidence, LogFacts
+from pytest_kvcache.model.evidence import SPEC_FIELD as SPEC_FIELD
+from pytest_kvcache.model.evidence import kv_capacity_tokens as kv_capacity_tokens
+from pytest_kvcache.model.evidence import resolved_cache_dtype as resolved_cache_dtype
+from pytest_kvcache.model.evidence import speculative as speculative
 
 BACKEND = re.compile(r"Using (\S+) attention backend out of potential backends: \[([^\]]*)\]")
 ENGINE_INIT = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\) with config: (.*)")
@@ -19,7 +23,6 @@ KV_DTYPE_IN_CONFIG = re.compile(r"\bkv_cache_dtype=([A-Za-z0-9_]+)")
 KV_SIZE = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
 NON_DEFAULT_ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
 SPEC_IN_CONFIG = re.compile(r"\bspeculative_config=(None|SpeculativeConfig\([^)]*\))")
-SPEC_FIELD = re.compile(r"(\w+)=('[^']*'|[^,)]+)")
 # torch.compile and its cache (vLLM 0.10–0.25 wordings: "took"/"takes", shapes or compile ranges).
 COMPILE_TOTAL = re.compile(r"torch\.compile take[sn]? ([\d.]+) s in total|torch\.compile took ([\d.]+) s in total")
 COMPILE_HIT = re.compile(r"Directly load (?:the compiled graph\(s\)|AOT compilation)")
@@ -96,35 +99,6 @@ def parse_llamacpp_log(text: str) -> LogFacts:
             found["engine_version"] = m.group(1)
     found.pop("kv_cache_device", None)  # the size line does not name the device reliably
     return cast(LogFacts, found)
-
-
-def speculative(evidence: Evidence) -> str | None:
-    """The speculative-decoding setup a boot resolved, in words: ``none``, ``ngram, 3 tokens``,
-    ``mtp, 3 tokens, model /m`` — from the engine's config line, else its non-default args; None when
-    neither says."""
-    log = evidence.get("log") or {}
-    text = log.get("speculative_config")
-    fields: dict[str, object] = {}
-    if text == "None":
-        return "none"
-    if isinstance(text, str):
-        fields = {k: v.strip("'") for k, v in SPEC_FIELD.findall(text.removeprefix("SpeculativeConfig("))}
-    else:
-        args = log.get("non_default_args")
-        found = args.get("speculative_config") if isinstance(args, dict) else None
-        if isinstance(found, dict):
-            fields = dict(found)
-        elif isinstance(args, dict):
-            return "none"  # the engine listed its non-default args and speculation is not among them
-        else:
-            return None
-    method = fields.get("method") or "?"
-    tokens = fields.get("num_spec_tokens", fields.get("num_speculative_tokens"))
-    parts = [str(method)] + ([f"{tokens} tokens"] if tokens not in (None, "None") else [])
-    model = fields.get("model")
-    if model not in (None, "None", ""):
-        parts.append(f"model {model}")
-    return ", ".join(parts)
 
 
 def _get(client: httpx.Client, path: str) -> tuple[Any, str | None]:
@@ -209,26 +183,3 @@ def _llamacpp_props(client: httpx.Client, evidence: dict[str, Any], errors: dict
         errors["/slots"] = err
     elif isinstance(slots, list):
         evidence["slots"] = [{"id": s.get("id"), "n_ctx": s.get("n_ctx")} for s in slots if isinstance(s, dict)]
-
-
-def resolved_cache_dtype(evidence: Evidence) -> str | None:
-    """The KV-cache dtype the engine reports: the ``/metrics`` label first, else its startup log line."""
-    cache = evidence.get("cache_config") or {}
-    if cache.get("cache_dtype"):
-        return str(cache["cache_dtype"])
-    log = evidence.get("log") or {}
-    value = log.get("kv_cache_dtype")
-    return str(value) if value else None
-
-
-def kv_capacity_tokens(evidence: Evidence) -> int | None:
-    cache = evidence.get("cache_config") or {}
-    raw = cache.get("kv_cache_size_tokens")
-    if raw not in (None, "", "None"):
-        try:
-            return int(float(str(raw)))
-        except ValueError:
-            pass
-    log = evidence.get("log") or {}
-    value = log.get("kv_cache_size_tokens")
-    return int(value) if value is not None else None

@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 
 from pytest_kvcache import stats
-from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype, speculative
 from pytest_kvcache.model import (
     REPORT_VERSION,
     AgenticSection,
@@ -44,6 +43,7 @@ from pytest_kvcache.model import (
     SpecDecodeSection,
     SummaryRow,
 )
+from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype, speculative
 from pytest_kvcache.probes import agreement
 from pytest_kvcache.report import bands, confounds, failures, greedy, left_out
 from pytest_kvcache.report import capacity as capacity_report
