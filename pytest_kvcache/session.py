@@ -395,10 +395,12 @@ class KvSession:
         self.run.close(status="interrupted" if self.run.interrupted else "finished")
         if self.run.interrupted or self.run.role == "worker":
             return  # Ctrl-C means now: the records are on disk, and kvcache-report builds the report later
+        from pytest_kvcache.finish import finish
         from pytest_kvcache.report.pipeline import Outcome, ReportInputError, produce  # pandas: seconds to import
 
         try:
-            self.outcome = produce(path, self.settings.report_options())
+            options = self.settings.report_options()
+            self.outcome = finish(produce(path, options), options)
         except ReportInputError as exc:
             self.outcome = Outcome(run=path, error=f"{exc}")
         except Exception as exc:  # the pipeline catches its own; this is the last line of defence
