@@ -40,6 +40,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "gpu",
             "selfcheck",
             "fanout",
+            "fanout_plan",
+            "fanout_worker",
             # ArmClient and Server: the running engine and the client a probe measures with
             "run.measure",
         ),
