@@ -13,6 +13,7 @@ also what ``pytest --kv-rerender=RUN_DIR`` runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -24,14 +25,15 @@ from pytest_kvcache.report.options import ReportOptions
 def rerender(run: Path, options: ReportOptions, out: Callable[[str], None] = print) -> int:
     """Rebuild a stored run's report with ``options``; print what a run's terminal summary prints; return
     the exit code. Without a noise run in ``options``, the one the run itself was judged against is used."""
+    from pytest_kvcache.finish import finish
     from pytest_kvcache.report.judge import EXIT_INTERRUPTED, EXIT_USAGE
     from pytest_kvcache.report.outputs.terminal import outcome_lines
-    from pytest_kvcache.report.pipeline import ReportInputError, produce, stored_noise_run
+    from pytest_kvcache.report.pipeline import ReportInputError, produce
 
     try:
         if options.noise is None:
             options = stored_noise_run(run, options)
-        outcome = produce(run, options, record=False)
+        outcome = finish(produce(run, options), options, record=False)
     except ReportInputError as exc:
         out(f"ERROR: pytest-kvcache: {exc}")
         return EXIT_USAGE
@@ -41,6 +43,34 @@ def rerender(run: Path, options: ReportOptions, out: Callable[[str], None] = pri
     for line in outcome_lines(outcome, rerender=True):
         out(line.text)
     return outcome.exit_code
+
+
+def stored_noise_run(run: Path, options: ReportOptions) -> ReportOptions:
+    """A re-render without ``--kv-noise`` is judged against the A/A run the run itself named, when that
+    stored run is still there (``run.json``'s settings); a vanished one is a usage error."""
+    from pytest_kvcache.report.load import RunFolderError, read_meta
+    from pytest_kvcache.report.pipeline import ReportInputError
+
+    try:
+        meta = read_meta(run)
+    except RunFolderError:
+        return options  # produce() reports the folder's problem
+    settings = meta.get("settings") or {}
+    name, root, location = settings.get("noise"), settings.get("report_dir"), settings.get("store")
+    if not name or not isinstance(root, str):
+        return options
+    noise = Path(root).parent / "baselines" / str(name)
+    if isinstance(location, str) and location:
+        from pytest_kvcache import store
+
+        try:
+            with store.open_store(location) as opened:
+                noise = opened.baseline(str(name)) or store.baselines_dir_of(location) / str(name)
+        except store.StoreError as exc:
+            raise ReportInputError(f"{run} was judged against the A/A run {name!r} in a store: {exc}") from None
+    if not (noise / "run.json").is_file():
+        raise ReportInputError(f"{run} was judged against the A/A run {name!r}, which is gone ({noise})")
+    return dataclasses.replace(options, noise=noise)
 
 
 EXIT_USAGE = 4

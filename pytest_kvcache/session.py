@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_kvcache.config.plan import BootPlan
-from pytest_kvcache.config.settings import CPU_CAPACITY_DEPTHS, FIDELITY_DEPTHS, Boot, Settings
+from pytest_kvcache.config.settings import FIDELITY_DEPTHS, Boot, Settings
 from pytest_kvcache.config.stored import Stored
 from pytest_kvcache.engines.base import Engine
 from pytest_kvcache.engines.registry import EngineRegistry
@@ -104,7 +104,7 @@ def budget_text(settings: Settings, entry: PlanEntry) -> str:
 def capacity_plan_line(settings: Settings) -> str:
     """The capacity probe's setup, said once before anything boots."""
     st = settings
-    cpu = st.capacity_depths == CPU_CAPACITY_DEPTHS and st.embedded and st.launcher != "external"
+    cpu = st.embedded and st.launcher != "external" and st.capacity_depths == st.embedded_spec.capacity_depths
     kv = "each arm's own KV cache (no --kv-cache-bytes)" if st.cache_bytes is None else "the KV budget below"
     depths = ",".join(depth_label(d) for d in st.capacity_depths)
     return (
@@ -406,10 +406,12 @@ class KvSession:
         self.run.close(status="interrupted" if self.run.interrupted else "finished")
         if self.run.interrupted or self.run.role == "worker":
             return  # Ctrl-C means now: the records are on disk, and kvcache-report builds the report later
+        from pytest_kvcache.finish import finish
         from pytest_kvcache.report.pipeline import Outcome, ReportInputError, produce  # pandas: seconds to import
 
         try:
-            self.outcome = produce(path, self.settings.report_options())
+            options = self.settings.report_options()
+            self.outcome = finish(produce(path, options), options)
         except ReportInputError as exc:
             self.outcome = Outcome(run=path, error=f"{exc}")
         except Exception as exc:  # the pipeline catches its own; this is the last line of defence

@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from pytest_kvcache.metrics import catalogue
+from pytest_kvcache.model.base import Verdict as Verdict
 
 SUMMARY_FIELDS = ("n", "mean", "median", "std", "cv_pct", "min", "max")
 
@@ -321,9 +322,6 @@ def widen_mean(
     se_within = (hi - lo) / (2 * z)
     total = math.sqrt(se_within**2 + (abs(mean) * boot_sd) ** 2 / max(boots, 1))
     return mean - z * total, mean + z * total
-
-
-Verdict = Literal["better", "worse", "inconclusive"]
 
 
 def verdict(metric: str, lo: float | None, hi: float | None) -> Verdict:

@@ -13,6 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pytest_kvcache.config.constants import (
+    CPU_CAPACITY_DEPTHS,
+    CPU_CAPACITY_MAX_SESSIONS,
+    CPU_CAPACITY_MAX_TOKENS,
+    CPU_CAPACITY_THINK_S,
+    CPU_CAPACITY_WINDOW_S,
+    CPU_SLO,
+)
+
 #: What ``--kv-model`` starts with to name an embedded model (``embedded`` alone: the default one).
 PREFIX = "embedded"
 
@@ -42,6 +51,14 @@ class EmbeddedModel:
     vllm_args: tuple[str, ...]
     #: llama-server's context (one slot holds it all)
     llamacpp_ctx: int
+    #: the capacity probe's sizes on 2 CPU cores: SLO, session depths, think time (s), trial window (s),
+    #: tokens a turn, most sessions tried (each overridable: --kv-slo, --kv-capacity-*)
+    capacity_slo: str = CPU_SLO
+    capacity_depths: tuple[int, ...] = CPU_CAPACITY_DEPTHS
+    capacity_think_s: float = CPU_CAPACITY_THINK_S
+    capacity_window_s: float = CPU_CAPACITY_WINDOW_S
+    capacity_max_tokens: int = CPU_CAPACITY_MAX_TOKENS
+    capacity_max_sessions: int = CPU_CAPACITY_MAX_SESSIONS
 
 
 SMOLLM2 = EmbeddedModel(
@@ -69,6 +86,16 @@ SMOLLM2 = EmbeddedModel(
     # float16/bfloat16, which vLLM's CPU build serves wrongly on float32 weights).
     vllm_args=("--enforce-eager",),
     llamacpp_ctx=8192,
+    # One session alone, warm (prefix cache hits of 96-97%), had a TTFT p95 of 372 ms at 2K and 679 ms at 4K
+    # on this machine's busy 2 cores (`pytest -m capacity --kv-arms=auto`, 2026-12-02), and vLLM's CPU build
+    # decodes it at ~18 tok/s (~55 ms a token, FACTS.md): the tiny model's 200 ms SLO failed at one session,
+    # every depth read 0. Sessions of 1K and 2K under ttft_p95<=1.5s and itl_p95<=150ms leave room for a few
+    # sessions before the one serving core saturates; 10 s trials see ~2-4 turns a session.
+    capacity_slo="ttft_p95<=1.5s,itl_p95<=150ms",
+    capacity_depths=(1_000, 2_000),
+    capacity_think_s=2.0,
+    capacity_window_s=10.0,
+    capacity_max_sessions=16,
 )
 TINY = EmbeddedModel(
     name="tiny-qwen3",

@@ -14,12 +14,6 @@ from pytest_kvcache.config.constants import (
     CAPACITY_MAX_TOKENS,
     CAPACITY_THINK_S,
     CAPACITY_WINDOW_S,
-    CPU_CAPACITY_DEPTHS,
-    CPU_CAPACITY_MAX_SESSIONS,
-    CPU_CAPACITY_MAX_TOKENS,
-    CPU_CAPACITY_THINK_S,
-    CPU_CAPACITY_WINDOW_S,
-    CPU_SLO,
     FIDELITY_DEPTHS,
     FIDELITY_TEXTS,
     GPU_SLO,
@@ -276,7 +270,7 @@ class ProbeOptions:
         metavar="TERMS",
         parse=v.slo,
         default=GPU_SLO,
-        cpu_default=lambda m: CPU_SLO,
+        cpu_default=lambda m: m.capacity_slo,
     )
     capacity_depths: tuple[int, ...] = option(
         help=(
@@ -286,7 +280,7 @@ class ProbeOptions:
         metavar="D1,D2",
         parse=v.depths,
         default=CAPACITY_DEPTHS,
-        cpu_default=lambda m: CPU_CAPACITY_DEPTHS,
+        cpu_default=lambda m: m.capacity_depths,
     )
     capacity_think_s: float = option(
         "capacity_think",
@@ -297,7 +291,7 @@ class ProbeOptions:
         metavar="S",
         parse=v.positive,
         default=CAPACITY_THINK_S,
-        cpu_default=lambda m: CPU_CAPACITY_THINK_S,
+        cpu_default=lambda m: m.capacity_think_s,
     )
     capacity_window_s: float = option(
         "capacity_window",
@@ -308,21 +302,21 @@ class ProbeOptions:
         metavar="S",
         parse=v.positive,
         default=CAPACITY_WINDOW_S,
-        cpu_default=lambda m: CPU_CAPACITY_WINDOW_S,
+        cpu_default=lambda m: m.capacity_window_s,
     )
     capacity_max_tokens: int = option(
         help="tokens each capacity turn decodes (default 64; 16 on the embedded CPU default).",
         metavar="N",
         parse=v.count(1),
         default=CAPACITY_MAX_TOKENS,
-        cpu_default=lambda m: CPU_CAPACITY_MAX_TOKENS,
+        cpu_default=lambda m: m.capacity_max_tokens,
     )
     capacity_max_sessions: int = option(
         help="the most concurrent sessions the capacity search tries (default 256; 32 on the embedded CPU default).",
         metavar="N",
         parse=v.count(1),
         default=CAPACITY_MAX_SESSIONS,
-        cpu_default=lambda m: CPU_CAPACITY_MAX_SESSIONS,
+        cpu_default=lambda m: m.capacity_max_sessions,
     )
     capacity_start: int = option(
         help="the capacity search's first number of sessions (default 1).", metavar="N", parse=v.count(1), default=1

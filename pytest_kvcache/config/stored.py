@@ -116,7 +116,7 @@ def _stored_run(
 
 def _noise_run(name: str, baselines: Path, ref: _StoreRef | None = None) -> Path:
     """A stored A/A run: its arms are one arm typed twice or more (``fp8,fp8``)."""
-    from pytest_kvcache.run.folder import read_json
+    from pytest_kvcache.jsonio import read_json
 
     hint = f"store an A/A run with --kv-arms=X,X --kv-save={name}"
     path = _stored_run("--kv-noise", name, baselines, hint, ref=ref)

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from pytest_kvcache.config.budget import CPU_SPACE_ENV
 from pytest_kvcache.config.settings import Arm, Boot, Settings
+from pytest_kvcache.datafiles import FOLDERS as _FOLDERS  # noqa: F401  (the folders found, by name)
+from pytest_kvcache.datafiles import embedded_model_path as embedded_model_path
 from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.external import ExternalEngine
 from pytest_kvcache.engines.kinds import EngineProfile, Kind, get_kind
-from pytest_kvcache.engines.kinds.base import embedded_model_path
 from pytest_kvcache.engines.kinds.llamacpp import LLAMACPP_MEASUREMENT_ARGS as LLAMACPP_MEASUREMENT_ARGS
 from pytest_kvcache.engines.kinds.llamacpp import build_llamacpp_args as build_llamacpp_args
 from pytest_kvcache.engines.kinds.llamacpp import llama_server_cmd as llama_server_cmd

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,37 +28,10 @@ from pytest_kvcache.engines.kinds.vllm import SPEC_IN_CONFIG as SPEC_IN_CONFIG
 from pytest_kvcache.engines.kinds.vllm import VLLM
 from pytest_kvcache.engines.kinds.vllm import parse_log as parse_log
 from pytest_kvcache.model import Evidence
-
-SPEC_FIELD = re.compile(r"(\w+)=('[^']*'|[^,)]+)")
-
-
-def speculative(evidence: Evidence) -> str | None:
-    """The speculative-decoding setup a boot resolved, in words: ``none``, ``ngram, 3 tokens``,
-    ``mtp, 3 tokens, model /m`` — from the engine's config line, else its non-default args; None when
-    neither says."""
-    log = evidence.get("log") or {}
-    text = log.get("speculative_config")
-    fields: dict[str, object] = {}
-    if text == "None":
-        return "none"
-    if isinstance(text, str):
-        fields = {k: v.strip("'") for k, v in SPEC_FIELD.findall(text.removeprefix("SpeculativeConfig("))}
-    else:
-        args = log.get("non_default_args")
-        found = args.get("speculative_config") if isinstance(args, dict) else None
-        if isinstance(found, dict):
-            fields = dict(found)
-        elif isinstance(args, dict):
-            return "none"  # the engine listed its non-default args and speculation is not among them
-        else:
-            return None
-    method = fields.get("method") or "?"
-    tokens = fields.get("num_spec_tokens", fields.get("num_speculative_tokens"))
-    parts = [str(method)] + ([f"{tokens} tokens"] if tokens not in (None, "None") else [])
-    model = fields.get("model")
-    if model not in (None, "None", ""):
-        parts.append(f"model {model}")
-    return ", ".join(parts)
+from pytest_kvcache.model.evidence import SPEC_FIELD as SPEC_FIELD
+from pytest_kvcache.model.evidence import kv_capacity_tokens as kv_capacity_tokens
+from pytest_kvcache.model.evidence import resolved_cache_dtype as resolved_cache_dtype
+from pytest_kvcache.model.evidence import speculative as speculative
 
 
 def _get(client: httpx.Client, path: str) -> tuple[Any, str | None]:
@@ -124,26 +96,3 @@ def collect(url: str, log_path: Path | None, timeout_s: float = 10.0, profile: E
     if errors:
         evidence["errors"] = errors
     return cast(Evidence, evidence)
-
-
-def resolved_cache_dtype(evidence: Evidence) -> str | None:
-    """The KV-cache dtype the engine reports: the ``/metrics`` label first, else its startup log line."""
-    cache = evidence.get("cache_config") or {}
-    if cache.get("cache_dtype"):
-        return str(cache["cache_dtype"])
-    log = evidence.get("log") or {}
-    value = log.get("kv_cache_dtype")
-    return str(value) if value else None
-
-
-def kv_capacity_tokens(evidence: Evidence) -> int | None:
-    cache = evidence.get("cache_config") or {}
-    raw = cache.get("kv_cache_size_tokens")
-    if raw not in (None, "", "None"):
-        try:
-            return int(float(str(raw)))
-        except ValueError:
-            pass
-    log = evidence.get("log") or {}
-    value = log.get("kv_cache_size_tokens")
-    return int(value) if value is not None else None

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvcache.engines.process import group_members, kill_group, proc_start_ticks
-from pytest_kvcache.run.folder import iter_run_folders, write_json
+from pytest_kvcache.jsonio import iter_run_folders, write_json
 
 REGISTRY = "engines.json"
 

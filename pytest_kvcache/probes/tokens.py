@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.engines import embedded_model_folder
+from pytest_kvcache.datafiles import embedded_folder
 
 Messages = list[dict[str, Any]]
 
@@ -35,7 +35,7 @@ def tokenizer_dir(settings: Settings) -> Path:
     from pytest_kvcache.engines.trained_model import TrainedModelError
 
     try:
-        return embedded_model_folder(settings)
+        return embedded_folder(settings.embedded_model, trained=settings.embedded_spec.trained)
     except TrainedModelError as exc:
         raise TokenizerError(str(exc)) from None
 

@@ -403,7 +403,7 @@ def section(
 ) -> CapacitySection:
     """The report's capacity section: per arm and depth the capacity and its CI, the ratio to the baseline (the
     delta the gates judge), the KV each arm had, the figures at the knee; every trial; notes."""
-    from pytest_kvcache.engines.evidence import kv_capacity_tokens
+    from pytest_kvcache.model.evidence import kv_capacity_tokens
 
     config: dict[str, Json] = {
         key: settings.get(key)

@@ -10,17 +10,15 @@ A stored run that cannot be read, or a gate that does not fit the run, is a :cla
 
 from __future__ import annotations
 
-import shutil
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_kvcache.model import Report
 from pytest_kvcache.report.gates import GateError
 from pytest_kvcache.report.judge import Judgement, exit_code
-from pytest_kvcache.report.load import RunData, RunFolderError, load, read_meta
+from pytest_kvcache.report.load import RunData, RunFolderError, load
 from pytest_kvcache.report.options import ReportOptions
-from pytest_kvcache.store.record import read_vcs, run_row, stamp_vcs
 
 
 class ReportInputError(ValueError):
@@ -37,6 +35,8 @@ class Outcome:
     written: list[Path] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
     error: str | None = None
+    #: the run as loaded (the finish step reads its settings and frame)
+    data: RunData | None = field(default=None, repr=False)
 
     @property
     def exit_code(self) -> int:
@@ -62,20 +62,19 @@ def load_inputs(run: Path, options: ReportOptions) -> tuple[RunData, RunData | N
     return data, saved, noise
 
 
-def produce(run: Path, options: ReportOptions, *, record: bool = True) -> Outcome:
+def produce(run: Path, options: ReportOptions) -> Outcome:
     """Build, judge and write the report of one run folder.
 
     Raises :class:`ReportInputError` for unreadable folders and bad gates; every other failure is in
-    ``Outcome.error`` with the report's exit code 3. With ``record`` (the end of a run), the run's row is
-    added to the history of the run store its settings name (``--kv-store``); a store that cannot take it
-    is a warning, never a failed run. A baseline (``save_as``) goes into that store.
+    ``Outcome.error`` with the report's exit code 3. The history row and the baseline save are the next
+    step's (:func:`pytest_kvcache.finish.finish`), which the session and ``kvcache-report`` call after this.
     """
     from pytest_kvcache.report.build import build
     from pytest_kvcache.report.judge import judge
     from pytest_kvcache.report.outputs import write_all
 
     data, saved, noise = load_inputs(run, options)
-    outcome = Outcome(run=run)
+    outcome = Outcome(run=run, data=data)
     try:
         outcome.report = build(data, options.allow_diff)
         outcome.judgement = judge(
@@ -92,42 +91,7 @@ def produce(run: Path, options: ReportOptions, *, record: bool = True) -> Outcom
     except Exception as exc:
         outcome.error = _one_line(exc)
         return outcome
-    from pytest_kvcache import store
-
-    location = data.settings.get("store")
-    location = location if isinstance(location, str) and location else None
-    if record and location is not None:
-        try:
-            vcs = stamp_vcs(run, Path(str(data.meta.get("cwd") or Path.cwd())))
-        except OSError as exc:
-            vcs = read_vcs(run)
-            outcome.messages.append(f"warning: could not write {run / 'vcs.json'}: {exc}")
-    if options.save_as is not None:
-        try:
-            if location is not None:
-                with store.open_store(location) as opened:
-                    saved_at = opened.save_baseline(options.save_as.name, run)
-            else:
-                _store(run, options.save_as)
-                saved_at = options.save_as
-        except (OSError, store.StoreError) as exc:
-            outcome.error = f"could not store the run as baseline {options.save_as.name}: {exc}"
-            return outcome
-        outcome.messages.append(f"stored this run as baseline {options.save_as.name} ({saved_at})")
-    if record and location is not None:
-        try:
-            with store.open_store(location) as opened:
-                opened.add_run(run_row(data, outcome.report, vcs))
-        except (OSError, store.StoreError) as exc:
-            outcome.messages.append(f"warning: this run is not in the history of the run store: {exc}")
     return outcome
-
-
-def _store(run: Path, save_as: Path) -> None:
-    if save_as.exists():
-        shutil.rmtree(save_as)
-    save_as.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(run, save_as, symlinks=True)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -141,29 +105,4 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}{where}" if text else f"{type(exc).__name__}{where}"
 
 
-def stored_noise_run(run: Path, options: ReportOptions) -> ReportOptions:
-    """A re-render without ``--kv-noise`` is judged against the A/A run the run itself named, when that
-    stored run is still there (``run.json``'s settings); a vanished one is a usage error."""
-    try:
-        meta = read_meta(run)
-    except RunFolderError:
-        return options  # produce() reports the folder's problem
-    settings = meta.get("settings") or {}
-    name, root, location = settings.get("noise"), settings.get("report_dir"), settings.get("store")
-    if not name or not isinstance(root, str):
-        return options
-    noise = Path(root).parent / "baselines" / str(name)
-    if isinstance(location, str) and location:
-        from pytest_kvcache import store
-
-        try:
-            with store.open_store(location) as opened:
-                noise = opened.baseline(str(name)) or store.baselines_dir_of(location) / str(name)
-        except store.StoreError as exc:
-            raise ReportInputError(f"{run} was judged against the A/A run {name!r} in a store: {exc}") from None
-    if not (noise / "run.json").is_file():
-        raise ReportInputError(f"{run} was judged against the A/A run {name!r}, which is gone ({noise})")
-    return replace(options, noise=noise)
-
-
-__all__ = ["Outcome", "ReportInputError", "ReportOptions", "load_inputs", "produce", "stored_noise_run"]
+__all__ = ["Outcome", "ReportInputError", "ReportOptions", "load_inputs", "produce"]

@@ -24,12 +24,15 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
 from pytest_kvcache.client import Sample
+from pytest_kvcache.jsonio import iter_run_folders as iter_run_folders
+from pytest_kvcache.jsonio import read_json as read_json
+from pytest_kvcache.jsonio import write_json as write_json
 from pytest_kvcache.metrics import spec_metrics
 from pytest_kvcache.model import RECORD_SCHEMA_VERSION, Record, SampleData
 from pytest_kvcache.probes.registry import ENGINE_METRICS
@@ -40,23 +43,6 @@ SCHEMA_VERSION = RECORD_SCHEMA_VERSION
 def new_run_id(now: float | None = None) -> str:
     stamp = datetime.fromtimestamp(now if now is not None else time.time(), tz=UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"{stamp}-{secrets.token_hex(3)}"
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file + rename), so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=False, default=str)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any:
-    with path.open(encoding="utf-8") as fh:
-        return json.load(fh)
 
 
 def read_records(path: Path) -> list[Record]:
@@ -167,14 +153,6 @@ class RunFolder:
             if self._fh is not None:
                 self._fh.close()
                 self._fh = None
-
-
-def iter_run_folders(root: Path) -> Iterator[Path]:
-    if not root.is_dir():
-        return
-    for child in sorted(root.iterdir()):
-        if child.is_dir() and not child.is_symlink() and (child / "run.json").exists():
-            yield child
 
 
 CONTEXT_KEYS = ("probe", "shape", "depth", "turn", "session", "phase", "index")

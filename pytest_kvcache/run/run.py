@@ -27,30 +27,27 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol, cast
 
-import httpx
-
-from pytest_kvcache.client import Client, Sample
+from pytest_kvcache.client import Sample
 from pytest_kvcache.config.plan import BootPlan
 from pytest_kvcache.config.settings import Boot, Settings
 from pytest_kvcache.engines import embedded_name, engine_profile, visible_devices
-from pytest_kvcache.engines.base import Engine, EngineError, salient_error, tail
+from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.evidence import collect, resolved_cache_dtype
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
 from pytest_kvcache.model import (
     RECORD_SCHEMA_VERSION,
-    AgreementRecord,
     Evidence,
     FidelityRecord,
-    GpuSnapshot,
     Json,
     PlanEntry,
     Record,
 )
 from pytest_kvcache.probes import registry as probe_registry
+from pytest_kvcache.run import agreement, monitors, rounds
 from pytest_kvcache.run.folder import RunFolder, make_record
 from pytest_kvcache.run.forward import Outbox
-from pytest_kvcache.run.hostload import HostSampler, MeasuredProcesses, judge
-from pytest_kvcache.run.measure import Server, alive_after
+from pytest_kvcache.run.hostload import HostSampler, judge
+from pytest_kvcache.run.measure import Server
 
 MakeEngine = Callable[[Boot, Path, EngineRegistry], Engine | None]
 #: ``single``: one process boots and measures; under pytest-xdist a ``worker`` boots and measures its lane's
@@ -173,8 +170,6 @@ class Run:
         """Create the run folder on first need (never for ``--collect-only``) and reap dead runs' engines."""
         if self.folder is not None:
             return self.folder
-        from pytest_kvcache.gpu.state import GpuOptions, GpuState
-
         root = self.settings.report_dir
         root.mkdir(parents=True, exist_ok=True)
         if self.role == "worker":  # its own folder on its own host; the controller's holds the run
@@ -196,22 +191,8 @@ class Run:
         if self.role == "controller":  # boots nothing: no GPU state, no host sampler, no self-check
             self.write_meta(status="running")
             return self.folder
-        st = self.settings
-        self.gpu = GpuState(
-            GpuOptions(
-                power_limit=st.gpu_power_limit,
-                require_idle=st.gpu_require_idle,
-                settle=st.gpu_settle,
-                hz=st.gpu_hz,
-                max_temp_c=st.gpu_max_temp,
-            )
-        )
-        lanes = self.boot_plan.lanes_used if self.role == "single" else {self.lane}
-        self.gpu.open(self.folder.path, devices=[visible_devices(st, arm, lane) for arm in st.arms for lane in lanes])
-        if st.host_cpu_max_pct is not None and st.host_cpu_action != "off":
-            folder = self.folder
-            measured = MeasuredProcesses(lambda: list(self.engines.values()))  # asked at every reading
-            self.hostcpu = HostSampler(measured, lambda line: folder.log("hostcpu.jsonl", line)).start()
+        self.gpu = monitors.open_gpu(self.settings, self.folder.path, self.role, self.lane, self.boot_plan.lanes_used)
+        self.hostcpu = monitors.start_hostcpu(self.settings, self.folder, lambda: list(self.engines.values()))
         self.self_check = self._self_check()
         self.write_meta(status="running")
         return self.folder
@@ -380,11 +361,7 @@ class Run:
             evidence.update(collect(engine.url, engine.log_path, profile=engine_profile(self.settings)))
             if self.settings.launcher == "external":
                 self._check_served_model(boot, evidence)
-            from pytest_kvcache.gpu.snapshot import memory_used_mib
-
-            ready: GpuSnapshot = self.gpu.snapshot(cards)
-            evidence["gpu_ready"] = ready
-            evidence["vram_ready_mib"] = memory_used_mib(ready)
+            monitors.at_ready(self.gpu, cards, evidence)
             self._check(boot, evidence)
             self._check_context(boot, evidence)
         except EngineError as exc:
@@ -461,13 +438,10 @@ class Run:
         engine = self.engines.pop(boot_id, None)
         if engine is None:
             return
-        from pytest_kvcache.gpu.snapshot import diff as gpu_diff
-        from pytest_kvcache.gpu.snapshot import memory_used_mib
-
         gpu = self.gpu
         cards = self.gpu_cards.get(boot_id)
         stopping = time.time()
-        vram_in_use = memory_used_mib(gpu.snapshot(cards)) if gpu is not None and gpu.available else {}
+        vram_in_use = monitors.vram_in_use(gpu, cards)
         if self.interrupted and hasattr(engine, "term_grace_s"):
             from pytest_kvcache.engines.process import INTERRUPT_GRACE_S
 
@@ -479,14 +453,7 @@ class Run:
         evidence["stopping_unix_s"] = stopping
         evidence["stopped_unix_s"] = time.time()
         if gpu is not None:
-            after: GpuSnapshot = gpu.snapshot(cards)
-            evidence["gpu_after"] = after
-            evidence["vram_before_stop_mib"] = vram_in_use
-            own = [p for p in [getattr(engine, "pid", None)] if isinstance(p, int)]
-            before = evidence.get("gpu_before") or {}
-            if before.get("gpu"):
-                evidence["gpu_changes"] = gpu_diff(before, after, own_pids=own)
-            evidence.setdefault("warnings", []).extend(gpu.check(after))
+            monitors.after_stop(gpu, cards, evidence, engine, vram_in_use)
         with contextlib.suppress(Exception):
             described = engine.describe()
             evidence.update(cast(Evidence, {k: v for k, v in described.items() if k in ("stop", "pid")}))
@@ -558,100 +525,11 @@ class Run:
             elif method == "boot_failed":
                 listener.boot_failed(boot, str(arguments.get("headline")))
 
-    # ------------------------------------------------------------------ adaptive rounds
+    # ------------------------------------------------------------------ adaptive rounds (run.rounds)
 
     def skip_reason(self, boot: Boot) -> str | None:
-        """Why an adaptive round's boot does not run: every gate is decided (and, with ``--kv-target-ci``,
-        every delta is narrow enough) — judged by the report's own gate evaluation on everything measured so
-        far. Decided once per round, when its first boot is due; logged to ``sampling.jsonl``.
-        """
-        target = self.settings.target_ci_pct
-        if not boot.extra or self.role == "worker":  # the controller decides for workers
-            return None
-        if boot.replicate not in self.round_decisions:
-            if self.round_decisions.get(boot.replicate - 1):
-                reason = self.round_decisions[boot.replicate - 1]
-            else:
-                reason = self._decide_round(boot.replicate, target)
-            self.round_decisions[boot.replicate] = reason
-        reason = self.round_decisions[boot.replicate]
-        if reason:
-            for entry in self.plan:
-                if entry.get("boot") == boot.boot_id:
-                    entry["skipped"] = reason
-            self.write_meta(status="running")
-        return reason
-
-    def _judging_inputs(self) -> tuple[dict[tuple[str, str, str], float], Any]:
-        """The stored A/A run's noise bands and the stored run's frame, as the report judges with them
-        (``--kv-noise``, ``--kv-compare``), read once."""
-        if self._judging is None:
-            from pytest_kvcache.report.judge import noise_bands
-            from pytest_kvcache.report.load import RunFolderError, load
-
-            options = self.settings.report_options()
-            bands: dict[tuple[str, str, str], float] = {}
-            saved = None
-            try:
-                if options.noise is not None:
-                    bands = noise_bands(load(options.noise, "A/A run (--kv-noise)"))
-                if options.compare is not None:
-                    saved = load(options.compare, "stored run (--kv-compare)").frame
-            except RunFolderError:
-                pass  # the report says what is wrong with it; the round decision judges without it
-            self._judging = (bands, saved)
-        return self._judging
-
-    def _decide_round(self, round_: int, target: float | None) -> str | None:
-        from pytest_kvcache.report.bands import platform_of
-        from pytest_kvcache.report.build import rounds_check
-
-        arms = [a.name for a in self.settings.arms]
-        specs = probe_registry.resolve()
-        blocks = {b.boot_id: b.block for b in self.boot_plan} if self.settings.lanes > 1 else None
-        bands, saved = self._judging_inputs()
-        done_ci, widest = rounds_check(
-            self.records,
-            arms,
-            specs,
-            target,
-            self.settings.seed,
-            self.settings.gates,
-            blocks,
-            platform=platform_of(self.evidence),
-            noise=bands,
-            saved=saved,
-            external=self.settings.launcher == "external",
-        )
-        done = round_ - 1
-        width = widest.get("half_width_pct") if widest else None
-        if widest and widest.get("gate"):
-            more = widest.get("boots_to_decide")
-            likely = f"; likely decided after {more} more boot(s) per arm" if isinstance(more, int) else ""
-            others = int(str(widest.get("open_gates") or 1)) - 1
-            where = f"gate {widest['gate']} still undecided{f' (and {others} more)' if others else ''}{likely}"
-        elif widest and isinstance(width, float):
-            where = f"widest: {widest['arm']} {widest['probe']}@{widest['point']} {widest['metric']} ±{width:.2f}%"
-        else:
-            where = "" if done_ci else "no CI yet"
-        goal = " and ".join(
-            ([f"target ±{target:g}% reached"] if target is not None else [])
-            + (["every gate decided"] if self.settings.gates else [])
-        )
-        reason = f"{goal} after {done} round(s)" + (f" ({where})" if where else "") if done_ci else None
-        self.log(
-            "sampling.jsonl",
-            {
-                "kind": "rounds",
-                "round": round_,
-                "rounds_done": done,
-                "target_pct": target,
-                "widest": widest,
-                "decision": "skip" if reason else "boot",
-                "reason": reason or f"round {round_} boots after {done} round(s): {where}",
-            },
-        )
-        return reason
+        """Why an adaptive round's boot does not run (:func:`pytest_kvcache.run.rounds.skip_reason`)."""
+        return rounds.skip_reason(self, boot)
 
     # ------------------------------------------------------------------ fidelity
 
@@ -690,57 +568,5 @@ class Run:
         self.agreement_due.setdefault(boot.boot_id, []).append((test, shape, payload))
 
     def run_agreement(self, boot_id: str) -> None:
-        """Send the boot's queued output-agreement requests (greedy, token ids + logprobs), after every
-        measured request of the boot, and log them to ``agreement.jsonl``. Never raises: agreement is
-        evidence. An engine that dies on them (vLLM compiles a sampler helper for logprobs, which needs a
-        C++ compiler on CPU) is recorded, and the measurements already taken stand."""
-        from pytest_kvcache.probes.agreement import REQUESTS, parse_response
-
-        due = self.agreement_due.pop(boot_id, [])
-        engine = self.engines.get(boot_id)
-        evidence = self.evidence.get(boot_id) or {}
-        if not due or engine is None or self.interrupted or not engine.alive():
-            return
-        profile = engine_profile(self.settings)
-        if not profile.token_ids:
-            evidence.setdefault("warnings", []).append(
-                f"output agreement skipped: a {profile.title} gives no generated token ids"
-            )
-            return
-        arm = evidence.get("arm") or {}
-        client = Client(
-            engine.url, request_timeout_s=self.settings.request_timeout_s, stall_timeout_s=self.settings.stall_timeout_s
-        )
-        timeout = client.read_timeout_s  # bounded by the request and the stall limits, like a measured request
-        try:
-            for test, shape, payload in due:
-                for index in range(REQUESTS):
-                    entry: AgreementRecord = {
-                        "arm": arm.get("name"),
-                        "boot": boot_id,
-                        "replicate": evidence.get("replicate", 1),
-                        "shape": shape,
-                        "index": index,
-                        "test": test,
-                    }
-                    sent = time.time()
-                    try:
-                        body = client.post_json("/v1/chat/completions", profile.adapt(payload), timeout)
-                        tokens = parse_response(body)
-                        entry["ok"], entry["ids"], entry["logprobs"] = True, list(tokens.ids), list(tokens.logprobs)
-                        text = ((body.get("choices") or [{}])[0].get("message") or {}).get("content")
-                        if isinstance(text, str):
-                            entry["text"] = text
-                    except (httpx.HTTPError, ValueError) as exc:
-                        entry["ok"], entry["error"] = False, f"{type(exc).__name__}: {exc}"
-                    entry["send_unix_s"], entry["wall_s"] = sent, time.time() - sent
-                    dead = not entry.get("ok") and not alive_after(engine)
-                    if dead:
-                        cause = salient_error(tail(engine.log_path, 400)) or "see engine.log"
-                        entry["error"] = f"the engine died on the agreement requests: {cause}"
-                        evidence.setdefault("warnings", []).append(entry["error"])
-                    self.log("agreement.jsonl", entry)
-                    if dead:
-                        return
-        finally:
-            client.close()
+        """Send the boot's queued output-agreement requests (:func:`pytest_kvcache.run.agreement.run_agreement`)."""
+        agreement.run_agreement(self, boot_id)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from pytest_kvcache.run.folder import read_json, write_json
+from pytest_kvcache.jsonio import read_json, write_json
 
 if TYPE_CHECKING:
     from pytest_kvcache.model import Report

@@ -55,7 +55,11 @@ def test_the_slo_option_is_a_usage_error_when_malformed(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match=r"--kv-slo: expected an SLO like ttft_p95<=2s"):
         resolve({"arms": "auto", "slo": "fast please"}, {}, {}, {}, tmp_path)
     st = resolve({"arms": "auto"}, {}, {}, {}, tmp_path)
-    assert st.slo == "ttft_p95<=200ms,itl_p95<=100ms" and st.capacity_depths == (2000, 4000)  # the CPU default's
+    # the trained default's own sizes on 2 cores (config/embedded.py: the tiny model's 200 ms SLO read 0 there)
+    assert st.slo == "ttft_p95<=1.5s,itl_p95<=150ms" and st.capacity_depths == (1000, 2000)
+    assert (st.capacity_think_s, st.capacity_window_s, st.capacity_max_sessions) == (2.0, 10.0, 16)
+    tiny = resolve({"arms": "auto", "model": "embedded:tiny-qwen3"}, {}, {}, {}, tmp_path)
+    assert tiny.slo == "ttft_p95<=200ms,itl_p95<=100ms" and tiny.capacity_depths == (2000, 4000)
     gpu = resolve({"arms": "auto", "model": "org/model"}, {}, {}, {}, tmp_path)
     assert gpu.slo == "ttft_p95<=2s,itl_p95<=60ms" and gpu.capacity_depths == (16000, 32000)
     assert (gpu.capacity_think_s, gpu.capacity_window_s, gpu.capacity_max_sessions) == (2.0, 30.0, 256)

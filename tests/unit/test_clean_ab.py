@@ -18,7 +18,7 @@ from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.outputs.markdown import fmt_delta
 from pytest_kvcache.run.folder import write_json
-from tests.factories import make_settings
+from tests.factories import make_settings, measured_records
 
 SPECS = registry.resolve()
 
@@ -164,22 +164,7 @@ def test_one_boot_per_side_gives_no_boot_ci() -> None:
 
 
 def records(arm: str, boot: str, replicate: int, values: list[float], shape: str = "code") -> list[dict[str, Any]]:
-    return [
-        {
-            "arm": arm,
-            "boot": boot,
-            "replicate": replicate,
-            "probe": "short",
-            "shape": shape,
-            "phase": "measured",
-            "index": i,
-            "ok": True,
-            "excluded_reason": None,
-            "metrics": {"decode_tps": v},
-            "sample": {},
-        }
-        for i, v in enumerate(values)
-    ]
+    return measured_records(arm, values, boot=boot, replicate=replicate, shape=shape)
 
 
 def test_compare_switches_to_boots_with_three_boots_per_arm() -> None:

@@ -12,28 +12,14 @@ from pytest_kvcache.report import judge
 from pytest_kvcache.report.build import build
 from pytest_kvcache.report.gates import GateError
 from pytest_kvcache.report.load import RunData
+from tests.factories import measured_records
 
 
 def noisy_run(seed: int) -> RunData:
     rng = np.random.default_rng(1)
     records: list[dict[str, Any]] = []
     for arm, centre in (("a", 100.0), ("b", 104.0)):
-        for i, value in enumerate(rng.normal(centre, 6.0, 12)):
-            records.append(
-                {
-                    "arm": arm,
-                    "boot": arm,
-                    "replicate": 1,
-                    "probe": "short",
-                    "shape": "code",
-                    "phase": "measured",
-                    "index": i,
-                    "ok": True,
-                    "excluded_reason": None,
-                    "metrics": {"decode_tps": float(value)},
-                    "sample": {},
-                }
-            )
+        records += measured_records(arm, (float(v) for v in rng.normal(centre, 6.0, 12)), replicate=1)
     meta = {"settings": {"arms": [{"name": "a"}, {"name": "b"}], "seed": seed}, "plan": []}
     return RunData(path=Path("/nonexistent"), meta=meta, records=records)  # type: ignore[arg-type]
 

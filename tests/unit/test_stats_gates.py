@@ -12,6 +12,7 @@ from pytest_kvcache.probes import registry
 from pytest_kvcache.report import bands, gates
 from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.frame import compare, point_of
+from tests.factories import measured_records
 
 SPECS = registry.resolve()
 
@@ -156,21 +157,14 @@ def test_a_gate_fails_only_when_the_ci_excludes_the_threshold(op, lo, hi, thresh
 
 
 def _records(arm: str, values: list[float], probe: str = "short", shape: str = "code", boots: int = 1) -> list[dict]:
-    return [
-        {
-            "arm": arm,
-            "boot": arm if boots == 1 else f"{arm}.r{i % boots + 1}",
-            "probe": probe,
-            "shape": shape,
-            "phase": "measured",
-            "index": i,
-            "ok": True,
-            "excluded_reason": None,
-            "metrics": {"decode_tps": v, "ttft_s": 1 / v},
-            "sample": {},
-        }
-        for i, v in enumerate(values)
-    ]
+    return measured_records(
+        arm,
+        values,
+        boot=lambda i: arm if boots == 1 else f"{arm}.r{i % boots + 1}",
+        probe=probe,
+        shape=shape,
+        metrics=lambda v: {"decode_tps": v, "ttft_s": 1 / v},
+    )
 
 
 def test_evaluate_between_baseline_and_absolute() -> None:

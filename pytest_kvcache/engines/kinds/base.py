@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata, resources
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -19,6 +19,7 @@ import httpx
 
 from pytest_kvcache.config.engine_kinds import ENGINE_KINDS
 from pytest_kvcache.config.settings import ALIASES, KV_CACHE_DTYPES, Arm, Settings, SettingsError
+from pytest_kvcache.datafiles import embedded_model_path as embedded_model_path
 from pytest_kvcache.model import LogFacts
 
 if TYPE_CHECKING:
@@ -122,11 +123,6 @@ Command = tuple[tuple[str, ...], list[str], dict[str, str]]
 
 def has_flag(args: tuple[str, ...], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
-
-
-def embedded_model_path() -> Path:
-    """The random-weight tiny model's folder (``embedded:tiny-qwen3``; served with dummy weights)."""
-    return Path(str(resources.files("pytest_kvcache") / "data" / "tiny-qwen3"))
 
 
 def chat_fields(body: Body) -> dict[str, Any]:

@@ -14,12 +14,12 @@ from pytest_kvcache import metrics
 from pytest_kvcache.config.budget import CPU_SPACE_ENV
 from pytest_kvcache.config.budget import FLAG as BUDGET_FLAG
 from pytest_kvcache.config.settings import ALIASES, KV_CACHE_DTYPES, Arm, Settings
+from pytest_kvcache.datafiles import FOLDERS, embedded_folder, embedded_model_path
 from pytest_kvcache.engines.base import EngineError
 from pytest_kvcache.engines.kinds.base import (
     Command,
     EngineProfile,
     Kind,
-    embedded_model_path,
     has_flag,
     register_kind,
 )
@@ -62,21 +62,13 @@ def default_engine_cmd() -> tuple[str, ...]:
     return (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
 
 
-_FOLDERS: dict[str, Path] = {}
+_FOLDERS = FOLDERS  # the embedded model folders found in this process (``datafiles``)
 
 
 def embedded_model_folder(settings: Settings, on_convert: Callable[[str], None] | None = None) -> Path:
     """The folder vLLM serves for the embedded model: the tiny one's, or the trained one converted from
     its GGUF (once per machine, cached; checked once per process). Raises TrainedModelError."""
-    name = settings.embedded_model
-    if name not in _FOLDERS:
-        if settings.embedded_spec.trained:
-            from pytest_kvcache.engines.trained_model import ensure_folder
-
-            _FOLDERS[name] = ensure_folder(on_convert=on_convert).path
-        else:
-            _FOLDERS[name] = embedded_model_path()
-    return _FOLDERS[name]
+    return embedded_folder(settings.embedded_model, trained=settings.embedded_spec.trained, on_convert=on_convert)
 
 
 def embedded_vllm_name(settings: Settings) -> str:

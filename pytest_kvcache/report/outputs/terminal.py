@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Literal
 
 import pandas as pd
 
-from pytest_kvcache.engines.evidence import kv_capacity_tokens, resolved_cache_dtype
 from pytest_kvcache.engines.kinds import find_kind
 from pytest_kvcache.model import Evidence, GpuCard, Report
+from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype
 from pytest_kvcache.report import capacity, cost, energy, greedy, left_out
 from pytest_kvcache.report.outputs.markdown import (
     ab_tables,

@@ -1,0 +1,148 @@
+"""What a run writes line by line: request records and their samples, agreement, fidelity and sampling
+records (``requests.jsonl`` and its side logs; docs/records.md)."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pytest_kvcache.model.base import Json
+
+
+class SampleData(TypedDict, total=False):
+    """:class:`~pytest_kvcache.client.Sample` as written (``Sample.to_dict``)."""
+
+    ok: bool
+    error_kind: str | None
+    error: str | None
+    http_status: int | None
+    send_unix_s: float
+    send_perf_s: float
+    first_token_s: float | None
+    last_token_s: float | None
+    end_s: float | None
+    chunks: int
+    token_chunks: int
+    first_chunk_tokens: int | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    finish_reason: str | None
+    token_clock: str | None
+    content_chars: int
+    text: str
+    tool_calls: list[dict[str, str]]
+
+
+class Record(TypedDict, total=False):
+    """One line of ``requests.jsonl`` (docs/records.md). The first block is always there; the rest is the
+    probe's context (``depth``, ``turn``, ``engine`` counter deltas, ``gpu`` window, ``cold_proof`` …)."""
+
+    schema_version: int
+    run_id: str
+    arm: str
+    boot: str
+    replicate: int
+    probe: str | None
+    shape: str | None
+    depth: int | None
+    turn: int | None
+    session: int | None
+    phase: str | None
+    index: int | None
+    ok: bool
+    flags: list[str]
+    excluded_reason: str | None
+    voided: dict[str, str]
+    error_kind: str | None
+    error: str | None
+    metrics: dict[str, float | None]
+    sample: SampleData
+    test: str
+    engine: dict[str, Json] | None
+    gpu: dict[str, Json] | None
+    host_cpu: dict[str, Json] | None
+    cold_proof: Json
+    prompt_sha256: str
+    sizing: dict[str, Json]
+    tool_call: dict[str, Json]
+    streams: int
+    concurrency: int
+    #: the many-stream client's load over the trial (concurrency probe; `pytest_kvcache.fanout.ClientLoad`)
+    client: dict[str, Json]
+    #: the capacity probe's trial this turn belongs to: sessions, SLO, window, the engine's counters over the
+    #: window (`report.capacity` reads it)
+    capacity: dict[str, Json]
+
+
+class AgreementRecord(TypedDict, total=False):
+    """One line of ``agreement.jsonl``: greedy token ids of one unmeasured request."""
+
+    arm: str | None
+    boot: str
+    replicate: int
+    shape: str
+    index: int
+    test: str
+    ok: bool
+    ids: list[int]
+    logprobs: list[float]
+    #: the generated text (the report shows where two arms' greedy texts diverge)
+    text: str
+    error: str
+    send_unix_s: float
+    wall_s: float
+
+
+class FidelityWindowData(TypedDict):
+    """The positions one scored prompt keeps at one depth (``probes.fidelity.Window``)."""
+
+    depth: int
+    start: int
+    ids: list[int]
+    logprob: list[float]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+
+class FidelityRecord(TypedDict, total=False):
+    """One line of ``fidelity.jsonl``: one text scored teacher-forced on one boot (prompt logprobs)."""
+
+    run_id: str
+    arm: str
+    boot: str
+    replicate: int
+    test: str
+    text: str
+    text_sha256: str
+    ids_sha256: str
+    prompt_tokens: int
+    top_k: int
+    window: int
+    windows: list[FidelityWindowData]
+    short_depths: list[int]
+    engine: dict[str, Json] | None
+    cold_proof: str
+    flags: list[str]
+    excluded_reason: str | None
+    wall_s: float
+    ok: bool
+    error: str
+    #: how it was scored when not by one prompt-logprobs request (llama-server: forced continuations)
+    method: str
+
+
+class SamplingRecord(TypedDict, total=False):
+    """One line of ``sampling.jsonl``: why an adaptive loop (requests, or rounds of boots) stopped."""
+
+    kind: str
+    round: int
+    rounds_done: int
+    target_pct: float
+    widest: dict[str, Json] | None
+    decision: str
+    reason: str
+    boot: str
+    arm: str
+    test: str
+    probe: str
+    point: str

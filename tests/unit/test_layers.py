@@ -1,0 +1,155 @@
+"""The package's layers only point down: a module imports modules of its own layer or lower ones.
+
+Every module of ``pytest_kvcache`` is parsed with ``ast`` (no import runs), every ``import`` in it — at the
+top or inside a function — is an edge of the import graph, and each edge is checked against the declared
+layer order below. A new module is placed by its longest matching prefix in :data:`LAYERS`; a module that
+matches none fails the test, so the order stays declared for all of them.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest_kvcache
+
+PACKAGE = Path(pytest_kvcache.__file__).parent
+
+#: bottom first. A module may import its own layer and the ones listed before it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "bottom: plain data, files and numbers",
+        (
+            "model",
+            "jsonio",
+            "datafiles",
+            "stats",
+            "metrics",
+            "periodic",
+            # finds and converts the trained GGUF: plain Python over the machine's cache, no package import
+            "engines.trained_model",
+            "engines.llamacpp_build",
+        ),
+    ),
+    ("configuration", ("config",)),
+    (
+        "engines, the client and the machine",
+        (
+            "engines",
+            "client",
+            "gpu",
+            "selfcheck",
+            "fanout",
+            "fanout_plan",
+            "fanout_worker",
+            # ArmClient and Server: the running engine and the client a probe measures with
+            "run.measure",
+        ),
+    ),
+    ("probes", ("probes",)),
+    ("the report", ("report",)),
+    ("the run and the run store", ("run", "store")),
+    ("after the report", ("finish",)),
+    (
+        "top: pytest and the command line",
+        ("plugin", "session", "distributed", "hookspecs", "suite", "testing", "cli", ""),
+    ),
+]
+
+#: (importer, imported) edges that still point up, by module prefix, each with the work that removes it.
+KNOWN: dict[tuple[str, str], str] = {
+    # issue 35's config slice moves the run-store and stored-run I/O out of option resolution (config → store,
+    # config → report.load); the option value parsers that still live with their subject (report.gates'
+    # gate parser, gpu.power's power limit, probes.capacity's SLO) and ReportOptions (report.options) are
+    # the rest. The lead narrows or removes these exceptions when that slice is merged.
+    ("config", "store"): "issue 35 config slice: run-store I/O out of resolution",
+    ("config", "report"): "issue 35 config slice: stored runs loaded by the step that needs them; parsers",
+    ("config", "gpu"): "issue 35 config slice: the power-limit parser",
+    ("config", "probes"): "issue 35 config slice: the SLO parser",
+    # kind-specific resolution (an arm's dtype names, the launchers a kind runs with, its model's shape) asks the
+    # registered kind; the registry lives with the kinds in engines/kinds/. Next step: the registry (names →
+    # kinds, no engine code) in a module below config, which the kinds register into.
+    ("config", "engines.kinds"): "issue 35: kind-specific resolution asks the registered engine kind",
+}
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or (prefix != "" and module.startswith(prefix + "."))
+
+
+def _known(module: str, target: str) -> bool:
+    return any(_within(module, a) and _within(target, b) for a, b in KNOWN)
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(path: Path, known: set[str]) -> list[tuple[str, int]]:
+    """The package modules ``path`` imports (relative to the package), with the line of each import."""
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}"[15:] in known else node.module
+                for a in node.names
+            ]
+        else:
+            continue
+        found += [(_strip(n), node.lineno) for n in names if _within(n, "pytest_kvcache")]
+    return found
+
+
+def _strip(name: str) -> str:
+    return name.removeprefix("pytest_kvcache").removeprefix(".")
+
+
+def layer_of(module: str) -> int:
+    best, best_len = -1, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if _within(module, prefix) and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    return best
+
+
+def test_every_module_has_a_layer() -> None:
+    assert modules(), PACKAGE
+    assert all(layer_of(m) >= 0 for m in modules())
+
+
+def test_imports_only_point_down() -> None:
+    known = set(modules())
+    upward: list[str] = []
+    for module, path in modules().items():
+        for target, line in imports(path, known):
+            here, there = layer_of(module), layer_of(target)
+            if there > here and not _known(module, target):
+                upward.append(f"{module}:{line} ({LAYERS[here][0]}) imports {target} ({LAYERS[there][0]})")
+    assert not upward, "imports that point up the layers:\n" + "\n".join(upward)
+
+
+def test_known_exceptions_still_exist() -> None:
+    """An exception whose import is gone is removed from KNOWN, so the list stays the work left to do."""
+    known = set(modules())
+    edges = [(m, t) for m, p in modules().items() for t, _ in imports(p, known)]
+    gone = [k for k in KNOWN if not any(_within(m, k[0]) and _within(t, k[1]) for m, t in edges)]
+    assert not gone, f"no longer imported, remove from KNOWN: {gone}"
+
+
+def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """The graph reads imports inside functions and ``from pytest_kvcache import module`` alike."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from pytest_kvcache import session\n\ndef f():\n    import pytest_kvcache.report.build\n")
+    found = imports(probe, set(modules()))
+    assert found == [("session", 1), ("report.build", 4)]
+    assert layer_of("model.report") < layer_of("report.build") < layer_of("session")
