@@ -6,6 +6,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import IO, Self
 
 
 def every(
@@ -31,3 +32,33 @@ def every(
         now = time.monotonic()
         if next_at < now:
             next_at += interval_s * math.ceil((now - next_at) / interval_s)
+
+
+class FileThread:
+    """What the GPU sampler and the energy meter share: a daemon thread (``_thread``, stopped by ``_stop``)
+    that appends to a file of its own (``_fh``, guarded by ``_lock``). ``stop`` is idempotent; ``start`` is
+    the subclass's; either is a context manager."""
+
+    _lock: threading.Lock
+    _stop: threading.Event
+    _thread: threading.Thread | None
+    _fh: IO[str] | None
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

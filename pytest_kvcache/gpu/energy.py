@@ -29,10 +29,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Self
 
 from pytest_kvcache.gpu.nvml import ENERGY_FUNC
-from pytest_kvcache.periodic import every
+from pytest_kvcache.periodic import FileThread, every
 
 if TYPE_CHECKING:
     from pytest_kvcache.gpu.cards import CardRef
@@ -51,7 +51,7 @@ class _CardState:
     supported: bool = True
 
 
-class EnergyMeter:
+class EnergyMeter(FileThread):
     """Reads every card's total-energy counter ``hz`` times a second; writes each step to ``path``.
 
     ``read_once()`` is one pass over the cards (the thread calls it; usable without ``start()``, with a fake
@@ -93,7 +93,7 @@ class EnergyMeter:
         """UUIDs of the cards without the counter (known after the first read)."""
         return [s.card.uuid for s in self._cards if not s.supported]
 
-    def start(self) -> EnergyMeter:
+    def start(self) -> Self:
         if self._thread is not None:
             raise RuntimeError("energy meter already started")
         try:
@@ -107,22 +107,6 @@ class EnergyMeter:
             self.stop()
             raise
         return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
-        with self._lock:
-            if self._fh is not None:
-                self._fh.close()
-                self._fh = None
-
-    def __enter__(self) -> EnergyMeter:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _begin(self) -> None:
         if self._started:

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Self
 
 from pytest_kvcache.gpu.nvml import _mib, _watts, throttle_reason_names
-from pytest_kvcache.periodic import every
+from pytest_kvcache.periodic import FileThread, every
 
 if TYPE_CHECKING:
     from pytest_kvcache.gpu.cards import CardRef
@@ -98,7 +98,7 @@ def aggregate(samples: Sequence[GpuSample]) -> dict[str, Any]:
     }
 
 
-class Sampler:
+class Sampler(FileThread):
     """A background thread reading every card ``hz`` times a second into memory and ``path``.
 
     Each reading is one JSON line (``GpuSample.to_dict()``), appended and flushed as it is taken.
@@ -135,7 +135,7 @@ class Sampler:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self) -> Sampler:
+    def start(self) -> Self:
         if self._thread is not None:
             raise RuntimeError("sampler already started")
         try:
@@ -148,22 +148,6 @@ class Sampler:
             self.stop()
             raise
         return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
-        with self._lock:
-            if self._fh is not None:
-                self._fh.close()
-                self._fh = None
-
-    def __enter__(self) -> Sampler:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _open(self) -> None:
         """Open ``path`` for appending (caller holds the lock)."""
