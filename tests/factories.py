@@ -39,31 +39,10 @@ def open_run(
     return settings, open_stored(settings, environ, origin)
 
 
-def make_settings(
-    tmp_path: Path,
-    cli: Mapping[str, Any] | None = None,
-    *,
-    arms: str | None = None,
-    env: Mapping[str, str] | None = None,
-    ini: Mapping[str, Any] | None = None,
-    named: Mapping[str, Any] | None = None,
-    fp8_kv_unsupported: str | None = None,
-    lanes: int = 1,
-    **options: Any,
-) -> Settings:
-    """Settings resolved (and their stored runs checked) as for a run: :func:`open_run`'s settings."""
-    settings, _ = open_run(
-        tmp_path,
-        cli,
-        arms=arms,
-        env=env,
-        ini=ini,
-        named=named,
-        fp8_kv_unsupported=fp8_kv_unsupported,
-        lanes=lanes,
-        **options,
-    )
-    return settings
+def make_settings(tmp_path: Path, cli: Mapping[str, Any] | None = None, **kwargs: Any) -> Settings:
+    """Settings resolved (and their stored runs checked) as for a run: :func:`open_run`'s settings (the same
+    arguments)."""
+    return open_run(tmp_path, cli, **kwargs)[0]
 
 
 # ------------------------------------------------------------------------------------------ records
