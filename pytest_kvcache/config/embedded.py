@@ -89,8 +89,8 @@ SMOLLM2 = EmbeddedModel(
     # One session alone, warm (prefix cache hits of 96-97%), had a TTFT p95 of 372 ms at 2K and 679 ms at 4K
     # on this machine's busy 2 cores (`pytest -m capacity --kv-arms=auto`, 2026-12-02), and vLLM's CPU build
     # decodes it at ~18 tok/s (~55 ms a token, FACTS.md): the tiny model's 200 ms SLO failed at one session,
-    # every depth read 0. Sessions of 1K and 2K under ttft_p95<=1.5s and itl_p95<=150ms leave room for a few
-    # sessions before the one serving core saturates; 10 s trials see ~2-4 turns a session.
+    # every depth read 0. With these sizes the same command found 8 [4, 9] sessions at 1K and 7 [6, 7] at 2K,
+    # both knees bound by compute (hit rate flat at 89% and 95%), 3-4 turns a session a trial, in 6 min 20 s.
     capacity_slo="ttft_p95<=1.5s,itl_p95<=150ms",
     capacity_depths=(1_000, 2_000),
     capacity_think_s=2.0,
