@@ -84,14 +84,14 @@ def _restore_sigint() -> None:
 
 def budget_text(settings: Settings, entry: PlanEntry) -> str:
     """``, KV budget 32 MiB (16,384 tokens at 2,048 B/token; max_model_len 8,192)`` for a boot with a budget."""
-    from pytest_kvcache.config.budget import embedded_model, fmt_bytes, need
+    from pytest_kvcache.config.budget import fmt_bytes
+    from pytest_kvcache.config.resolve import arm_need
 
     budget = entry.get("kv_cache_bytes")
     if budget is None:
         return ""
     arm = next((a for a in settings.arms if a.name == entry.get("arm")), None)
-    folder = Path(settings.model) if settings.model else embedded_model()
-    found = need(folder, arm.kv_cache_dtype, settings.engine_args, arm.args) if arm and folder.is_dir() else None
+    found = arm_need(settings, arm) if arm is not None else None
     if found is None:
         return f", KV budget {fmt_bytes(budget)}"
     tokens = int(budget // found.bytes_per_token)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -93,53 +93,69 @@ def arm_budget(engine_args: Sequence[str], arm_args: Sequence[str], cache_bytes:
 
 
 def embedded_model() -> Path:
+    """The packaged folder of the random-weight tiny model (``embedded:tiny-qwen3``)."""
     return Path(str(resources.files("pytest_kvcache") / "data" / "tiny-qwen3"))
-
-
-@dataclass(frozen=True)
-class KvShape:
-    """What a model's ``config.json`` says about its KV cache: layers, KV heads, head size, its own element
-    size (bytes) and context."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    model_bytes: float
-    max_position: int | None
-
-    def bytes_per_token(self, element_bytes: float) -> float:
-        return 2 * self.layers * self.kv_heads * self.head_dim * element_bytes
 
 
 DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0, "fp16": 2.0, "bf16": 2.0}
 
 
+@dataclass(frozen=True)
+class KvShape:
+    """What a model's ``config.json`` says about its KV cache: layers, KV heads, head size, its own weights dtype
+    and context."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    max_position: int | None
+
+    @property
+    def model_bytes(self) -> float:
+        return DTYPE_BYTES.get(self.dtype, 2.0)
+
+    def bytes_per_token(self, element_bytes: float) -> float:
+        return 2 * self.layers * self.kv_heads * self.head_dim * element_bytes
+
+    def describe(self) -> str:
+        """``30 layers × 3 KV heads × 64``: the figures the arithmetic used."""
+        return f"{self.layers} layers × {self.kv_heads} KV heads × {self.head_dim}"
+
+    @classmethod
+    def from_config(cls, data: Mapping[str, Any]) -> KvShape | None:
+        """The KV shape of a ``config.json``'s contents (its ``text_config`` for a multimodal model); None when it
+        describes another attention (MLA's latent cache, no KV heads) or lacks a figure."""
+        config = data.get("text_config") if isinstance(data.get("text_config"), Mapping) else data
+        assert isinstance(config, Mapping)
+        if config.get("kv_lora_rank") or config.get("use_mla"):
+            return None
+        layers, heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
+        kv_heads = config.get("num_key_value_heads") or heads
+        hidden = config.get("hidden_size")
+        head_dim = config.get("head_dim") or (
+            hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+        )
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (layers, kv_heads, head_dim)):
+            return None
+        position = config.get("max_position_embeddings")
+        return cls(
+            layers=int(layers),  # type: ignore[arg-type]
+            kv_heads=int(kv_heads),  # type: ignore[arg-type]
+            head_dim=int(head_dim),  # type: ignore[arg-type]
+            dtype=str(config.get("torch_dtype") or config.get("dtype") or data.get("torch_dtype") or "bfloat16"),
+            max_position=position if isinstance(position, int) and not isinstance(position, bool) else None,
+        )
+
+
 def model_shape(folder: Path) -> KvShape | None:
-    """The KV shape of a model folder's ``config.json`` (its ``text_config`` for a multimodal one); None when
-    there is no such file or it describes another attention (MLA's latent cache, no KV heads)."""
+    """The KV shape of a model folder's ``config.json``; None when there is no such file, it is not a JSON object,
+    or it describes an attention this arithmetic does not model."""
     try:
-        data: dict[str, Any] = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    config = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
-    assert isinstance(config, dict)
-    if config.get("kv_lora_rank") or config.get("use_mla"):
-        return None
-    layers, heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
-    kv_heads = config.get("num_key_value_heads") or heads
-    hidden = config.get("hidden_size")
-    head_dim = config.get("head_dim") or (hidden // heads if isinstance(hidden, int) and heads else None)
-    if not all(isinstance(v, int) and v > 0 for v in (layers, kv_heads, head_dim)):
-        return None
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or data.get("torch_dtype") or "bfloat16")
-    position = config.get("max_position_embeddings")
-    return KvShape(
-        layers=int(layers),  # type: ignore[arg-type]
-        kv_heads=int(kv_heads),  # type: ignore[arg-type]
-        head_dim=int(head_dim),  # type: ignore[arg-type]
-        model_bytes=DTYPE_BYTES.get(dtype, 2.0),
-        max_position=int(position) if isinstance(position, int) else None,
-    )
+    return KvShape.from_config(data) if isinstance(data, Mapping) else None
 
 
 def element_bytes(kv_dtype: str | None, model_bytes: float, head_dim: int) -> float | None:
@@ -163,26 +179,50 @@ def element_bytes(kv_dtype: str | None, model_bytes: float, head_dim: int) -> fl
 
 @dataclass(frozen=True)
 class Need:
-    """What an arm's budget must hold: ``max_model_len`` tokens at ``bytes_per_token``."""
+    """What an arm's budget must hold: ``max_model_len`` tokens at ``bytes_per_token``, and the figures behind it
+    (the model's shape, the weights dtype it is served in, the KV dtype)."""
 
     max_model_len: int
     bytes_per_token: float
+    shape: KvShape | None = None
+    served_dtype: str = ""
+    model: str = ""
 
     @property
     def bytes(self) -> int:
         return int(self.max_model_len * self.bytes_per_token + 0.5)
 
+    def basis(self, kv_dtype: str | None) -> str:
+        """``auto KV on float32 weights; SmolLM2-135M-Instruct: 30 layers × 3 KV heads × 64``."""
+        text = f"{kv_dtype or 'auto'} KV"
+        if self.served_dtype and (kv_dtype or "auto") == "auto":
+            text += f" on {self.served_dtype} weights"
+        shape = self.shape.describe() if self.shape is not None else ""
+        return "; ".join(
+            p for p in (text, " ".join(p for p in (f"{self.model}:" if self.model else "", shape) if p)) if p
+        )
 
-def need(folder: Path, kv_dtype: str | None, engine_args: Sequence[str], arm_args: Sequence[str]) -> Need | None:
-    """What one request of the arm's ``max_model_len`` takes in KV, from the model's config (``--dtype`` and
-    ``--max-model-len`` in the arguments override the config's); None when it cannot be computed here."""
-    shape = model_shape(folder)
+
+def need(
+    shape: KvShape | None,
+    kv_dtype: str | None,
+    engine_args: Sequence[str],
+    arm_args: Sequence[str],
+    *,
+    served_dtype: str | None = None,
+    model: str = "",
+) -> Need | None:
+    """What one request of the arm's ``max_model_len`` takes in KV, from the model's shape. The weights dtype is
+    ``--dtype`` in the arguments, else ``served_dtype`` (what the plugin passes itself: the embedded trained
+    model's), else the config's; ``--max-model-len`` in the arguments overrides the config's context. None when it
+    cannot be computed here."""
     if shape is None:
         return None
     args = [*engine_args, *arm_args]
-    model_bytes = shape.model_bytes
-    if (dtype := flag_value(args, "--dtype")) is not None and dtype != "auto":
-        model_bytes = DTYPE_BYTES.get(dtype, model_bytes)
+    dtype = flag_value(args, "--dtype")
+    if dtype is None or dtype == "auto":
+        dtype = served_dtype or shape.dtype
+    model_bytes = DTYPE_BYTES.get(dtype, shape.model_bytes)
     per_element = element_bytes(kv_dtype, model_bytes, shape.head_dim)
     try:
         raw = flag_value(args, "--max-model-len")
@@ -192,7 +232,13 @@ def need(folder: Path, kv_dtype: str | None, engine_args: Sequence[str], arm_arg
     length = length or shape.max_position
     if per_element is None or length is None:
         return None
-    return Need(max_model_len=length, bytes_per_token=shape.bytes_per_token(per_element))
+    return Need(
+        max_model_len=length,
+        bytes_per_token=shape.bytes_per_token(per_element),
+        shape=shape,
+        served_dtype=dtype,
+        model=model,
+    )
 
 
 def refusal(arm: str, budget: int, found: Need, kv_dtype: str | None) -> str | None:
@@ -201,8 +247,8 @@ def refusal(arm: str, budget: int, found: Need, kv_dtype: str | None) -> str | N
         return None
     tokens = int(budget // found.bytes_per_token)
     return (
-        f"arm {arm}: a KV budget of {fmt_bytes(budget)} holds {tokens:,} tokens at {found.bytes_per_token:g} bytes "
-        f"a token ({kv_dtype or 'auto'}), fewer than max_model_len {found.max_model_len:,}: give at least "
+        f"arm {arm}: a KV budget of {fmt_bytes(budget)} holds {tokens:,} tokens at {found.bytes_per_token:,g} bytes "
+        f"a token ({found.basis(kv_dtype)}), fewer than max_model_len {found.max_model_len:,}: give at least "
         f"{fmt_bytes(found.bytes)} ({found.bytes} bytes), or a smaller --max-model-len in --kv-engine-args"
     )
 

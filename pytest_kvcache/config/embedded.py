@@ -11,7 +11,8 @@ half the time and decodes ~7× faster on vLLM's CPU build.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from pytest_kvcache.config.constants import (
     CPU_CAPACITY_DEPTHS,
@@ -59,6 +60,10 @@ class EmbeddedModel:
     capacity_window_s: float = CPU_CAPACITY_WINDOW_S
     capacity_max_tokens: int = CPU_CAPACITY_MAX_TOKENS
     capacity_max_sessions: int = CPU_CAPACITY_MAX_SESSIONS
+    #: the served folder's ``config.json`` figures the KV arithmetic reads (the budget rule, the boot plan), for a
+    #: model whose folder is made at run time (the trained one, converted from its GGUF); empty: read the packaged
+    #: folder. A test holds them to the GGUF's own metadata.
+    kv_config: Mapping[str, Any] = field(default_factory=dict)
 
 
 SMOLLM2 = EmbeddedModel(
@@ -96,6 +101,16 @@ SMOLLM2 = EmbeddedModel(
     capacity_think_s=2.0,
     capacity_window_s=10.0,
     capacity_max_sessions=16,
+    # the GGUF's llama.block_count, attention.head_count(_kv), embedding_length, context_length
+    kv_config={
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "hidden_size": 576,
+        "head_dim": 64,
+        "max_position_embeddings": 8192,
+        "torch_dtype": "bfloat16",
+    },
 )
 TINY = EmbeddedModel(
     name="tiny-qwen3",

@@ -16,7 +16,8 @@ from typing import Any
 
 from pytest_kvcache.config import embedded as embedded_models
 from pytest_kvcache.config import values as v
-from pytest_kvcache.config.arms import engine_kind, looks_like_path, resolve_arms
+from pytest_kvcache.config.arms import Arm, engine_kind, looks_like_path, resolve_arms
+from pytest_kvcache.config.budget import KvShape, Need, embedded_model, model_shape, need, refusal
 from pytest_kvcache.config.constants import CPU_KV_CACHE_DTYPES, SettingsError
 from pytest_kvcache.config.options import options_of, parse_as, pick
 from pytest_kvcache.config.plan import boot_budget
@@ -24,11 +25,28 @@ from pytest_kvcache.config.settings import OPTION_BY_NAME, Settings
 from pytest_kvcache.config.values import unwritable_folder as unwritable_folder
 
 
+def served_shape(settings: Settings) -> tuple[KvShape | None, str]:
+    """The KV shape of the model the arms will serve, and its name: an embedded model's declared or packaged config,
+    else ``--kv-model``'s folder (None: no folder here to read, e.g. a hub id or an external server's model)."""
+    if settings.embedded:
+        spec = settings.embedded_spec
+        name = spec.title.split(" (")[0]
+        return (KvShape.from_config(spec.kv_config) if spec.kv_config else model_shape(embedded_model())), name
+    folder = Path(str(settings.model))
+    return (model_shape(folder) if folder.is_dir() else None), folder.name
+
+
+def arm_need(settings: Settings, arm: Arm) -> Need | None:
+    """What one request of ``arm``'s ``max_model_len`` takes in KV, for the model it serves in the weights dtype it
+    is served in (the embedded trained model's from :attr:`Settings.embedded_dtype`); None: not computed here."""
+    shape, name = served_shape(settings)
+    served = settings.embedded_dtype if settings.embedded else None
+    return need(shape, arm.kv_cache_dtype, settings.engine_args, arm.args, served_dtype=served, model=name)
+
+
 def check_budgets(settings: Settings) -> None:
     """Every arm's KV budget holds one request of its ``max_model_len`` at its bytes per token (computed from the
-    model's config.json and the arm's KV dtype); a budget only where the plugin can apply one (vLLM it boots)."""
-    from pytest_kvcache.config.budget import embedded_model, need, refusal
-
+    served model's config and the arm's KV dtype); a budget only where the plugin can apply one (vLLM it boots)."""
     budgets = {a.name: settings.kv_budget(a) for a in settings.arms}
     if settings.cache_bytes is not None and not engine_kind(settings.engine).kv_budget:
         raise SettingsError(
@@ -37,12 +55,11 @@ def check_budgets(settings: Settings) -> None:
         )
     if settings.cache_bytes is not None and settings.launcher == "external":
         raise SettingsError("--kv-cache-bytes cannot size the KV cache of a server you started (external launcher)")
-    folder = Path(settings.model) if settings.model is not None else embedded_model()
     for arm in settings.arms:
         budget = budgets[arm.name]
-        if budget is None or not folder.is_dir():
+        if budget is None:
             continue
-        found = need(folder, arm.kv_cache_dtype, settings.engine_args, arm.args)
+        found = arm_need(settings, arm)
         if found is not None and (why := refusal(arm.name, budget, found, arm.kv_cache_dtype)):
             raise SettingsError(why)
 

@@ -107,8 +107,8 @@ def test_a_budget_too_small_for_max_model_len_is_a_usage_error(pytester: pytest.
     result = pytester.runpytest_subprocess(*args, f"--kv-engine-args={tag}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["*arm auto: a KV budget of 3 MiB holds 1,536 tokens at 2048 bytes a token (auto), fewer than "
-         "max_model_len 131,072*"]
+        ["*arm auto: a KV budget of 3 MiB holds 1,536 tokens at 2,048 bytes a token (auto KV on bfloat16 weights; "
+         "tiny-qwen3: 4 layers × 2 KV heads × 64), fewer than max_model_len 131,072*"]
     )  # fmt: skip
 
 

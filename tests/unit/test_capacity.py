@@ -181,7 +181,7 @@ def test_sizes_read_as_vllm_reads_them() -> None:
 
 
 def test_the_budget_rule_is_computed_from_the_model_config_and_the_dtype() -> None:
-    tiny = budget.embedded_model()
+    tiny = budget.model_shape(budget.embedded_model())
     found = budget.need(tiny, "auto", [], [])
     assert found is not None and found.bytes_per_token == 2048 and found.max_model_len == 131072  # bf16, 4×2×64
     assert budget.need(tiny, "fp8", ["--max-model-len", "4096"], []).bytes_per_token == 1024  # type: ignore[union-attr]
@@ -192,14 +192,28 @@ def test_the_budget_rule_is_computed_from_the_model_config_and_the_dtype() -> No
 
 def test_a_budget_below_max_model_len_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(
-        SettingsError, match=r"arm auto: a KV budget of 16 MiB holds 8,192 tokens at 2048 bytes a token"
+        SettingsError,
+        match=r"arm auto: a KV budget of 16 MiB holds 8,192 tokens at 2,048 bytes a token \(auto KV on bfloat16 "
+        r"weights; tiny-qwen3: 4 layers",
     ):
-        resolve({"arms": "auto", "cache_bytes": "16MiB"}, {}, {}, {}, tmp_path)
-    ok = resolve({"arms": "auto", "cache_bytes": "16MiB", "engine_args": "--max-model-len 8192"}, {}, {}, {}, tmp_path)
+        resolve({"model": "embedded:tiny-qwen3", "arms": "auto", "cache_bytes": "16MiB"}, {}, {}, {}, tmp_path)
+    ok = resolve(
+        {"model": "embedded:tiny-qwen3", "arms": "auto", "cache_bytes": "16MiB", "engine_args": "--max-model-len 8192"},
+        {},
+        {},
+        {},
+        tmp_path,
+    )
     assert ok.cache_bytes == 16 * 2**20
     named = {"big": {"args": ["--kv-cache-memory-bytes", "8M"]}}
     with pytest.raises(SettingsError, match="arm big: a KV budget of 8 MiB"):  # an arm's own budget is checked too
-        resolve({"arms": "auto,big", "engine_args": "--max-model-len 8192"}, {}, {}, named, tmp_path)
+        resolve(
+            {"model": "embedded:tiny-qwen3", "arms": "auto,big", "engine_args": "--max-model-len 8192"},
+            {},
+            {},
+            named,
+            tmp_path,
+        )
     with pytest.raises(SettingsError, match="a llamacpp server sizes its KV cache itself"):
         resolve({"arms": "f16", "engine": "llamacpp", "cache_bytes": "1G"}, {}, {}, {}, tmp_path)
 
@@ -211,7 +225,12 @@ def test_a_budget_reaches_vllm_and_keeps_the_cpu_space_variable_out(
     plain = resolve({"arms": "auto"}, {}, {}, {}, tmp_path)
     args, env = build_engine_args(plain, plain.arms[0], "m")
     assert "--kv-cache-memory-bytes" not in args and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
-    cli = {"arms": "auto,big", "cache_bytes": "16M", "engine_args": "--max-model-len 4096"}
+    cli = {
+        "model": "embedded:tiny-qwen3",
+        "arms": "auto,big",
+        "cache_bytes": "16M",
+        "engine_args": "--max-model-len 4096",
+    }
     st = resolve(cli, {}, {}, {"big": {"args": ["--kv-cache-memory-bytes", "32M"]}}, tmp_path)
     args, env = build_engine_args(st, st.arms[0], "m")
     assert args[args.index("--kv-cache-memory-bytes") + 1] == str(16 * 2**20) and "VLLM_CPU_KVCACHE_SPACE" not in env
@@ -344,3 +363,57 @@ def test_boots_are_resampled_and_paired_by_block() -> None:
     found = report.compare(data[data["arm"] == "a"], data[data["arm"] == "b"], "capacity", seed=0)
     assert found["ci_method"] == "boots" and found["boots_baseline"] == 3 and "provisional" not in found
     assert found["ratio"] == pytest.approx(2.0) and found["ci_low"] < 2.0 < found["ci_high"]  # type: ignore[operator]
+
+
+def test_the_budget_rule_reads_the_served_model_in_the_dtype_it_is_served_in(tmp_path: Path) -> None:
+    """The trained default (SmolLM2-135M: 30 layers × 3 KV heads × 64, 8,192 tokens) is served in float32 on vLLM's
+    CPU build: 46,080 B a token, 360 MiB for one request; in bfloat16 (a float16-KV arm in the run) half that."""
+    with pytest.raises(SettingsError, match=r"holds 6,826 tokens at 46,080 bytes a token \(auto KV on float32"):
+        resolve({"model": "embedded", "arms": "auto", "cache_bytes": "300MiB"}, {}, {}, {}, tmp_path)
+    ok = resolve({"model": "embedded", "arms": "auto", "cache_bytes": "360MiB"}, {}, {}, {}, tmp_path)
+    assert ok.cache_bytes == 360 * 2**20
+    # a float16-KV arm makes the run serve bfloat16 weights, so auto's KV is bfloat16 too
+    with pytest.raises(
+        SettingsError, match=r"arm auto: .* at 23,040 bytes a token \(auto KV on bfloat16 weights; Smol"
+    ):
+        resolve({"model": "embedded", "arms": "auto,float16", "cache_bytes": "150MiB"}, {}, {}, {}, tmp_path)
+    # --dtype given by the user wins over the plugin's own, as it does in vLLM's parser
+    with pytest.raises(SettingsError, match=r"at 23,040 bytes a token \(auto KV on bfloat16 weights"):
+        resolve(
+            {"model": "embedded", "arms": "auto", "cache_bytes": "150MiB", "engine_args": "--dtype bfloat16"},
+            {},
+            {},
+            {},
+            tmp_path,
+        )
+    # a model folder: its own config, named by its folder
+    folder = tmp_path / "m"
+    folder.mkdir()
+    config = {"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8, "hidden_size": 512}
+    (folder / "config.json").write_text(
+        json.dumps({**config, "max_position_embeddings": 1024, "torch_dtype": "float32"})
+    )
+    with pytest.raises(SettingsError, match=r"at 8,192 bytes a token \(auto KV on float32 weights; m: 2 layers × 8"):
+        resolve({"model": str(folder), "arms": "auto", "cache_bytes": "4MiB"}, {}, {}, {}, tmp_path)
+
+
+def test_the_trained_defaults_declared_kv_figures_are_its_ggufs() -> None:
+    """SMOLLM2.kv_config (what the budget rule reads before the model is converted) against the GGUF's metadata."""
+    from gguf import GGUFReader
+
+    from pytest_kvcache.config.embedded import SMOLLM2
+    from pytest_kvcache.engines.trained_model import verified_gguf
+
+    reader = GGUFReader(verified_gguf())
+
+    def value(key: str) -> int:
+        field = reader.fields[key]
+        return int(field.parts[field.data[0]][0])
+
+    config = SMOLLM2.kv_config
+    assert config["num_hidden_layers"] == value("llama.block_count")
+    assert config["num_attention_heads"] == value("llama.attention.head_count")
+    assert config["num_key_value_heads"] == value("llama.attention.head_count_kv")
+    assert config["hidden_size"] == value("llama.embedding_length")
+    assert config["head_dim"] * config["num_attention_heads"] == config["hidden_size"]
+    assert config["max_position_embeddings"] == value("llama.context_length") == SMOLLM2.context
