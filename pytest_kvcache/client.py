@@ -10,8 +10,12 @@ It knows nothing of arms, probes or reports. Timing model (``docs/metrics.md``):
 * ``last`` — the last chunk that raised the token count (or carried content, in the fallback);
 * ``end`` — the ``[DONE]`` line.
 
-Every failure (HTTP error, dropped stream, stall, timeout, malformed JSON, missing usage, zero tokens) is
-returned as a failed Sample with a reason, never raised.
+Every failure (HTTP error, dropped stream, stall, timeout, malformed JSON, missing usage, zero tokens, token
+counts that disagree) is returned as a failed Sample with a reason, never raised.
+
+Every finished stream's token counts are compared (`count_problem`): what the request asked for (``max_tokens``,
+and what ``ignore_eos`` / ``min_tokens`` force), what the stream counted as it came, and what the final usage
+reports.
 
 The measured stream goes over the standard library's ``http.client`` on a kept-alive connection: of the
 stacks measured against a calibrated stream (docs/performance.md: httpx, the openai SDK, aiohttp,
@@ -48,6 +52,7 @@ ErrorKind = Literal[
     "engine_died",
     "first_token_timeout",
     "no_response",
+    "token_count",
 ]
 
 #: A conservative characters-per-token for sizing the first-token limit when the prompt's token count is
@@ -56,6 +61,11 @@ CHARS_PER_TOKEN = 3.0
 
 #: A decode window shorter than this share of the request's wall time voids ``decode_tps``.
 MIN_DECODE_WINDOW_SHARE = 0.05
+
+#: Tokens the final usage may count beyond the stream's last running count: a stop token (EOS is counted and
+#: has no text), or a character still incomplete UTF-8 when the length limit ends it (llama-server holds such
+#: bytes back to its finish chunk, which carries no running count; a character is at most 4 bytes).
+UNSTREAMED_TAIL = 3
 
 
 @dataclass
@@ -81,6 +91,13 @@ class Sample:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    #: the request's ``max_completion_tokens`` or ``max_tokens``: a correct server never reports more
+    requested_tokens: int | None = None
+    #: the completion tokens the request forces: all of ``max_tokens`` with ``ignore_eos``, else ``min_tokens``
+    promised_tokens: int | None = None
+    #: what the stream counted as it came: the last running ``usage.completion_tokens`` (usage clock), or the
+    #: chunks that carried content (content clock: chunks, not tokens)
+    streamed_tokens: int | None = None
     finish_reason: str | None = None
     token_clock: Literal["usage", "content"] | None = None
     content_chars: int = 0
@@ -100,6 +117,8 @@ class Sample:
         metrics: dict[str, float | None] = dict.fromkeys(catalogue.names("client"))
         flags: list[str] = []
         voided: dict[str, str] = {}
+        if self.error_kind == "token_count":
+            flags.append("token_count")
         if not self.ok or self.first_token_s is None or self.end_s is None or not self.completion_tokens:
             return metrics, flags, voided
         if self.token_clock == "content":
@@ -156,6 +175,61 @@ def error_text(body_bytes: bytes, reason: str = "") -> str:
         if parsed.get("message"):
             return str(parsed["message"])
     return body.strip()
+
+
+def token_bounds(payload: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(the most completion tokens ``payload`` allows, the fewest it forces): ``max_completion_tokens`` or
+    ``max_tokens``; with ``ignore_eos`` all of them, else ``min_tokens``. None: no bound."""
+
+    def count(key: str) -> int | None:
+        value = payload.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+    cap = count("max_completion_tokens")
+    cap = count("max_tokens") if cap is None else cap
+    floor = cap if payload.get("ignore_eos") is True else count("min_tokens")
+    return cap, floor or None
+
+
+def count_problem(sample: Sample) -> str | None:
+    """Why a finished stream's token counts disagree, naming the requested, streamed and reported counts (None:
+    they agree). Reported (``usage.completion_tokens``, what every token rate divides) must lie within what
+    the request allows and forces; under the usage clock the stream's own running count must reach it, but
+    for `UNSTREAMED_TAIL`, and never pass it. Under the content clock the stream counted chunks, not tokens
+    (a chunk may carry several): only the request's bounds are checked."""
+    reported = sample.completion_tokens
+    if reported is None:
+        return None
+    cap, floor, streamed = sample.requested_tokens, sample.promised_tokens, sample.streamed_tokens
+    usage = sample.token_clock == "usage"
+    why = None
+    if floor is not None and reported < floor:
+        why = f"the server stopped at {reported} of the {floor} tokens the request forces"
+    elif cap is not None and reported > cap:
+        why = f"the server reports {reported} tokens, more than the max_tokens {cap} it was given"
+    elif usage and streamed is not None and streamed > reported:
+        why = f"the stream counted {streamed - reported} more token(s) than the final usage reports"
+    elif usage and streamed is not None and reported - streamed > UNSTREAMED_TAIL:
+        why = f"the final usage reports {reported - streamed} token(s) the stream never delivered"
+    if why is None:
+        return None
+    if cap is not None and floor == cap:
+        asked = f"requested {cap} (forced)"
+    elif cap is not None:
+        asked = f"requested up to {cap}" + (f", at least {floor}" if floor else "")
+    else:
+        asked = f"requested at least {floor}" if floor else "requested no limit"
+    seen = "?" if streamed is None else str(streamed) if usage else f"{streamed} content chunk(s)"
+    return f"{asked}, streamed {seen}, reported {reported}: {why}"
+
+
+def check_counts(sample: Sample, payload: Mapping[str, Any]) -> Sample:
+    """Record what ``payload`` asked for on ``sample``; fail a finished sample whose counts disagree
+    (`count_problem`) as ``token_count``: every token rate would divide a count the stream does not bear out."""
+    sample.requested_tokens, sample.promised_tokens = token_bounds(payload)
+    if sample.ok and (problem := count_problem(sample)):
+        sample.fail("token_count", problem)
+    return sample
 
 
 def prompt_size(body: bytes, prompt_tokens: int | None) -> tuple[int, bool]:
@@ -363,6 +437,7 @@ class Client:
         tokens, estimated = prompt_size(body, prompt_tokens)
         first_limit = self.first_token_limit_s(tokens)
         sample = Sample(send_unix_s=time.time())
+        sample.requested_tokens, sample.promised_tokens = token_bounds(payload)
         t0 = sample.send_perf_s = time.perf_counter()
         first_token = [False]
         try:
@@ -402,7 +477,7 @@ class Client:
             return sample.fail("connection_error", f"{type(exc).__name__}: {exc}")
         if response.will_close:
             self._drop_connection()
-        return sample
+        return check_counts(sample, payload)
 
     def _read_stream(
         self,
@@ -457,6 +532,7 @@ class TokenClock:
         self.last_usage: float | None = None
         self.first_content: float | None = None
         self.last_content: float | None = None
+        self.content_chunks = 0
         self.usage: dict[str, Any] | None = None
         self.done = False
         self.text: list[str] = []
@@ -507,6 +583,7 @@ class TokenClock:
             if content or reasoning or calls:
                 self.first_content = now if self.first_content is None else self.first_content
                 self.last_content = now
+                self.content_chunks += 1
                 sample.content_chars += len(content)
                 if self.keep_text:
                     self.text.append(content)
@@ -556,9 +633,11 @@ class TokenClock:
         if self.first_usage is not None:
             sample.token_clock = "usage"
             sample.first_token_s, sample.last_token_s = self.first_usage, self.last_usage
+            sample.streamed_tokens = self.count
         elif self.first_content is not None:
             sample.token_clock = "content"
             sample.first_token_s, sample.last_token_s = self.first_content, self.last_content
+            sample.streamed_tokens = self.content_chunks
         else:
             sample.fail("no_token_clock", "no chunk carried per-chunk usage or content: first token not observable")
             return

@@ -44,7 +44,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 from urllib.parse import urlsplit
 
-from pytest_kvcache.client import Limits, Sample, prompt_size
+from pytest_kvcache.client import Limits, Sample, check_counts, prompt_size
 from pytest_kvcache.fanout_plan import TICK_S as TICK_S
 from pytest_kvcache.fanout_plan import ClientLoad as ClientLoad
 from pytest_kvcache.fanout_plan import Monitor as Monitor
@@ -215,7 +215,7 @@ class Fanout:
             data, figure = value
             figures.append(figure)
             for (i, *_), sample in zip(part, data, strict=True):
-                samples[i] = Sample(**sample)
+                samples[i] = check_counts(Sample(**sample), payloads[i])
         return Trial([s if s is not None else Sample() for s in samples], self._load(figures, n))
 
     def sessions(
@@ -305,10 +305,13 @@ class Fanout:
         tell("done")
         turns: list[SessionTurn] = []
         figures: list[dict[str, Any]] = []
+        asked = [json.loads(plan.head + plan.turns[0] + plan.tail) for plan in plans]  # each session's bounds
         for slot in sorted(results):
             data, figure = results[slot]
             figures.append(figure)
-            turns += [SessionTurn(index, turn, Sample(**sample)) for index, turn, sample in data]
+            turns += [
+                SessionTurn(index, turn, check_counts(Sample(**sample), asked[index])) for index, turn, sample in data
+            ]
         turns.sort(key=lambda t: (t.session, t.turn))
         shift = time.time() - time.perf_counter()
         window_unix = (window[0] + shift, window[1] + shift) if window is not None else None

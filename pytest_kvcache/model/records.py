@@ -26,6 +26,9 @@ class SampleData(TypedDict, total=False):
     prompt_tokens: int | None
     completion_tokens: int | None
     cached_tokens: int | None
+    requested_tokens: int | None
+    promised_tokens: int | None
+    streamed_tokens: int | None
     finish_reason: str | None
     token_clock: str | None
     content_chars: int

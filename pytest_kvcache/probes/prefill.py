@@ -139,6 +139,24 @@ def cold_check(
     return [], None, proof
 
 
+def unverified_depth(prompt_tokens: int | None, target: int) -> str | None:
+    """Why a finished request cannot stand for depth ``target`` though nothing else failed: its usage gave no
+    ``prompt_tokens``, so neither the depth nor ``prefill_tps`` can be checked (the request then fails as
+    ``token_count``)."""
+    if prompt_tokens is not None:
+        return None
+    return f"requested a {target}-token prompt, reported none: the usage carries no prompt_tokens to prove the depth"
+
+
+def prompt_count_flags(counted: int | None, reported: int | None) -> list[str]:
+    """``prompt_count_mismatch`` when the server's ``usage.prompt_tokens`` differs from what the plugin counted
+    for that very prompt (its ``/tokenize``, or the local tokenizer): the record keeps both; the depth check
+    (±1% of the target) decides whether the sample counts."""
+    if counted is None or reported is None or counted == reported:
+        return []
+    return ["prompt_count_mismatch"]
+
+
 def depth_check(prompt_tokens: int | None, target: int) -> tuple[list[str], str | None]:
     if prompt_tokens is None:
         return [], None

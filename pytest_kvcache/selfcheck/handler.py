@@ -274,6 +274,8 @@ class _Handler(BaseHTTPRequestHandler):
                 n_tokens, finish_reason = limit, "length"
         if kind == "zero_tokens":
             n_tokens, finish_reason = 0, "length"
+        if fault is not None and kind == "stop_early" and n_tokens > fault.after_chunks * schedule.tokens_per_chunk:
+            n_tokens, finish_reason = fault.after_chunks * schedule.tokens_per_chunk, "stop"
         stream = body.get("stream") is True
         record.stream = stream
 
@@ -321,6 +323,7 @@ class _Handler(BaseHTTPRequestHandler):
             prompt_ids=tuple(_toy_tokenize(body)) if not chat and "prompt_logprobs" in body else (),
             prompt_logprobs=_int_or_none(body.get("prompt_logprobs")) if not chat else None,
             logprob_shift=owner.logprob_shift,
+            usage_tokens=fault.usage_tokens if fault is not None and kind in ("stop_early", "misreport") else None,
         )
         owner._started()
         outcome: Outcome = "aborted"

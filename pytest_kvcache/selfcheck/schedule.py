@@ -13,7 +13,18 @@ SCHEDULE_HEADER = "X-Stream-Schedule"
 """Request header holding a JSON `Schedule` (fields as in `Schedule`, ``fault`` as a nested object)."""
 
 
-FaultKind = Literal["drop", "stall", "malformed", "http_error", "no_usage", "zero_tokens", "stream_error", "hang"]
+FaultKind = Literal[
+    "drop",
+    "stall",
+    "malformed",
+    "http_error",
+    "no_usage",
+    "zero_tokens",
+    "stream_error",
+    "hang",
+    "stop_early",
+    "misreport",
+]
 
 
 RoleChunk = Literal["with_first", "early"]
@@ -69,6 +80,12 @@ class Fault:
       with ``completion_tokens`` 0.
     * ``hang``: take the request and send nothing -- no status line, no headers -- for ``stall_s``,
       then close the connection (a hung server; vLLM sends its headers at once).
+    * ``stop_early``: generate only ``after_chunks`` token chunks, whatever ``max_tokens`` (or ``ignore_eos``)
+      asked, and finish with "stop"; usage counts what was sent unless ``usage_tokens`` says otherwise.
+    * ``misreport``: stream as scheduled, but the final usage (and a whole response's) reports
+      ``usage_tokens`` completion tokens; the per-chunk running counts stay true.
+
+    ``usage_tokens`` (``stop_early``, ``misreport``): the completion tokens the final usage claims.
 
     ``after_chunks`` at or past the number of token chunks fires after the last one, before the
     final usage chunk and ``[DONE]``. ``message`` replaces the default error message.
@@ -80,6 +97,7 @@ class Fault:
     stall_s: float = 1.0
     message: str | None = None
     reset: bool = True
+    usage_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in _FAULT_KINDS:
@@ -90,6 +108,10 @@ class Fault:
             raise ValueError(f"Fault.status must be an HTTP status code; got {self.status}")
         if self.stall_s < 0:
             raise ValueError(f"Fault.stall_s must be >= 0; got {self.stall_s}")
+        if self.usage_tokens is not None and self.usage_tokens < 0:
+            raise ValueError(f"Fault.usage_tokens must be >= 0; got {self.usage_tokens}")
+        if self.kind == "misreport" and self.usage_tokens is None:
+            raise ValueError("Fault.usage_tokens is required for a misreport fault")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fault:
@@ -228,6 +250,8 @@ def _checked_kwargs(cls: type[Any], data: Mapping[str, Any]) -> dict[str, Any]:
             ok = isinstance(value, bool)
         elif annotation == "int":
             ok = isinstance(value, int) and not isinstance(value, bool)
+        elif annotation == "int | None":
+            ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
         elif annotation == "float":
             ok = isinstance(value, int | float) and not isinstance(value, bool)
             value = float(value) if ok else value

@@ -56,6 +56,8 @@ class _Run:
     prompt_ids: tuple[int, ...] = ()
     prompt_logprobs: int | None = None
     logprob_shift: float = 0.0
+    #: the completion tokens the final usage claims (a ``misreport`` fault); None: what was sent
+    usage_tokens: int | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     _head: str | None = field(default=None, init=False, repr=False)
@@ -186,7 +188,7 @@ class _Run:
 
     def usage_chunk(self, completion_tokens: int) -> str:
         chunk = self._envelope([])
-        chunk["usage"] = self.usage(completion_tokens)
+        chunk["usage"] = self.usage(completion_tokens if self.usage_tokens is None else self.usage_tokens)
         return _dumps(chunk)
 
     def whole_response(self) -> dict[str, Any]:
@@ -213,7 +215,7 @@ class _Run:
         response = self._envelope([choice])
         response["object"] = "chat.completion" if self.chat else "text_completion"
         if self.final_usage:
-            response["usage"] = self.usage(self.n_tokens)
+            response["usage"] = self.usage(self.n_tokens if self.usage_tokens is None else self.usage_tokens)
         return response
 
 

@@ -12,7 +12,7 @@ import pytest
 from pytest_kvcache.config.context import agentic_target
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.plugin import Recorder
-from pytest_kvcache.probes import agentic, counting
+from pytest_kvcache.probes import agentic, counting, prefill
 from pytest_kvcache.probes.runner import server_lost
 from pytest_kvcache.run.measure import ArmClient, Server
 
@@ -107,6 +107,7 @@ def test_agentic(
             result_chars=len(session.turns[turn_no - 1].result),
             tool_call_miss=miss,
             counted_prompt_tokens=prompt_tokens,
+            flags=prefill.prompt_count_flags(prompt_tokens, sample.prompt_tokens),
             **fixture,
         )
         if not sample.ok:

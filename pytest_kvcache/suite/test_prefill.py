@@ -53,10 +53,13 @@ def test_prefill(
             sample.cached_tokens, engine, block_size, allow_unproven=kv_settings.allow_unproven_cold
         )
         depth_flags, depth_excluded = prefill.depth_check(sample.prompt_tokens, kv_depth)
+        if sample.ok and (unverified := prefill.unverified_depth(sample.prompt_tokens, kv_depth)):
+            sample.fail("token_count", unverified)
+        counted = sized.tokens if method != "calibrated" else None  # calibrated: sized with another salt
         return sample, {
             "depth": kv_depth,
             "engine": engine,
-            "flags": flags + depth_flags,
+            "flags": flags + depth_flags + prefill.prompt_count_flags(counted, sample.prompt_tokens),
             "excluded_reason": excluded or depth_excluded,
             "cold_proof": proof,
             "prompt_sha256": prompt_sha256(payload),

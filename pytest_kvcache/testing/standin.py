@@ -7,7 +7,8 @@ ignored), prints vLLM-shaped startup log lines and serves
 :class:`~pytest_kvcache.selfcheck.stream.StreamServer`. Options prefixed ``--standin-`` (pass them in
 ``--kv-engine-args`` or an arm's ``args``) make it misbehave the ways a real engine can but cannot be
 made to on demand: exit at startup, start slowly, die mid-request, hang (take requests and never answer),
-report another cache dtype, ignore SIGTERM, have no ``/tokenize``, move its prompt logprobs (a lossy KV
+report another cache dtype, ignore SIGTERM, have no ``/tokenize``, play any `Fault` (``--standin-fault``: stop
+early, misreport usage …), move its prompt logprobs (a lossy KV
 dtype); ``--standin-ttft`` / ``--standin-itl`` set its timing.
 
 Given a KV budget (vLLM's ``--kv-cache-memory-bytes``: 2,048 bytes a token at 16 bits, as the embedded tiny
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import signal
 import subprocess
@@ -66,6 +68,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--standin-no-tokenize", action="store_true", help="answer /tokenize with 404")
     parser.add_argument(
         "--standin-hang", action="store_true", help="take every generation request and never answer (no headers)"
+    )
+    parser.add_argument(
+        "--standin-fault",
+        default=None,
+        metavar="JSON",
+        help='inject this Fault into every generation request, e.g. {"kind":"stop_early","after_chunks":8}',
     )
     parser.add_argument(
         "--standin-logprob-shift",
@@ -234,8 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     cache = None
     if capacity is not None:
         cache = LruPrefixCache(capacity, prefill_tps=args.standin_prefill_tps, ttft_s=args.standin_ttft)
-    hang = Fault("hang", stall_s=3600.0) if args.standin_hang else None
-    schedule = Schedule(ttft_s=args.standin_ttft, itl_s=args.standin_itl, fault=hang)
+    fault = Fault("hang", stall_s=3600.0) if args.standin_hang else None
+    if args.standin_fault:
+        fault = Fault.from_dict(json.loads(args.standin_fault))
+    schedule = Schedule(ttft_s=args.standin_ttft, itl_s=args.standin_itl, fault=fault)
     server = StreamServer(
         schedule,
         host=args.host,

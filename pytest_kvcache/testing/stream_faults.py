@@ -4,7 +4,9 @@ A `Fault` rides on a `Schedule` — for every request (``StreamServer(Schedule(f
 request, as JSON in the ``X-Stream-Schedule`` header (`fault_header`). The kinds: ``drop`` (cut the
 connection after N token chunks, RST or FIN), ``stall`` (pause before chunk N), ``malformed`` (an SSE
 line that is not JSON), ``stream_error`` (vLLM's in-stream error event), ``http_error`` (an HTTP status
-with an OpenAI-style error body), ``no_usage``, ``zero_tokens`` and ``hang`` (no response at all).
+with an OpenAI-style error body), ``no_usage``, ``zero_tokens``, ``hang`` (no response at all),
+``stop_early`` (finish after N token chunks, whatever was asked) and ``misreport`` (a final usage that claims
+another count).
 `Fault`'s docstring has the detail.
 
 `Fault` is defined in `pytest_kvcache.selfcheck.stream`, not here: a fault is a field of the `Schedule`

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pytest_kvcache.client import Client
+from pytest_kvcache.client import Client, Sample, count_problem, token_bounds
 from pytest_kvcache.selfcheck.stream import Schedule, StreamServer
 from pytest_kvcache.testing.stream_faults import Fault
 
@@ -269,3 +269,129 @@ def test_llama_server_timings_are_a_token_clock() -> None:
     assert sample.ok and sample.token_clock == "usage" and sample.token_chunks == 4
     assert sample.completion_tokens == 4 and sample.first_chunk_tokens == 1
     assert "content_clock" not in sample.measures()[1]
+
+
+# ------------------------------------------------------------------------------ token counts
+
+
+def forced(tokens: int) -> dict:
+    """The probes' greedy shape: exactly ``tokens`` (``ignore_eos``, ``min_tokens``)."""
+    return {**payload(tokens), "temperature": 0.0, "ignore_eos": True, "min_tokens": tokens}
+
+
+def counted(payload_: dict, schedule: Schedule) -> Sample:
+    with StreamServer(schedule) as server, Client(server.url, stall_timeout_s=5.0, request_timeout_s=30.0) as client:
+        return client.stream_chat(payload_)
+
+
+def test_token_bounds_read_what_the_request_allows_and_forces() -> None:
+    assert token_bounds(forced(16)) == (16, 16)
+    assert token_bounds({"max_tokens": 16, "ignore_eos": True}) == (16, 16)  # llama-server: no min_tokens
+    assert token_bounds({"max_tokens": 16, "min_tokens": 4}) == (16, 4)
+    assert token_bounds({"max_tokens": 16}) == (16, None)
+    assert token_bounds({"max_completion_tokens": 8, "max_tokens": 16}) == (8, None)
+    assert token_bounds({"max_tokens": True}) == (None, None) and token_bounds({}) == (None, None)
+
+
+def done(clock: str, requested: int | None, promised: int | None, streamed: int, reported: int) -> Sample:
+    return Sample(
+        ok=True,
+        token_clock=clock,  # type: ignore[arg-type]
+        requested_tokens=requested,
+        promised_tokens=promised,
+        streamed_tokens=streamed,
+        completion_tokens=reported,
+    )
+
+
+@pytest.mark.parametrize(
+    ("sample", "problem"),
+    [
+        (
+            done("usage", 16, 16, 8, 8),
+            "requested 16 (forced), streamed 8, reported 8: the server stopped at 8 of the 16",
+        ),
+        (done("usage", 48, None, 16, 48), "requested up to 48, streamed 16, reported 48: the final usage reports 32"),
+        (done("usage", 48, 48, 16, 48), "requested 48 (forced), streamed 16, reported 48: the final usage reports 32"),
+        (done("usage", 48, None, 48, 64), "reported 64: the server reports 64 tokens, more than the max_tokens 48"),
+        (done("usage", 16, None, 16, 8), "streamed 16, reported 8: the stream counted 8 more token(s) than"),
+        (done("usage", 16, 4, 3, 3), "requested up to 16, at least 4, streamed 3, reported 3: the server stopped"),
+        (done("content", 48, 48, 12, 24), "streamed 12 content chunk(s), reported 24: the server stopped at 24 of"),
+        (done("content", 16, None, 4, 17), "reported 17: the server reports 17 tokens, more than the max_tokens 16"),
+    ],
+)
+def test_counts_that_disagree_name_requested_streamed_and_reported(sample: Sample, problem: str) -> None:
+    found = count_problem(sample)
+    assert found is not None and problem in found, found
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        done("usage", 16, 16, 16, 16),  # exactly what was forced
+        done("usage", 48, None, 20, 20),  # stopped at EOS: nothing was promised past max_tokens
+        done("usage", 48, None, 20, 21),  # an EOS counted in usage with no chunk of its own
+        done("usage", 48, 48, 45, 48),  # a tail of UNSTREAMED_TAIL tokens held back to the finish chunk
+        done("usage", 40, 40, 40, 40),  # speculative decoding: 10 chunks, the running count is 40
+        done("content", 48, None, 16, 48),  # 16 content chunks of 3 tokens: chunks are not tokens
+        done("content", 48, None, 48, 16),
+        done("usage", None, None, 16, 16),  # no max_tokens: no bound to check
+    ],
+)
+def test_counts_that_agree_or_cannot_be_compared_pass(sample: Sample) -> None:
+    assert count_problem(sample) is None
+
+
+def test_a_server_that_stops_at_half_the_forced_tokens_fails_the_request() -> None:
+    sample = counted(forced(16), Schedule(fault=Fault("stop_early", after_chunks=8)))
+    assert not sample.ok and sample.error_kind == "token_count", sample.error
+    assert sample.error == (
+        "requested 16 (forced), streamed 8, reported 8: the server stopped at 8 of the 16 tokens the request forces"
+    )
+    assert (sample.requested_tokens, sample.promised_tokens, sample.streamed_tokens) == (16, 16, 8)
+    assert sample.completion_tokens == 8 and sample.finish_reason == "stop"
+    metrics, flags, _ = sample.measures()
+    assert flags == ["token_count"] and all(v is None for v in metrics.values())
+
+
+def test_a_usage_that_claims_tokens_the_stream_never_delivered_fails_the_request() -> None:
+    sample = counted(payload(48), Schedule(fault=Fault("stop_early", after_chunks=16, usage_tokens=48)))
+    assert not sample.ok and sample.error_kind == "token_count"
+    assert sample.error == (
+        "requested up to 48, streamed 16, reported 48: the final usage reports 32 token(s) the stream never delivered"
+    )
+
+
+@pytest.mark.parametrize(
+    ("tokens", "claimed", "why"),
+    [
+        (16, 24, "the server reports 24 tokens, more than the max_tokens 16 it was given"),
+        (16, 8, "the stream counted 8 more token(s) than the final usage reports"),
+    ],
+)
+def test_a_final_usage_over_or_under_reporting_fails_the_request(tokens: int, claimed: int, why: str) -> None:
+    sample = counted(payload(tokens), Schedule(fault=Fault("misreport", usage_tokens=claimed)))
+    assert not sample.ok and sample.error_kind == "token_count"
+    assert sample.error is not None and sample.error.endswith(why), sample.error
+
+
+def test_an_eos_stop_where_nothing_was_forced_passes() -> None:
+    sample = counted(payload(48), Schedule(fault=Fault("stop_early", after_chunks=20)))
+    assert sample.ok and sample.completion_tokens == sample.streamed_tokens == 20
+    assert (sample.requested_tokens, sample.promised_tokens) == (48, None)
+
+
+def test_speculative_chunks_are_counted_by_their_running_count_not_by_chunks() -> None:
+    sample = counted(forced(40), Schedule(tokens_per_chunk=4))
+    assert sample.ok and sample.token_chunks == 10 and sample.streamed_tokens == sample.completion_tokens == 40
+
+
+def test_under_the_content_clock_only_the_request_bounds_are_checked() -> None:
+    """Without per-chunk usage, 16 content chunks may carry 48 tokens: not a mismatch. A forced count the usage
+    does not reach still is."""
+    schedule = Schedule(per_chunk_usage=False, fault=Fault("stop_early", after_chunks=16, usage_tokens=48))
+    sample = counted(payload(48), schedule)
+    assert sample.ok and sample.token_clock == "content" and sample.streamed_tokens == 16
+    short = counted(forced(48), Schedule(per_chunk_usage=False, fault=Fault("stop_early", after_chunks=24)))
+    assert not short.ok and short.error_kind == "token_count"
+    assert short.error is not None and "streamed 24 content chunk(s), reported 24" in short.error

@@ -60,6 +60,14 @@ def test_depth_check() -> None:
     assert flags == ["depth_off"] and "+5.00%" in reason
 
 
+def test_a_depth_without_reported_prompt_tokens_is_unverified_and_a_counted_prompt_is_compared() -> None:
+    assert prefill.unverified_depth(2000, 2000) is None
+    reason = prefill.unverified_depth(None, 2000)
+    assert reason is not None and reason.startswith("requested a 2000-token prompt, reported none")
+    assert prefill.prompt_count_flags(1995, 1995) == [] and prefill.prompt_count_flags(None, 1995) == []
+    assert prefill.prompt_count_flags(1995, 1998) == ["prompt_count_mismatch"]
+
+
 # ----------------------------------------------------------------------------------------- agentic
 
 
