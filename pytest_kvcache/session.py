@@ -266,13 +266,24 @@ class KvSession:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Every test file is imported now, so a user's probe has registered its spec: check the gates
         against the registry before anything boots (a gate on an unknown probe is a usage error)."""
-        from pytest_kvcache.report.gates import GateError, check, parse
+        from pytest_kvcache.report.gates import GateError, check, parse, unusable
 
         specs = probe_registry.resolve()
         arms = [a.name for a in self.settings.arms]
+        # the probes the selected tests measure (-m, -k): a gate on another one would have nothing to judge. A probe
+        # test that carries no probe's marker may record any probe: then the selection tells nothing.
+        tests = [i for i in session.items if boot_of(i) is not None]
+        marked = [{s.name for s in specs.values() if i.get_closest_marker(s.marker)} for i in tests]
+        selected = set().union(*marked) if all(marked) else None
         try:
             for text in self.settings.gates:
-                check(parse(text, arms=arms), specs)
+                gate = parse(text, arms=arms)
+                check(gate, specs)
+                why = unusable(gate, arms, specs)
+                if why is None and self.role is None and selected is not None and gate.probe not in selected:
+                    why = f"no {gate.probe} test is selected (-m, -k)"
+                if why is not None:
+                    raise GateError(f"gate {gate.text!r} cannot be evaluated: {why}")
         except GateError as exc:
             raise pytest.UsageError(f"pytest-kvcache: --kv-fail: {exc}") from None
         boots_here = self.role is None or self.role.kind == "worker"  # a pytest-xdist controller boots nothing
@@ -440,7 +451,7 @@ class KvSession:
         from pytest_kvcache.report.outputs.markdown import gate_evidence
 
         gates = report.get("gates") or []
-        for outcome in ("fail", "inconclusive", "pass"):
+        for outcome in ("fail", "error", "inconclusive", "pass"):
             xml.add_global_property(
                 f"kv_gates_{ {'fail': 'failed', 'pass': 'passed'}.get(outcome, outcome) }",
                 str(sum(1 for g in gates if g["outcome"] == outcome)),

@@ -12,7 +12,6 @@ Plain Python: no pytest.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -56,14 +55,15 @@ def _int(value: str | None) -> int | None:
 
 
 def config_context(folder: Path) -> int | None:
-    """A model folder's context from its ``config.json`` (None when it says nothing usable)."""
-    try:
-        config: dict[str, Any] = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
+    """A model folder's context from its ``config.json`` (None when it has none, or names no context);
+    :class:`~pytest_kvcache.config.model_files.ModelFileError` (a usage error) when it is not a JSON object or
+    a field has the wrong type (``config/model_files.py``, the one reader of a model's metadata)."""
+    from pytest_kvcache.config.model_files import read
+
+    config = read(folder)
+    if config is None:
         return None
     for scope in (config.get("text_config") or {}, config):
-        if not isinstance(scope, dict):
-            continue
         for key in CONFIG_KEYS:
             value = scope.get(key)
             if isinstance(value, int) and value > 0:
@@ -121,12 +121,15 @@ def known_context(settings: Settings) -> tuple[int | None, str | None]:
     return min(found)
 
 
-def _fits_prefill(depth: int, context: int) -> bool:
-    return depth + PREFILL_OUTPUT_TOKENS <= context
-
-
-def _fits_fidelity(depth: int, context: int) -> bool:
-    return depth + FIDELITY_OUTPUT_TOKENS <= context
+def planned_points(settings: Settings) -> dict[str, tuple[str, ...]]:
+    """The points the stock probes whose points follow from the settings will have (their depths and levels, after
+    the defaults that cannot fit were left out): a gate on another point is a usage error before any boot."""
+    return {
+        "prefill": tuple(map(_label, settings.depths)),
+        "fidelity": tuple(map(_label, settings.fidelity_depths)),
+        "capacity": tuple(map(_label, settings.capacity_depths)),
+        "concurrency": tuple(f"c{n}" for n in settings.concurrency),
+    }
 
 
 def agentic_target(spec: str, context: int | None, max_tokens: int) -> int | None:
@@ -147,27 +150,32 @@ def problems(settings: Settings, context: int, source: str) -> tuple[list[str], 
     where = f"the context of {context:,} tokens ({source})"
     explicit = settings.explicit
 
-    over = [d for d in settings.depths if not _fits_prefill(d, context)]
-    if over and "depths" in explicit:
-        errors.append(
-            f"--kv-depths: {', '.join(map(_label, over))} + {PREFILL_OUTPUT_TOKENS} output tokens cannot fit {where}; "
-            f"give depths up to {context - PREFILL_OUTPUT_TOKENS:,}"
-        )
-    elif over:
-        changes["depths"] = tuple(d for d in settings.depths if d not in over)
-        notes.extend(
-            f"prefill@{_label(d)}: left out, {d:,} + {PREFILL_OUTPUT_TOKENS} tokens exceed {where}" for d in over
-        )
-
-    over = [d for d in settings.fidelity_depths if not _fits_fidelity(d, context)]
-    if over and "fidelity_depths" in explicit:
-        errors.append(
-            f"--kv-fidelity-depths: {', '.join(map(_label, over))} cannot fit {where}; give depths up to "
-            f"{context - FIDELITY_OUTPUT_TOKENS:,}"
-        )
-    elif over:
-        changes["fidelity_depths"] = tuple(d for d in settings.fidelity_depths if d not in over)
-        notes.extend(f"fidelity@{_label(d)}: left out, {d:,} + 1 tokens exceed {where}" for d in over)
+    # every depth option, one rule: a depth given explicitly whose prompt and output tokens cannot fit is a usage
+    # error naming the option, the depth and the context; a default one is left out and said so
+    for field, flag, probe, output, output_flag in (
+        ("depths", "--kv-depths", "prefill", PREFILL_OUTPUT_TOKENS, None),
+        ("fidelity_depths", "--kv-fidelity-depths", "fidelity", FIDELITY_OUTPUT_TOKENS, None),
+        (
+            "capacity_depths",
+            "--kv-capacity-depths",
+            "capacity",
+            settings.capacity_max_tokens,
+            "--kv-capacity-max-tokens",
+        ),
+    ):
+        given: tuple[int, ...] = getattr(settings, field)
+        over = [d for d in given if d + output > context]
+        if not over:
+            continue
+        tokens = f"{output} output token{'' if output == 1 else 's'}" + (f" ({output_flag})" if output_flag else "")
+        if field in explicit:
+            errors.append(
+                f"{flag}: {', '.join(map(_label, over))} + {tokens} cannot fit {where}; give depths up to "
+                f"{context - output:,}"
+            )
+        else:
+            changes[field] = tuple(d for d in given if d not in over)
+            notes.extend(f"{probe}@{_label(d)}: left out, {d:,} + {output} tokens exceed {where}" for d in over)
 
     target = agentic_target(settings.agentic_depth, context, settings.agentic_max_tokens)
     if target is not None and (target + settings.agentic_max_tokens > context or target < 1):
@@ -181,6 +189,7 @@ def problems(settings: Settings, context: int, source: str) -> tuple[list[str], 
         ("agentic_max_tokens", "--kv-agentic-max-tokens", "agentic", settings.agentic_max_tokens),
         ("max_tokens", "--kv-max-tokens", "short", settings.max_tokens),
         ("concurrency_max_tokens", "--kv-concurrency-max-tokens", "concurrency", settings.concurrency_max_tokens),
+        ("capacity_max_tokens", "--kv-capacity-max-tokens", "capacity", settings.capacity_max_tokens),
     ):
         if value is None or value < context:
             continue

@@ -33,21 +33,21 @@ class ProbeOptions:
     warmups: int = option(
         help="unmeasured warmup requests per probe shape (default 3).",
         metavar="N",
-        parse=v.count(0),
+        parse=v.count(0, v.MAX_WARMUPS),
         default=3,
         cpu_default=lambda m: m.warmups,
     )
     runs: int = option(
         help="measured requests per probe shape (default 5).",
         metavar="N",
-        parse=v.count(1),
+        parse=v.count(1, v.MAX_RUNS),
         default=5,
         cpu_default=lambda m: m.runs,
     )
     max_tokens: int | None = option(
         help="override every short probe's max_tokens.",
         metavar="N",
-        parse=v.count(1),
+        parse=v.count(1, v.MAX_TOKENS),
         default=None,
         cpu_default=lambda m: m.short_max_tokens,
     )
@@ -61,7 +61,10 @@ class ProbeOptions:
         default="greedy",
     )
     seed: int = option(
-        help="run seed: salts and ordering derive from it (default 0).", metavar="N", parse=v.count(0), default=0
+        help="run seed: salts and ordering derive from it (default 0).",
+        metavar="N",
+        parse=v.count(0, v.MAX_SEED),
+        default=0,
     )
     depths: tuple[int, ...] = option(
         help="prefill depths in prompt tokens, 'k' = 1000 (default 10k,90k).",
@@ -71,22 +74,25 @@ class ProbeOptions:
         cpu_default=lambda m: m.depths,
     )
     depth_warmups: int = option(
-        help="unmeasured prefill requests per depth (default 1).", metavar="N", parse=v.count(0), default=1
+        help="unmeasured prefill requests per depth (default 1).",
+        metavar="N",
+        parse=v.count(0, v.MAX_WARMUPS),
+        default=1,
     )
     depth_runs: int = option(
-        help="measured prefill requests per depth (default 3).", metavar="N", parse=v.count(1), default=3
+        help="measured prefill requests per depth (default 3).", metavar="N", parse=v.count(1, v.MAX_RUNS), default=3
     )
     sessions: int = option(
         help="independent agentic sessions per arm (default 2).",
         metavar="N",
-        parse=v.count(1),
+        parse=v.count(1, v.MAX_SESSIONS),
         default=2,
         cpu_default=lambda m: m.sessions,
     )
     turns: int | None = option(
         help="run only the first N turns of the agentic fixture (default: all).",
         metavar="N",
-        parse=v.count(1),
+        parse=v.count(1, v.MAX_TURNS),
         default=None,
         cpu_default=lambda m: m.turns,
     )
@@ -102,7 +108,7 @@ class ProbeOptions:
     agentic_max_tokens: int = option(
         help="max_tokens per agentic turn (default 600; 64 on the embedded trained model).",
         metavar="N",
-        parse=v.count(1),
+        parse=v.count(1, v.MAX_TOKENS),
         default=600,
         cpu_default=lambda m: m.agentic_max_tokens,
     )
@@ -141,7 +147,7 @@ class ProbeOptions:
             "computed over boots (boots, then samples within a boot)."
         ),
         metavar="N",
-        parse=v.count(1),
+        parse=v.count(1, v.MAX_REPLICATES),
         default=1,
     )
     order: Order = option(
@@ -168,7 +174,7 @@ class ProbeOptions:
     max_runs: int | None = option(
         help="with --kv-target-ci: measured requests per probe shape at most (default 4 × runs).",
         metavar="N",
-        parse=v.count(1),
+        parse=v.count(1, v.MAX_ADAPTIVE_RUNS),
         default=None,
     )
     max_replicates: int | None = option(
@@ -230,7 +236,10 @@ class ProbeOptions:
         default=(1, 4, 16),
     )
     concurrency_max_tokens: int = option(
-        help="max_tokens of each concurrency-probe stream (default 128).", metavar="N", parse=v.count(1), default=128
+        help="max_tokens of each concurrency-probe stream (default 128).",
+        metavar="N",
+        parse=v.count(1, v.MAX_TOKENS),
+        default=128,
     )
     fidelity_depths: tuple[int, ...] = option(
         help=(
@@ -252,13 +261,13 @@ class ProbeOptions:
         "fidelity_topk",
         help="top-k logprobs per position for the fidelity probe's KL estimate; 0: none (default 5).",
         metavar="K",
-        parse=v.count(0),
+        parse=v.count(0, v.MAX_TOP_K),
         default=5,
     )
     fidelity_window: int = option(
         help="positions scored before each fidelity depth (default 512).",
         metavar="N",
-        parse=v.count(BLOCK_MIN),
+        parse=v.count(BLOCK_MIN, v.MAX_TOKENS),
         default=512,
         cpu_default=lambda m: m.fidelity_window,
     )
@@ -307,19 +316,22 @@ class ProbeOptions:
     capacity_max_tokens: int = option(
         help="tokens each capacity turn decodes (default 64; 16 on the embedded CPU default).",
         metavar="N",
-        parse=v.count(1),
+        parse=v.count(1, v.MAX_TOKENS),
         default=CAPACITY_MAX_TOKENS,
         cpu_default=lambda m: m.capacity_max_tokens,
     )
     capacity_max_sessions: int = option(
         help="the most concurrent sessions the capacity search tries (default 256; 32 on the embedded CPU default).",
         metavar="N",
-        parse=v.count(1),
+        parse=v.count(1, v.MAX_CAPACITY_SESSIONS),
         default=CAPACITY_MAX_SESSIONS,
         cpu_default=lambda m: m.capacity_max_sessions,
     )
     capacity_start: int = option(
-        help="the capacity search's first number of sessions (default 1).", metavar="N", parse=v.count(1), default=1
+        help="the capacity search's first number of sessions (default 1).",
+        metavar="N",
+        parse=v.count(1, v.MAX_CAPACITY_SESSIONS),
+        default=1,
     )
     agentic_depth: str = option(
         help=(

@@ -165,7 +165,11 @@ def resolve(
     if max_runs is not None and max_runs < runs:
         raise SettingsError(f"--kv-max-runs ({max_runs}) must be at least --kv-runs ({runs})")
     max_replicates = boot_budget(
-        get("max_replicates", v.count(1), None), replicates, gates=bool(gates), target_ci=target_ci, launcher=launcher
+        get("max_replicates", v.count(1, v.MAX_BOOT_BUDGET), None),
+        replicates,
+        gates=bool(gates),
+        target_ci=target_ci,
+        launcher=launcher,
     )
     rounds = max(replicates, max_replicates or 0)
     order, order_seed = get("order", v.order, ("abba" if rounds >= 2 else "sequential", None))
@@ -197,6 +201,10 @@ def resolve(
     from pytest_kvcache.config.context import fit_context
 
     settings = fit_context(settings)
+    if gates:  # a gate on a point the run will not have (a depth not in --kv-depths …): before any boot
+        from pytest_kvcache.config.context import planned_points
+
+        parse_as(gates, raw_of("fail")[1], lambda raw: v.gates(raw, [a.name for a in arms], planned_points(settings)))
     check_budgets(settings)
     return settings
 
@@ -222,6 +230,13 @@ def _model(model: str | None, engine: str, rootdir: Path) -> tuple[str | None, s
             raise SettingsError(f"--kv-model: {model!r} is a file; give the model's folder (config.json and weights)")
         elif not path.is_dir():
             raise SettingsError(f"--kv-model: model folder {model!r} does not exist")
+        if path.is_dir():  # its config.json, tokenizer_config.json, generation_config.json: the one checked reader
+            from pytest_kvcache.config.model_files import check_folder
+
+            try:
+                check_folder(path.resolve())
+            except SettingsError as exc:
+                raise SettingsError(f"--kv-model: {exc}") from None
         model = str(path.resolve())
     return model, embedded_name
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,24 +39,61 @@ def positive(raw: Any) -> float:
     return value
 
 
-def count(minimum: int) -> Callable[[Any], int]:
+#: The upper bound of every count option (docs/configuration.md, "Bounds", says why each is what it is). A count
+#: is read once, when the option is read: a value past its bound is a usage error before anything boots, never a
+#: first trial of 100,000 sessions or a plan of a million boots.
+#: Requests per probe shape or depth (warmups, runs): 1,000 measured requests is hours of one shape on a GPU.
+MAX_WARMUPS = 100
+MAX_RUNS = 1_000
+#: --kv-max-runs: 4 × the most runs (its default is 4 × runs).
+MAX_ADAPTIVE_RUNS = 4 * MAX_RUNS
+#: Boots per arm: each boot is minutes of engine start; 20 is a long, careful A/B, 40 the budget --kv-target-ci
+#: gives 20 replicates by default (2 ×).
+MAX_REPLICATES = 20
+MAX_BOOT_BUDGET = 2 * MAX_REPLICATES
+#: A token count (tokens a request decodes, positions a fidelity window scores): 2^20, beyond any served model's
+#: context (the context check refines it where the context is known).
+MAX_TOKENS = 1_048_576
+#: Agentic sessions per arm (each up to 15 turns), and turns of a session (the stock fixture has 15).
+MAX_SESSIONS = 100
+MAX_TURNS = 1_000
+#: Concurrent sessions of the capacity search: beyond any one engine's batch (vLLM's --max-num-seqs is 256-1024).
+MAX_CAPACITY_SESSIONS = 4096
+#: Simultaneous streams of one concurrency level.
+MAX_STREAMS = 1024
+#: Top-k logprobs per scored position (vLLM's --max-logprobs is 20 by default).
+MAX_TOP_K = 100
+#: A seed: what numpy's generators take (0 to 2^32 - 1).
+MAX_SEED = 2**32 - 1
+#: Worker processes of the many-stream client.
+MAX_CLIENT_PROCS = 256
+
+
+def count(minimum: int, maximum: int) -> Callable[[Any], int]:
+    """A whole number from ``minimum`` to ``maximum``: the one parser of every count option (its bound is
+    docs/configuration.md's "Bounds"). The parser carries its bounds (``parse.minimum``, ``parse.maximum``)."""
+
     def parse(raw: Any) -> int:
         try:
-            value = int(str(raw))
+            value = int(str(raw).strip())
         except ValueError:
             raise SettingsError(f"expected a whole number, got {raw!r}") from None
         if value < minimum:
             raise SettingsError(f"expected a whole number >= {minimum}, got {raw!r}")
+        if value > maximum:
+            raise SettingsError(f"expected a whole number from {minimum} to {maximum:,}, got {raw!r}")
         return value
 
+    parse.minimum = minimum  # type: ignore[attr-defined]
+    parse.maximum = maximum  # type: ignore[attr-defined]
     return parse
 
 
 def port(raw: Any) -> int:
-    value = count(1)(str(raw))
-    if value > 65535:
-        raise SettingsError(f"expected a TCP port (1-65535), got {raw!r}")
-    return value
+    try:
+        return count(1, 65535)(str(raw))
+    except SettingsError:
+        raise SettingsError(f"expected a TCP port (1-65535), got {raw!r}") from None
 
 
 def tokenizer_dir(rootdir: Path) -> Callable[[Any], str]:
@@ -65,6 +102,9 @@ def tokenizer_dir(rootdir: Path) -> Callable[[Any], str]:
         path = path if path.is_absolute() else rootdir / path
         if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
             raise SettingsError(f"{raw!r} is not a tokenizer folder (no tokenizer.json or tokenizer_config.json)")
+        from pytest_kvcache.config.model_files import TOKENIZER_CONFIG, check_folder
+
+        check_folder(path.resolve(), (TOKENIZER_CONFIG,))
         return str(path.resolve())
 
     return parse
@@ -170,15 +210,20 @@ def depths(raw: Any) -> tuple[int, ...]:
         raise SettingsError(str(exc)) from None
 
 
-def gates(raw: Any, arms: list[str] | None) -> tuple[str, ...]:
-    from pytest_kvcache.report.gates import GateError, parse
+def gates(raw: Any, arms: list[str] | None, points: Mapping[str, Sequence[str]] | None = None) -> tuple[str, ...]:
+    """Gate texts, each parsed; with ``arms`` (and ``points``: each probe's points in the run, where known) a gate
+    that could not be evaluated in this run is a usage error now, before anything boots, never dropped."""
+    from pytest_kvcache.report.gates import GateError, parse, unusable
 
     texts = [raw] if isinstance(raw, str) else list(raw)
     for text in texts:
         try:
-            parse(text, arms=arms)
+            gate = parse(text, arms=arms)
         except GateError as exc:
             raise SettingsError(str(exc)) from None
+        why = unusable(gate, arms, points=points) if arms else None
+        if why is not None:
+            raise SettingsError(f"gate {gate.text!r} cannot be evaluated: {why}")
     return tuple(texts)
 
 
@@ -230,7 +275,7 @@ def order(raw: Any) -> tuple[Order, int | None]:
         raise SettingsError(f"expected sequential, abba, random or random:SEED; got {text!r}")
     if not sep:
         return name, None  # type: ignore[return-value]
-    return "random", count(0)(seed)
+    return "random", count(0, MAX_SEED)(seed)
 
 
 def pct(raw: Any) -> float:
@@ -249,12 +294,9 @@ def procs(raw: Any) -> int | None:
     if text == "auto":
         return None
     try:
-        value = int(text)
-    except ValueError:
-        raise SettingsError(f"expected a number of processes or 'auto', got {raw!r}") from None
-    if not 1 <= value <= 256:
-        raise SettingsError(f"expected 1 to 256 client processes, got {raw!r}")
-    return value
+        return count(1, MAX_CLIENT_PROCS)(text)
+    except SettingsError:
+        raise SettingsError(f"expected 1 to {MAX_CLIENT_PROCS} client processes or 'auto', got {raw!r}") from None
 
 
 def positive_or_off(raw: Any) -> float | None:
@@ -278,14 +320,16 @@ def pct_or_off(raw: Any) -> float | None:
 def levels(raw: Any) -> tuple[int, ...]:
     text = ",".join(raw) if isinstance(raw, list | tuple) else str(raw)
     levels = []
+    stream_count = count(1, MAX_STREAMS)
     for part in text.split(","):
         try:
             value = int(part.strip())
         except ValueError:
             raise SettingsError(f"expected stream counts like 1,4,16; bad part {part.strip()!r}") from None
-        if not 1 <= value <= 1024:
-            raise SettingsError(f"a stream count must be between 1 and 1024; got {value}")
-        levels.append(value)
+        try:
+            levels.append(stream_count(value))
+        except SettingsError:
+            raise SettingsError(f"a stream count must be between 1 and {MAX_STREAMS}; got {value}") from None
     if len(set(levels)) != len(levels):
         raise SettingsError(f"stream counts must be distinct; got {text!r}")
     return tuple(levels)

@@ -62,9 +62,14 @@ def write_gguf(model_dir: Path, out: Path, *, seed: int = 0, std: float = DEFAUL
             f"writing the embedded model as GGUF needs the 'gguf' package ({exc}); "
             "pip install 'pytest-kvcache[llamacpp]'"
         ) from None
-    config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
+    from pytest_kvcache.config.model_files import CONFIG, TOKENIZER_CONFIG, ModelFileError, read
+
+    try:  # the one checked reader of a model's metadata (config/model_files.py)
+        config: dict[str, Any] = read(model_dir, CONFIG) or {}
+        tok_config: dict[str, Any] = read(model_dir, TOKENIZER_CONFIG) or {}
+    except ModelFileError as exc:
+        raise GgufError(str(exc)) from None
     tok: dict[str, Any] = json.loads((model_dir / "tokenizer.json").read_text())
-    tok_config: dict[str, Any] = json.loads((model_dir / "tokenizer_config.json").read_text())
     if config.get("model_type") != "qwen3" or tok.get("model", {}).get("type") != "BPE":
         raise GgufError(f"{model_dir}: only a Qwen3-shaped model with a BPE tokenizer can be written as GGUF here")
 

@@ -144,6 +144,40 @@ def check(gate: Gate, specs: Mapping[str, ProbeSpec]) -> None:
         )
 
 
+def unusable(
+    gate: Gate,
+    arms: Sequence[str],
+    specs: Mapping[str, ProbeSpec] | None = None,
+    points: Mapping[str, Sequence[str]] | None = None,
+) -> str | None:
+    """Why ``gate`` cannot be evaluated in a run of ``arms`` (the baseline first), or None. ``specs``: the
+    probes registered (a probe measured against the baseline already has no figures for it); ``points``: the
+    points each probe has in the run (its depths, levels …), where known. Every gate given is evaluated or
+    reported as an ``error`` with this reason (:func:`evaluate`); where it is known before any boot, it is a
+    usage error then."""
+    spec = (specs or {}).get(gate.probe)
+    relative = spec is not None and spec.own_section
+    if gate.kind == "baseline" and len(arms) < 2:
+        return (
+            f"it compares every other arm with the baseline arm {arms[0]!r}, and the run has no second arm; give "
+            f"one (--kv-arms={arms[0]},OTHER) or gate an absolute value ('{gate.metric}[{gate.probe}]: <= N')"
+        )
+    if relative and gate.kind == "absolute" and gate.arm is None and len(arms) < 2:
+        return (
+            f"{gate.probe} measures every other arm against the baseline arm {arms[0]!r}, and the run has no "
+            "second arm to measure"
+        )
+    if relative and gate.kind == "absolute" and gate.arm == arms[0]:
+        return (
+            f"{gate.probe} measures every other arm against the baseline arm {arms[0]!r}: the baseline has no figures"
+        )
+    known = (points or {}).get(gate.probe)
+    if gate.point is not None and known is not None and gate.point not in known:
+        have = ", ".join(known) if known else "none"
+        return f"{gate.probe} has no point {gate.point} in this run (its points: {have})"
+    return None
+
+
 def judge(op: str, lo: float | None, hi: float | None, threshold: float) -> Outcome:
     """pass / fail / inconclusive for a CI [lo, hi] against ``op threshold``: fail only when the whole CI is
     on the wrong side (the data show the miss), pass only when it is wholly on the right side."""
@@ -230,12 +264,21 @@ def evaluate(
     results: list[GateResult] = []
     for gate in gates:
         sub = data[data["probe"] == gate.probe] if not data.empty else data
-        points = [gate.point] if gate.point else sorted(set(sub["point"]) if not sub.empty else set(), key=point_sort)
-        if not points:
-            results.append(
-                _result(gate, gate.text, "inconclusive", None, None, None, f"no measured {gate.probe} samples")
-            )
+        measured = sorted(set(sub["point"]) if not sub.empty else set(), key=point_sort)
+        why = unusable(gate, arms, specs, {gate.probe: measured} if measured else None)
+        if why is None and sub.empty:
+            why = f"no {gate.probe} test ran in this run (not selected by -m or -k, or every one skipped)"
+        elif why is None and (gate.metric not in sub or sub[gate.metric].isna().all()):
+            why = f"no {gate.probe} sample of this run has {gate.metric} (never measured)"
+        elif why is None and gate.kind == "saved" and saved is not None:
+            old_arms = set(saved[saved["probe"] == gate.probe]["arm"]) if not saved.empty else set()
+            missing = [a for a in arms if a not in old_arms]
+            if missing:
+                why = f"the stored run (--kv-compare) has no {gate.probe} figures of arm(s) {', '.join(missing)}"
+        if why is not None:  # never silently dropped: an error, which fails the run (exit 1)
+            results.append(_result(gate, gate.text, "error", None, None, None, f"cannot be evaluated: {why}"))
             continue
+        points = [gate.point] if gate.point else measured
         for point in points:
             at = sub[sub["point"] == point] if not sub.empty else sub
             label = f"{gate.metric}[{gate.probe}@{point}]: {gate.text.split(':', 1)[1].strip()}"

@@ -163,7 +163,7 @@ def judge(
     done.gate_results = gate_grammar.evaluate(
         parsed, data, arms, seed=seed, saved=old, noise=bands, specs=specs, platform=platform_of(run.evidence)
     )
-    bad = {"fail"} | ({"inconclusive"} if inconclusive == "fail" else set())
+    bad = {"fail", "error"} | ({"inconclusive"} if inconclusive == "fail" else set())
     done.failed_gates = [g for g in done.gate_results if g["outcome"] in bad]
     report["gates"] = done.gate_results
     return done

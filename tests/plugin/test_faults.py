@@ -85,6 +85,17 @@ def _pyproject(text: str) -> Callable[[Path], None]:
     return lambda path: (path / "pyproject.toml").write_text(text)
 
 
+def _model_folder(files: dict[str, str], name: str = "m") -> Callable[[Path], None]:
+    """A model (or tokenizer) folder ``name`` holding ``files`` (name → text)."""
+
+    def make(path: Path) -> None:
+        (path / name).mkdir()
+        for file, text in files.items():
+            (path / name / file).write_text(text)
+
+    return make
+
+
 MISSING = "vllm_is_not_installed_here"
 
 CASES = [
@@ -244,6 +255,133 @@ CASES = [
         "OpenAI-compatible server gives no prompt logprobs over token ids*",
         standin=True,
     ),
+    # issue 45, round 3: every depth option beyond a known context is a usage error (was: "1 skipped", exit 0)
+    Case(
+        "capacity-depth-beyond-the-trained-defaults-context",
+        ("--kv-arms=auto", "--kv-model=embedded", "--kv-capacity-depths=16k"),
+        4,
+        "ERROR: pytest-kvcache: --kv-capacity-depths: 16k + 16 output tokens (--kv-capacity-max-tokens) cannot fit "
+        "the context of 8,192 tokens (the embedded smollm2-135m's context); give depths up to 8,176",
+    ),
+    Case(
+        "capacity-depth-beyond-max-model-len-in-the-engine-args",
+        (
+            "--kv-arms=auto",
+            "--kv-model=embedded:tiny-qwen3",
+            "--kv-engine-args=--max-model-len 2048",
+            "--kv-capacity-depths=1k,4k",
+        ),
+        4,
+        "ERROR: pytest-kvcache: --kv-capacity-depths: 4k + 16 output tokens (--kv-capacity-max-tokens) cannot fit "
+        "the context of 2,048 tokens (--max-model-len 2048); give depths up to 2,032",
+    ),
+    Case(
+        "capacity-max-tokens-beyond-the-context",
+        ("--kv-arms=auto", "--kv-model=embedded", "--kv-capacity-max-tokens=9000"),
+        4,
+        "ERROR: pytest-kvcache: --kv-capacity-max-tokens=9000 cannot fit the context of 8,192 tokens*",
+    ),
+    # every count option has an upper bound, checked when it is read
+    Case(
+        "capacity-max-sessions-beyond-its-bound",
+        ("--kv-arms=auto", "--kv-capacity-start=100000", "--kv-capacity-max-sessions=200000"),
+        4,
+        "ERROR: pytest-kvcache: --kv-capacity-max-sessions: expected a whole number from 1 to 4,096, got '200000'",
+    ),
+    Case(
+        "capacity-start-alone-beyond-its-bound",
+        ("--kv-arms=auto", "--kv-capacity-start=100000"),
+        4,
+        "ERROR: pytest-kvcache: --kv-capacity-start: expected a whole number from 1 to 4,096, got '100000'",
+    ),
+    Case(
+        "max-replicates-beyond-its-bound",
+        ("--kv-arms=auto", "--kv-max-replicates=1000000", "--kv-fail=ttft_s[short]: <= 5"),
+        4,
+        "ERROR: pytest-kvcache: --kv-max-replicates: expected a whole number from 1 to 40, got '1000000'",
+    ),
+    Case(
+        "runs-beyond-its-bound",
+        ("--kv-arms=auto", "--kv-runs=100000"),
+        4,
+        "ERROR: pytest-kvcache: --kv-runs: expected a whole number from 1 to 1,000, got '100000'",
+    ),
+    # a gate is never silently dropped: a usage error before any boot where the run's shape is known then …
+    Case(
+        "baseline-gate-with-one-arm",
+        ("--kv-arms=auto", "--kv-fail=ttft_s[short]: <= +10%"),
+        4,
+        "ERROR: pytest-kvcache: --kv-fail: gate 'ttft_s[[]short]: <= +10%' cannot be evaluated: it compares every "
+        "other arm with the baseline arm 'auto', and the run has no second arm; give one (--kv-arms=auto,OTHER)*",
+    ),
+    Case(
+        "gate-on-a-depth-not-in-the-run",
+        ("--kv-arms=auto,float16", "--kv-fail=ttft_s[prefill@32k]: <= +10%"),
+        4,
+        "ERROR: pytest-kvcache: --kv-fail: gate 'ttft_s[[]prefill@32k]: <= +10%' cannot be evaluated: prefill has "
+        "no point 32k in this run (its points: 4k, 16k)",
+    ),
+    Case(
+        "gate-on-a-probe-not-selected",
+        ("--kv-arms=auto,float16", "--kv-fail=ttft_s[prefill]: <= +10%", "-m", "short"),
+        4,
+        "ERROR: pytest-kvcache: --kv-fail: gate 'ttft_s[[]prefill]: <= +10%' cannot be evaluated: no prefill test "
+        "is selected (-m, -k)",
+        standin=True,
+    ),
+    # … else an error among the gates, which fails the run (exit 1)
+    Case(
+        "rerender-gate-on-a-metric-never-measured",
+        ("--kv-rerender=stored", "--kv-fail=ttft_s[short]: <= 5"),
+        1,
+        "gate ERROR: ttft_s[[]short]: <= 5 — value –, needs <= 5 — cannot be evaluated: no short sample of this run "
+        "has ttft_s (never measured)",
+        lambda p: _stored(p),
+    ),
+    Case(
+        "rerender-gate-on-a-probe-that-never-ran",
+        ("--kv-rerender=stored", "--kv-fail=decode_tps[prefill]: >= 1"),
+        1,
+        "gate ERROR: decode_tps[[]prefill]: >= 1 — * cannot be evaluated: no prefill test ran in this run*",
+        lambda p: _stored(p),
+    ),
+    Case(
+        "rerender-gate-on-a-point-not-in-the-run",
+        ("--kv-rerender=stored", "--kv-fail=decode_tps[short@narrative]: >= 1"),
+        1,
+        "gate ERROR: * cannot be evaluated: short has no point narrative in this run (its points: code)",
+        lambda p: _stored(p),
+    ),
+    # model metadata of the wrong shape: a usage error naming the file, never an INTERNALERROR
+    Case(
+        "model-config-is-a-list",
+        ("--kv-arms=auto", "--kv-model=./m"),
+        4,
+        "ERROR: pytest-kvcache: --kv-model: */m/config.json: expected a JSON object, got a list",
+        _model_folder({"config.json": "[1, 2]"}),
+    ),
+    Case(
+        "model-config-layers-a-string",
+        ("--kv-arms=auto", "--kv-model=./m"),
+        4,
+        "ERROR: pytest-kvcache: --kv-model: */m/config.json: num_hidden_layers must be a positive whole number, "
+        'got "30"',
+        _model_folder({"config.json": '{"num_hidden_layers": "30", "max_position_embeddings": 8192}'}),
+    ),
+    Case(
+        "model-generation-config-temperature-a-string",
+        ("--kv-arms=auto", "--kv-model=./m"),
+        4,
+        'ERROR: pytest-kvcache: --kv-model: */m/generation_config.json: temperature must be a number, got "hot"',
+        _model_folder({"config.json": "{}", "generation_config.json": '{"temperature": "hot"}'}),
+    ),
+    Case(
+        "tokenizer-config-is-a-list",
+        ("--kv-arms=auto", "--kv-engine=openai", "--kv-engine-cmd=true", "--kv-tokenizer=./t"),
+        4,
+        "ERROR: pytest-kvcache: --kv-tokenizer: */t/tokenizer_config.json: expected a JSON object, got a list",
+        _model_folder({"tokenizer_config.json": "[]"}, "t"),
+    ),
 ]
 
 
@@ -360,6 +498,61 @@ def test_a_depth_beyond_the_engine_args_context_is_a_usage_error_before_any_boot
     )
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
     assert not (pytester.path / ".kvcache").exists() and not processes_with(tag)
+
+
+@pytest.fixture
+def external_2048(tag: str) -> Iterator[str]:
+    """A stand-in started by hand whose max_model_len is 2048 (advertised in /v1/models, as vLLM does)."""
+    port = free_port()
+    cmd = [*STANDIN.split(), "--model", "served-model", "--port", str(port), "--max-model-len", "2048", tag]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait_for(lambda: _answers(f"http://127.0.0.1:{port}/v1/models"), 20), "the stand-in never answered"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("option", "headline"),
+    [
+        (
+            "--kv-capacity-depths=4k",
+            "*auto: --kv-capacity-depths: 4k + 64 output tokens (--kv-capacity-max-tokens) cannot fit the context of "
+            "2,048 tokens (max_model_len of auto's engine); give depths up to 1,984",
+        ),
+        (
+            "--kv-fidelity-depths=1k,3k",
+            "*auto: --kv-fidelity-depths: 3k + 1 output token cannot fit the context of 2,048 tokens (max_model_len "
+            "of auto's engine); give depths up to 2,047",
+        ),
+    ],
+)
+def test_an_explicit_depth_beyond_an_external_servers_context_fails_before_any_request(
+    pytester: pytest.Pytester, standin_args: list[str], external_2048: str, option: str, headline: str
+) -> None:
+    """An external server's context is known only once it is asked (its max_model_len, at the first boot): an
+    explicit depth of any probe beyond it fails that boot before any request, as --kv-depths does (was: the
+    capacity test skipped, "1 skipped", exit 0)."""
+    args = [a for a in _external_args(standin_args) if a not in ("-m", "short")]
+    result = pytester.runpytest_subprocess(
+        *args, "--kv-arms=auto", "--kv-launcher=external", f"--kv-endpoint=auto={external_2048}", option, "-m", "short"
+    )
+    output = result.stdout.lines + result.stderr.lines
+    assert result.ret == 1, "\n".join(output)
+    from _pytest.pytester import LineMatcher
+
+    LineMatcher(output).fnmatch_lines([headline])
+    assert not read_records(latest(pytester) / "requests.jsonl")
 
 
 def test_an_unwritable_job_summary_is_a_warning_not_an_internal_error(

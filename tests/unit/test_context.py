@@ -63,7 +63,7 @@ def test_the_trained_model_is_served_in_bf16_when_an_arm_has_a_half_precision_kv
 def test_an_explicit_depth_beyond_a_known_context_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match=r"--kv-depths: 9k \+ 16 output tokens cannot fit the context of 8,192"):
         settings(tmp_path, depths="1k,9k")
-    with pytest.raises(SettingsError, match="--kv-fidelity-depths: 8192 cannot fit"):
+    with pytest.raises(SettingsError, match=r"--kv-fidelity-depths: 8192 \+ 1 output token cannot fit"):
         settings(tmp_path, fidelity_depths="8192")
     assert settings(tmp_path, fidelity_depths="8191").fidelity_depths == (8191,)
     with pytest.raises(SettingsError, match="--kv-agentic-depth=9000: a last turn of 9,000 prompt tokens"):

@@ -22,7 +22,7 @@ class ToySettings(Settings):
     toy_level: int = option(
         help="how many toys per probe (default 3; 1 on the embedded CPU default).",
         metavar="N",
-        parse=v.count(0),
+        parse=v.count(0, 100),
         default=3,
         cpu_default=lambda model: 1,
     )

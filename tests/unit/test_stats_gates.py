@@ -182,11 +182,13 @@ def test_evaluate_between_baseline_and_absolute() -> None:
         )
     ]
     results = gates.evaluate(parsed, data, arms, seed=0)
-    assert [r["outcome"] for r in results] == ["pass", "fail", "pass", "fail", "inconclusive"]
+    assert [r["outcome"] for r in results] == ["pass", "fail", "pass", "fail", "error"]
     assert results[0]["name"] == "decode_tps[short@code]: int8 >= fp8 * 1.20 (int8/fp8)"
     assert results[0]["value"] == pytest.approx(sum(int8) / sum(fp8), rel=1e-4)  # geometric mean of boot means
     assert results[0]["ci_method"] == "boots" and "within_boot_outcome" not in results[0]
-    assert results[-1]["reason"] == "no measured prefill samples"
+    assert results[-1]["reason"] == (
+        "cannot be evaluated: no prefill test ran in this run (not selected by -m or -k, or every one skipped)"
+    )
 
 
 def test_one_boot_per_arm_decides_a_gate_missed_or_met_far_beyond_boot_to_boot_variation() -> None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 #: A delta's verdict as a sign beside its colour (readable without colour, and printed).
 MARKS = {"better": "▲", "worse": "▼", "inconclusive": "≈"}
-GATE_MARKS = {"pass": "✓", "fail": "✗", "inconclusive": "?"}
+GATE_MARKS = {"pass": "✓", "fail": "✗", "inconclusive": "?", "error": "!"}
 #: Captions of the plots the report knows; a user's probe gets its name.
 CAPTIONS = {
     "prefill_delta.png": "Prefill: each arm against the baseline by depth — ratio − 1 with its 95% CI band; "
@@ -265,7 +265,7 @@ def render(report: Report, images: Mapping[str, bytes]) -> str:
         dict(g, mark=GATE_MARKS.get(g["outcome"], ""), evidence_text=md.gate_evidence(g))
         for g in report.get("gates") or []
     ]
-    counts = {k: sum(1 for g in gates if g["outcome"] == k) for k in ("pass", "fail", "inconclusive")}
+    counts = {k: sum(1 for g in gates if g["outcome"] == k) for k in ("pass", "fail", "inconclusive", "error")}
     found = report.get("confounds") or {}
     status = found.get("status")
     chip = {

@@ -130,7 +130,7 @@ def gate_summary(report: Report) -> str:
     gates = report.get("gates") or []
     if not gates:
         return ""
-    counts = {k: sum(1 for g in gates if g["outcome"] == k) for k in ("fail", "inconclusive", "pass")}
+    counts = {k: sum(1 for g in gates if g["outcome"] == k) for k in ("error", "fail", "inconclusive", "pass")}
     head = ", ".join(f"{n} {k.upper()}" for k, n in counts.items() if n)
     return "\n".join([f"## pytest-kvcache gates: {head}", "", *gate_table(gates), ""]) + "\n"
 

@@ -272,7 +272,9 @@ def _gates(report: Report) -> list[Line]:
     for g in report.get("gates") or []:
         ci = f" CI {g['ci_text']}" if g["ci_low"] is not None else ""
         why = f" — {gate_evidence(g)}" if gate_evidence(g) else ""
-        tone: Tone = "red" if g["outcome"] == "fail" else "yellow" if g["outcome"] == "inconclusive" else "plain"
+        tone: Tone = (
+            "red" if g["outcome"] in ("fail", "error") else "yellow" if g["outcome"] == "inconclusive" else "plain"
+        )
         text = (
             f"gate {g['outcome'].upper()}: {g['name']} — value {g['value_text']}{ci}, needs {g['threshold_text']}{why}"
         )

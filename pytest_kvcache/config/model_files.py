@@ -1,0 +1,172 @@
+"""A model folder's metadata — ``config.json``, ``tokenizer_config.json``, ``generation_config.json`` — read and
+checked by one reader.
+
+Every place that reads one of these files reads it through :func:`read`: a file that is not JSON, not a JSON
+object, or has a field the plugin (or the engine it starts) reads with the wrong type — ``num_hidden_layers`` a
+string, ``head_dim`` a list, ``max_position_embeddings`` null — is a :class:`ModelFileError` (a usage error,
+exit 4) naming the file and the field, never an ``AttributeError`` deep in the run. Fields the plugin does not
+read are not checked: a model's config may hold anything else.
+
+Plain Python: no pytest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_kvcache.config.constants import SettingsError
+
+CONFIG = "config.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+GENERATION_CONFIG = "generation_config.json"
+#: The metadata files checked when a model folder is given (each only when it is there).
+FILES = (CONFIG, TOKENIZER_CONFIG, GENERATION_CONFIG)
+
+
+class ModelFileError(SettingsError):
+    """A model metadata file that cannot be read, is not a JSON object, or has a field of the wrong type."""
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(value: Any) -> bool:
+    return _whole(value) and value > 0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _token_ids(value: Any) -> bool:
+    return _whole(value) or (isinstance(value, list) and all(_whole(v) for v in value))
+
+
+def _token(value: Any) -> bool:  # a token's text, an AddedToken's dict, or none
+    return value is None or isinstance(value, str | dict)
+
+
+def _template(value: Any) -> bool:  # one template, or named ones ([{"name": …, "template": …}])
+    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, dict) for v in value))
+
+
+def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or check(value)
+
+
+Check = tuple[Callable[[Any], bool], str]
+POSITIVE: Check = (_positive, "a positive whole number")
+WHOLE: Check = (_whole, "a whole number")
+NUMBER: Check = (_number, "a number")
+TEXT: Check = (lambda v: isinstance(v, str), "a string")
+FLAG: Check = (lambda v: isinstance(v, bool), "true or false")
+OBJECT: Check = (lambda v: isinstance(v, dict), "an object")
+TOKEN_IDS: Check = (_token_ids, "a token id or a list of token ids")
+
+#: The fields read from each file (by the plugin: the context, the KV arithmetic, the GGUF writer; or by the
+#: engine it starts: the generation defaults), and what each must be. ``text_config`` (a multimodal model's
+#: language model) is checked against the same fields as ``config.json``.
+FIELDS: Mapping[str, Mapping[str, Check]] = {
+    CONFIG: {
+        "model_type": TEXT,
+        "num_hidden_layers": POSITIVE,
+        "num_attention_heads": POSITIVE,
+        "num_key_value_heads": POSITIVE,
+        "hidden_size": POSITIVE,
+        "head_dim": POSITIVE,
+        "intermediate_size": POSITIVE,
+        "vocab_size": POSITIVE,
+        "max_position_embeddings": POSITIVE,
+        "max_sequence_length": POSITIVE,
+        "seq_length": POSITIVE,
+        "n_positions": POSITIVE,
+        "max_seq_len": POSITIVE,
+        "torch_dtype": TEXT,
+        "dtype": TEXT,
+        "rope_theta": NUMBER,
+        "rms_norm_eps": NUMBER,
+        "bos_token_id": (_optional(_token_ids), "a token id, a list of them or null"),
+        "eos_token_id": (_optional(_token_ids), "a token id, a list of them or null"),
+        "kv_lora_rank": (_optional(_whole), "a whole number or null"),
+        "use_mla": (_optional(lambda v: isinstance(v, bool)), "true, false or null"),
+        "text_config": OBJECT,
+    },
+    TOKENIZER_CONFIG: {
+        "bos_token": (_token, "a token (a string or an object) or null"),
+        "eos_token": (_token, "a token (a string or an object) or null"),
+        "pad_token": (_token, "a token (a string or an object) or null"),
+        "add_bos_token": FLAG,
+        "chat_template": (_template, "a template string or a list of named templates"),
+        "model_max_length": NUMBER,
+    },
+    GENERATION_CONFIG: {
+        "bos_token_id": (_optional(_token_ids), "a token id, a list of them or null"),
+        "eos_token_id": (_optional(_token_ids), "a token id, a list of them or null"),
+        "pad_token_id": (_optional(_token_ids), "a token id, a list of them or null"),
+        "do_sample": FLAG,
+        "temperature": NUMBER,
+        "top_p": NUMBER,
+        "top_k": WHOLE,
+        "min_p": NUMBER,
+        "repetition_penalty": NUMBER,
+        "max_length": POSITIVE,
+        "max_new_tokens": POSITIVE,
+    },
+}
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
+
+
+def validate(data: Any, path: Path, name: str | None = None) -> dict[str, Any]:
+    """``data`` (a parsed ``name`` file, default ``path``'s name) as a dict, or :class:`ModelFileError` naming
+    ``path`` and the first field of the wrong type."""
+    fields = FIELDS.get(name or path.name, {})
+    if not isinstance(data, dict):
+        raise ModelFileError(f"{path}: expected a JSON object, got {_kind(data)}")
+
+    def check(scope: Mapping[str, Any], prefix: str) -> None:
+        for key, (ok, what) in fields.items():
+            if key in scope and not ok(scope[key]):
+                raise ModelFileError(f"{path}: {prefix}{key} must be {what}, got {json.dumps(scope[key])[:60]}")
+
+    check(data, "")
+    if isinstance(data.get("text_config"), dict):
+        check(data["text_config"], "text_config.")
+    return data
+
+
+def read(folder: Path, name: str = CONFIG) -> dict[str, Any] | None:
+    """``folder/name`` parsed and checked (:func:`validate`); None when there is no such file."""
+    path = folder / name
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"{path}: cannot read it: {exc}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ModelFileError(f"{path}: not valid JSON: {exc}") from None
+    return validate(data, path, name)
+
+
+def check_folder(folder: Path, names: tuple[str, ...] = FILES) -> None:
+    """Every metadata file of ``folder`` that is there, checked; :class:`ModelFileError` names the first bad one."""
+    for name in names:
+        read(folder, name)
