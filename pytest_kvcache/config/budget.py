@@ -9,13 +9,14 @@ arm), which then is its budget. Plain Python: no pytest; settings call :func:`ch
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from pytest_kvcache.config import model_files
 
 FLAG = "--kv-cache-memory-bytes"
 #: The environment variable vLLM's CPU build sizes its KV cache from (whole GiB); it overrides ``FLAG``.
@@ -149,13 +150,10 @@ class KvShape:
 
 
 def model_shape(folder: Path) -> KvShape | None:
-    """The KV shape of a model folder's ``config.json``; None when there is no such file, it is not a JSON object,
-    or it describes an attention this arithmetic does not model."""
-    try:
-        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return KvShape.from_config(data) if isinstance(data, Mapping) else None
+    """The KV shape of a model folder's ``config.json`` (read by the one checked reader, ``config.model_files``);
+    None when there is no such file or it describes an attention this arithmetic does not model."""
+    data = model_files.read(folder)
+    return KvShape.from_config(data) if data is not None else None
 
 
 def element_bytes(kv_dtype: str | None, model_bytes: float, head_dim: int) -> float | None:

@@ -101,7 +101,7 @@ SMOLLM2 = EmbeddedModel(
     capacity_think_s=2.0,
     capacity_window_s=10.0,
     capacity_max_sessions=16,
-    # the GGUF's llama.block_count, attention.head_count(_kv), embedding_length, context_length
+    # the GGUF's llama.block_count, attention.head_count(_kv), embedding_length, context_length, vocabulary
     kv_config={
         "num_hidden_layers": 30,
         "num_attention_heads": 9,
@@ -109,6 +109,7 @@ SMOLLM2 = EmbeddedModel(
         "hidden_size": 576,
         "head_dim": 64,
         "max_position_embeddings": 8192,
+        "vocab_size": 49152,
         "torch_dtype": "bfloat16",
     },
 )

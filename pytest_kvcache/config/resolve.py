@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvcache.config import embedded as embedded_models
+from pytest_kvcache.config import model_files
 from pytest_kvcache.config import values as v
 from pytest_kvcache.config.arms import Arm, engine_kind, looks_like_path, resolve_arms
 from pytest_kvcache.config.budget import KvShape, Need, embedded_model, model_shape, need, refusal
@@ -34,6 +35,22 @@ def served_shape(settings: Settings) -> tuple[KvShape | None, str]:
         return (KvShape.from_config(spec.kv_config) if spec.kv_config else model_shape(embedded_model())), name
     folder = Path(str(settings.model))
     return (model_shape(folder) if folder.is_dir() else None), folder.name
+
+
+def served_vocab(settings: Settings) -> int | None:
+    """The vocabulary size of the model the arms serve, from the same config as :func:`served_shape` (None: not
+    known here; an engine may report it itself, as llama-server's ``/v1/models`` does)."""
+    if settings.embedded:
+        spec = settings.embedded_spec
+        data: Any = spec.kv_config or model_files.read(embedded_model())
+    else:
+        folder = Path(str(settings.model))
+        data = model_files.read(folder) if folder.is_dir() else None
+    if not isinstance(data, Mapping):
+        return None
+    inner = data.get("text_config")
+    vocab = (inner if isinstance(inner, Mapping) else data).get("vocab_size")
+    return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 1 else None
 
 
 def arm_need(settings: Settings, arm: Arm) -> Need | None:
@@ -231,10 +248,8 @@ def _model(model: str | None, engine: str, rootdir: Path) -> tuple[str | None, s
         elif not path.is_dir():
             raise SettingsError(f"--kv-model: model folder {model!r} does not exist")
         if path.is_dir():  # its config.json, tokenizer_config.json, generation_config.json: the one checked reader
-            from pytest_kvcache.config.model_files import check_folder
-
             try:
-                check_folder(path.resolve())
+                model_files.check_folder(path.resolve())
             except SettingsError as exc:
                 raise SettingsError(f"--kv-model: {exc}") from None
         model = str(path.resolve())

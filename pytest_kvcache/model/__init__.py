@@ -40,6 +40,7 @@ from pytest_kvcache.model.report import AgreementRow as AgreementRow
 from pytest_kvcache.model.report import AgreementSection as AgreementSection
 from pytest_kvcache.model.report import ArmEntry as ArmEntry
 from pytest_kvcache.model.report import BandsUsed as BandsUsed
+from pytest_kvcache.model.report import BaselineCheck as BaselineCheck
 from pytest_kvcache.model.report import BlockEntry as BlockEntry
 from pytest_kvcache.model.report import BootEntry as BootEntry
 from pytest_kvcache.model.report import BootResult as BootResult

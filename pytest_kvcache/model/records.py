@@ -132,6 +132,13 @@ class FidelityRecord(TypedDict, total=False):
     error: str
     #: how it was scored when not by one prompt-logprobs request (llama-server: forced continuations)
     method: str
+    #: for "can this baseline judge?" (``probes.judging``): the whole text's characters and tokens, the served
+    #: model's vocabulary (None: unknown), a short greedy continuation at the first depth (or why there is none)
+    text_chars: int
+    text_tokens: int
+    vocab_size: int | None
+    greedy_text: str
+    greedy_error: str
 
 
 class SamplingRecord(TypedDict, total=False):

@@ -333,6 +333,22 @@ class FidelitySection(TypedDict):
     notes: list[str]
 
 
+class BaselineCheck(TypedDict):
+    """Can the baseline arm judge quality? (``report.judging``): its figures, what they say, what was not checked."""
+
+    baseline: str
+    texts: list[str]
+    nll: float | None
+    vocab: int | None
+    nll_share: float | None
+    chars_per_token: float | None
+    greedy: list[str]
+    #: False: a check failed (``problems``); True: NLL against chance passed and nothing failed; None: not established
+    can_judge: bool | None
+    problems: list[str]
+    unchecked: list[str]
+
+
 class CapacityRow(TypedDict, total=False):
     """One arm's capacity at one depth (``report.capacity.section``)."""
 
@@ -583,6 +599,8 @@ class Report(TypedDict, total=False):
     agentic: AgenticSection
     spec_decode: SpecDecodeSection
     fidelity: FidelitySection
+    #: can the baseline arm judge quality at all (present where a quality probe ran; ``report.judging``)
+    baseline_check: BaselineCheck
     #: energy per token: how it was measured (``how``, ``line``) and per arm, probe, point and window (``rows``)
     energy: EnergySection
     #: what the verdict cost: device time, booting / measuring / waiting, the compile cache's saving

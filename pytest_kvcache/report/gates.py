@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pytest_kvcache.model import Comparison, GateEvidence, GateResult, Outcome
 from pytest_kvcache.probes import registry
+from pytest_kvcache.report.judging import QUALITY_PROBES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -242,6 +243,7 @@ def evaluate(
     noise: Mapping[tuple[str, str, str], float] | None = None,
     specs: Mapping[str, ProbeSpec] | None = None,
     platform: Platform = "cpu",
+    unjudgeable: str | None = None,
 ) -> list[GateResult]:
     """Evaluate gates on the report's frame (``report.frame.frame``); ``saved`` is a stored run's frame.
 
@@ -275,6 +277,8 @@ def evaluate(
             missing = [a for a in arms if a not in old_arms]
             if missing:
                 why = f"the stored run (--kv-compare) has no {gate.probe} figures of arm(s) {', '.join(missing)}"
+        if why is None and unjudgeable is not None and gate.probe in QUALITY_PROBES:
+            why = unjudgeable  # a baseline that cannot read its text judges no quality gate, either way
         if why is not None:  # never silently dropped: an error, which fails the run (exit 1)
             results.append(_result(gate, gate.text, "error", None, None, None, f"cannot be evaluated: {why}"))
             continue

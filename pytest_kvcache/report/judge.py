@@ -16,6 +16,7 @@ from pytest_kvcache import stats
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import GateResult, Report, SavedRow, SavedSection
 from pytest_kvcache.report import gates as gate_grammar
+from pytest_kvcache.report import judging
 from pytest_kvcache.report.bands import platform_of
 from pytest_kvcache.report.build import build
 from pytest_kvcache.report.frame import Specs, compare
@@ -161,7 +162,15 @@ def judge(
         old = saved.frame
         done.messages += report["compare"]["warnings"]
     done.gate_results = gate_grammar.evaluate(
-        parsed, data, arms, seed=seed, saved=old, noise=bands, specs=specs, platform=platform_of(run.evidence)
+        parsed,
+        data,
+        arms,
+        seed=seed,
+        saved=old,
+        noise=bands,
+        specs=specs,
+        platform=platform_of(run.evidence),
+        unjudgeable=judging.reason(report.get("baseline_check")),
     )
     bad = {"fail", "error"} | ({"inconclusive"} if inconclusive == "fail" else set())
     done.failed_gates = [g for g in done.gate_results if g["outcome"] in bad]

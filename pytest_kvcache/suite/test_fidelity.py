@@ -8,10 +8,11 @@ import time
 import httpx
 import pytest
 
+from pytest_kvcache.config.resolve import served_vocab
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.model import FidelityRecord
 from pytest_kvcache.plugin import Recorder
-from pytest_kvcache.probes import fidelity, prefill
+from pytest_kvcache.probes import fidelity, judging, prefill
 from pytest_kvcache.run.measure import ArmClient, EngineDied, Server
 
 
@@ -75,6 +76,9 @@ def test_fidelity(
         kv_record.fidelity(entry)
         pytest.skip(f"{label}: {reason}")
     entry["ids_sha256"], entry["prompt_tokens"] = fidelity.ids_sha256(ids), len(ids)
+    # what the report's "can this baseline judge?" reads: the text's characters per token, the vocabulary
+    entry["text_chars"], entry["text_tokens"] = len(text.text), len(all_ids)
+    entry["vocab_size"] = _vocab(kv_client, kv_settings)
     if forced:
         _score_forced(kv_client, kv_record, kv_settings, entry, ids, usable, depths, label)
         return
@@ -95,9 +99,39 @@ def test_fidelity(
     entry["flags"], entry["excluded_reason"] = flags, excluded
     entry["windows"] = [w.to_dict() for w in kept]
     entry["short_depths"] = [d for d in depths if d not in usable] + short
+    _greedy(kv_client, kv_server.model, ids[: usable[0]], entry, forced=False)
     kv_record.fidelity(entry)
     if excluded:
         pytest.fail(f"{label}: {excluded}", pytrace=False)
+
+
+def _vocab(kv_client: ArmClient, kv_settings: Settings) -> int | None:
+    """The served model's vocabulary: its config where the plugin knows it, else what the engine says
+    (llama-server's ``/v1/models`` carries ``meta.n_vocab``)."""
+    known = served_vocab(kv_settings)
+    if known is not None:
+        return known
+    try:
+        models = kv_client.get_json("/v1/models")
+        n_vocab = models["data"][0]["meta"]["n_vocab"]
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
+        return None
+    return n_vocab if isinstance(n_vocab, int) and n_vocab > 1 else None
+
+
+def _greedy(kv_client: ArmClient, model: str, ids: list[int], entry: FidelityRecord, *, forced: bool) -> None:
+    """A short greedy continuation of the text at the first depth (the same ids on every arm), for the report's
+    repeat check (``probes.judging``). A failure is recorded and judged "not checked", never a failed test."""
+    n = judging.GREEDY_TOKENS
+    try:
+        if forced:  # llama-server's own completion endpoint, as the forced scoring uses
+            body = {"prompt": ids, "n_predict": n, "temperature": 0.0, "cache_prompt": True}
+            entry["greedy_text"] = str(kv_client.post_json("/completion", body)["content"])
+        else:
+            body = {"model": model, "prompt": ids, "max_tokens": n, "temperature": 0.0, "stream": False}
+            entry["greedy_text"] = str(kv_client.post_json("/v1/completions", body)["choices"][0]["text"])
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError, EngineDied) as exc:
+        entry["greedy_error"] = _error(exc)
 
 
 def _score_forced(
@@ -135,4 +169,5 @@ def _score_forced(
     entry["cold_proof"], entry["flags"], entry["excluded_reason"] = "n/a", [], None
     entry["windows"] = [w.to_dict() for w in kept]
     entry["short_depths"] = [d for d in depths if d not in usable] + short
+    _greedy(kv_client, "", ids[: usable[0]], entry, forced=True)
     kv_record.fidelity(entry)

@@ -100,8 +100,9 @@ def test_overflow(kv_server, kv_client, kv_record):
 def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """One real two-arm A/B on the random-weight embedded model — short, depth and concurrency probes, and a
     user's probe the engine rejects (``OVERFLOW_PROBE``) — shared by the speed and capacity assertions of this
-    tier (2 boots): nothing here judges outputs, and the tiny model decodes ~7x faster than the trained one.
-    Small depths and a shortened session."""
+    tier (2 boots): the tiny model decodes ~7x faster than the trained one. Small depths and a shortened
+    session. Its fidelity probe and gate are the case of a baseline that cannot judge quality (random weights):
+    the gate ends as an error, the run exits 1."""
     workdir = tmp_path_factory.mktemp("ab")
     (workdir / "test_overflow.py").write_text(OVERFLOW_PROBE, encoding="utf-8")
     return run_pytest(
@@ -109,7 +110,9 @@ def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         f"--kv-arms=auto,{SECOND_ARM}",
         "--kv-model=embedded:tiny-qwen3",
         "-m",
-        "short or depth or concurrency or overflow",
+        "short or depth or concurrency or overflow or fidelity",
+        "--kv-fidelity-depths=1k",
+        "--kv-fail=logprob_drift[fidelity]: <= 0.5",
         "--kv-concurrency=8",
         "--kv-concurrency-max-tokens=32",
         "--kv-warmups=1",

@@ -21,9 +21,24 @@ pytestmark = pytest.mark.engine
 
 
 def test_ab_run_passes_and_leaves_nothing_running(ab_run: Run) -> None:
-    assert ab_run.returncode == 0, ab_run.output
-    assert "16 passed" in ab_run.output  # 14 of the stock probes, 2 of the user's probe the engine rejects
+    """Every probe test passes; the run exits 1 only for its quality gate, which the random-weight baseline
+    cannot judge (an error with the reason, never PASS or FAIL)."""
+    assert ab_run.returncode == 1, ab_run.output
+    # 14 of the stock speed probes, 4 fidelity (2 texts × 2 arms), 2 of the user's probe the engine rejects
+    assert "20 passed" in ab_run.output
     assert not vllm_processes(ab_run.tag)
+
+
+def test_a_random_weight_baseline_cannot_judge_quality(ab_run: Run) -> None:
+    report = json.loads((ab_run.folder / "report.json").read_text())
+    check = report["baseline_check"]
+    assert check["baseline"] == "auto" and check["can_judge"] is False and check["vocab"] == 4096
+    assert check["nll_share"] > 0.9  # random weights: NLL ≈ ln(vocabulary)
+    assert check["chars_per_token"] > 2.5  # its tokenizer is a trained BPE: not the reason
+    (gate,) = report["gates"]
+    assert gate["outcome"] == "error" and "the baseline auto cannot judge quality: its NLL is" in gate["reason"]
+    assert "cannot judge quality" in (ab_run.folder / "report.md").read_text().split("## Arms")[0]
+    assert "cannot judge quality" in ab_run.output
 
 
 def test_requests_the_engine_rejects_are_in_every_output_and_the_verdict_block(ab_run: Run) -> None:
@@ -256,6 +271,17 @@ def test_fidelity_aa_across_boots_is_zero_and_the_second_kv_type_is_judged_again
     assert any(v.startswith(f"{SECOND_ARM} vs auto: ") and "nats/token at 2k" in v for v in report["verdicts"])
     assert "## Fidelity at depth" in (run.folder / "report.md").read_text()
     assert (run.folder / "fidelity.png").is_file()
+
+
+def test_the_trained_default_can_judge_quality(replicates_run: Run) -> None:
+    """SmolLM2-135M-Instruct reads the fidelity texts far from chance, through a subword tokenizer, and its greedy
+    continuations do not loop on a few characters (docs/models.md has the figures)."""
+    report = json.loads((replicates_run.folder / "report.json").read_text())
+    check = report["baseline_check"]
+    assert check["can_judge"] is True, check
+    assert check["vocab"] == 49152 and check["nll_share"] < 0.4 and check["chars_per_token"] > 2.5
+    assert check["unchecked"] == [] and len(check["greedy"]) >= 2
+    assert "can judge quality." in replicates_run.output
 
 
 def test_two_workers_boot_counterbalanced_blocks_side_by_side(replicates_run: Run) -> None:

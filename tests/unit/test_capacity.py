@@ -417,3 +417,4 @@ def test_the_trained_defaults_declared_kv_figures_are_its_ggufs() -> None:
     assert config["hidden_size"] == value("llama.embedding_length")
     assert config["head_dim"] * config["num_attention_heads"] == config["hidden_size"]
     assert config["max_position_embeddings"] == value("llama.context_length") == SMOLLM2.context
+    assert config["vocab_size"] == len(reader.fields["tokenizer.ggml.tokens"].data)
