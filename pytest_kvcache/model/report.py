@@ -61,6 +61,12 @@ class DeltaRow(Comparison, total=False):
     #: percent) and the widened CI it was judged on (``report.bands.judge_deltas``)
     band_pct: float
     judged_ci: list[float]
+    #: written to ``report.json`` only (``report.deciding``): the ratio interval the verdict was taken on
+    #: (``judged_ci``, the CI ± the A/A noise band, else ``ci_low``/``ci_high``; None without a CI) and what it
+    #: is: "boots", "blocks", "within-boot", "within-boot widened by the default boot-to-boot band (SD x%)" or
+    #: "within-boot widened by the A/A noise band ±x%"
+    decided_ci: list[float] | None
+    ci_basis: str
 
 
 class CrossoverRow(TypedDict, total=False):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pytest_kvcache import stats
 from pytest_kvcache.model import AgreementRow, CrossoverRow, DeltaRow, Report
 from pytest_kvcache.report import capacity as capacity_report
+from pytest_kvcache.report import deciding
 from pytest_kvcache.report import fidelity as fidelity_report
 from pytest_kvcache.report.frame import Specs
 
@@ -47,7 +48,10 @@ def judge_crossovers(crossovers: Sequence[CrossoverRow], deltas: Sequence[DeltaR
             c["significant"] = False
             above = ", ".join(f"{x:,.0f}" for x, side in sided if side > 0)
             below = ", ".join(f"{x:,.0f}" for x, side in sided if side < 0)
-            c["evidence"] = f"points exclude parity above it at {above} and below it at {below} {c['axis']}"
+            c["evidence"] = (
+                f"points exclude parity on {deciding.which(list(by_point.values()))} above it at {above} and below "
+                f"it at {below} {c['axis']}"
+            )
             c["statement"] = f"changes sign more than once in the measured range ({span}): {c['evidence']}"
             continue
         if changes:
@@ -63,8 +67,8 @@ def judge_crossovers(crossovers: Sequence[CrossoverRow], deltas: Sequence[DeltaR
             c["bracket"] = [x0, x1]
             c["significant"] = True
             c["evidence"] = (
-                f"a point on each side excludes parity: {x0:,.0f} and {x1:,.0f} {c['axis']} are the nearest such "
-                "points on either side"
+                f"a point on each side excludes parity on {deciding.which(list(by_point.values()))}: {x0:,.0f} and "
+                f"{x1:,.0f} {c['axis']} are the nearest such points on either side"
             )
             c["statement"] = (
                 f"crosses 1 between {x0:,.0f} and {x1:,.0f} {c['axis']} (the estimates at ~{estimate:,.0f})"
@@ -114,17 +118,18 @@ def _standing(rows: Sequence[DeltaRow], baseline: str) -> str:
     ahead = sum(d["verdict"] == "better" for d in rows)
     behind = sum(d["verdict"] == "worse" for d in rows)
     total = len(rows)
+    on = f" (each point judged on {deciding.which(rows)})"
     if total and ahead == total:
-        return f"ahead of {baseline} at every point"
+        return f"ahead of {baseline} at every point{on}"
     if total and behind == total:
-        return f"behind {baseline} at every point"
+        return f"behind {baseline} at every point{on}"
     if behind and not ahead:
-        return f"behind {baseline} at {behind} of {total} points, ahead at none"
+        return f"behind {baseline} at {behind} of {total} points, ahead at none{on}"
     if ahead and not behind:
-        return f"ahead of {baseline} at {ahead} of {total} points, behind at none"
+        return f"ahead of {baseline} at {ahead} of {total} points, behind at none{on}"
     if ahead and behind:
-        return f"ahead of {baseline} at {ahead} and behind at {behind} of {total} points"
-    return f"no point differs from {baseline} beyond its CI"
+        return f"ahead of {baseline} at {ahead} and behind at {behind} of {total} points{on}"
+    return f"no point differs from {baseline} beyond {deciding.which(rows)}"
 
 
 def verdict_sentences(
@@ -156,7 +161,8 @@ def verdict_sentences(
                     out.append(
                         f"{arm}'s {probe} {metric} relative to {arms[0]} changes sign between "
                         f"{_short_k(lo or 0.0)} and {_short_k(hi or 0.0)} {c['axis']} (points on each side exclude "
-                        f"parity; the estimates cross at {_short_k(estimate)}){_provisional(rows)}."
+                        f"parity on {deciding.which(rows)}; the estimates cross at {_short_k(estimate)})"
+                        f"{_provisional(rows)}."
                     )
                 elif estimate is not None and c.get("significant", True):
                     out.append(

@@ -73,7 +73,7 @@ def test_failing_gate_exits_1_with_its_numbers(pytester: pytest.Pytester, args: 
     result.assert_outcomes(passed=12)
     result.stdout.fnmatch_lines(
         [
-            "gate FAIL: wall_tps[[]short@code]: float16 >= auto * 50 (float16/auto) — value *× CI [[]*×, *×], "
+            "gate FAIL: wall_tps[[]short@code]: float16 >= auto * 50 (float16/auto) — value *× deciding CI [[]*×, *×], "
             "needs >= 50.000× — CI over boots (boots 3 and 3: t-interval)",
             "1 gate(s) failed: exit code 1",
         ]
@@ -91,7 +91,7 @@ def test_a_gate_missed_fifty_fold_fails_on_one_boot_per_arm(pytester: pytest.Pyt
     assert result.ret == 1, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
-            "gate FAIL: wall_tps[[]short@code]: float16 >= auto * 50 (float16/auto) — value *× CI *, "
+            "gate FAIL: wall_tps[[]short@code]: float16 >= auto * 50 (float16/auto) — value *× deciding CI *, "
             "needs >= 50.000× — within-boot CI (boots 1 and 1) widened by the default CPU decode rate band*",
             "1 gate(s) failed: exit code 1",
         ]

@@ -1,11 +1,12 @@
 """The cell formats every writer shares (``report.md``, the terminal, ``report.html``): numbers by metric,
-deltas with their CI and verdict, a markdown table, and the probe specs' titles."""
+deltas with the interval that decided their verdict, a markdown table, and the probe specs' titles."""
 
 from __future__ import annotations
 
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import DeltaRow, Json, Report, SavedRow
 from pytest_kvcache.probes.registry import ProbeSpec
+from pytest_kvcache.report.deciding import deciding, pct_interval, widened
 
 
 def fmt(value: float | int | None, metric: str) -> str:
@@ -14,12 +15,16 @@ def fmt(value: float | int | None, metric: str) -> str:
 
 
 def fmt_delta(row: DeltaRow | SavedRow) -> str:
-    delta, lo, hi = row.get("delta_pct"), row.get("ci_low"), row.get("ci_high")
+    """``+28.5% [+2.0, +61.9] better (…); within-boot [+24.0, +32.7]``: the delta, the interval its verdict was
+    taken on (``report.deciding``), the verdict, and — where that interval is the within-boot CI widened by a
+    band — the within-boot CI itself, labelled."""
+    delta = row.get("delta_pct")
     if delta is None:
         return "–"
+    lo, hi, _ = deciding(row)
     text = f"{delta:+.1f}%"
     if lo is not None and hi is not None:
-        text += f" [{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"
+        text += f" {pct_interval(lo, hi)}"
     verdict = row.get("verdict")
     if row.get("verdict_note"):
         text += f" ({row['verdict_note']})"
@@ -27,6 +32,9 @@ def fmt_delta(row: DeltaRow | SavedRow) -> str:
         text += f" {verdict}" + (f" ({row['provisional']})" if row.get("provisional") else "")
     elif verdict:
         text += " (inconclusive)"
+    own_lo, own_hi = row.get("ci_low"), row.get("ci_high")
+    if widened(row) and own_lo is not None and own_hi is not None:
+        text += f"; within-boot {pct_interval(own_lo, own_hi)}"
     return text
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from pytest_kvcache.model import Report
+from pytest_kvcache.report import deciding
 
 
 def clean(value: object) -> object:
@@ -22,4 +23,10 @@ def clean(value: object) -> object:
 
 
 def render(report: Report) -> str:
-    return json.dumps(clean(report), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n"
+    """The report as JSON; every delta (and stored-run comparison) row carries ``decided_ci``, the interval its
+    verdict was taken on, and ``ci_basis``, what that interval is (``report.deciding``)."""
+    out = clean(report)
+    if isinstance(out, dict):
+        deciding.annotate(out.get("deltas") or [])
+        deciding.annotate((out.get("compare") or {}).get("rows") or [])
+    return json.dumps(out, indent=2, sort_keys=False, default=str, allow_nan=False) + "\n"

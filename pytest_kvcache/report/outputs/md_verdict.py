@@ -91,10 +91,11 @@ def note_lines(report: Report) -> list[str]:
 
 #: What every delta in the report is (report.md's and report.html's last words).
 DELTA_NOTE = (
-    "Deltas: ratio of means arm/baseline − 1, with the 95% CI in brackets — over boots with 3+ boots per arm (a "
-    "t-interval on the log of the boot means), else the within-boot bootstrap CI, paired by request or turn where "
-    "the probe pairs them, whose verdict is judged on it widened by the default boot-to-boot band (or the A/A "
-    "noise band); verdict direction-aware, inconclusive when that CI contains 0."
+    "Deltas: ratio of means arm/baseline − 1, with the 95% interval its verdict was judged on in brackets — the CI "
+    "over boots with 3+ boots per arm (a t-interval on the log of the boot means), else the within-boot bootstrap "
+    "CI (paired by request or turn where the probe pairs them) widened by the default boot-to-boot band (or the "
+    'A/A noise band), the within-boot CI itself then shown after it as "within-boot [..]"; verdict '
+    "direction-aware, inconclusive when the bracketed interval contains 0."
 )
 
 
@@ -110,7 +111,7 @@ def gate_evidence(gate: GateResult) -> str:
 def gate_table(gates: Sequence[GateResult]) -> list[str]:
     """The gates as a table: outcome, name, value, CI, threshold and deciding evidence."""
     return _md_table(
-        ["Outcome", "Gate", "Value", "95% CI", "Threshold", "Decided by"],
+        ["Outcome", "Gate", "Value", "Deciding 95% CI", "Threshold", "Decided by"],
         [
             [
                 g["outcome"].upper(),

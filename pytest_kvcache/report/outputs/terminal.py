@@ -245,7 +245,8 @@ def _notes(report: Report) -> list[Line]:
 
 
 def _ab(report: Report) -> list[Line]:
-    return [Line(""), Line("A/B (ratio of means − 1, [95% CI]):"), *[Line(text) for text in ab_lines(report)]]
+    head = "A/B (ratio of means − 1, [the 95% interval its verdict was judged on]):"
+    return [Line(""), Line(head), *[Line(text) for text in ab_lines(report)]]
 
 
 def _compare(report: Report) -> list[Line]:
@@ -270,7 +271,7 @@ def _failures(report: Report) -> list[Line]:
 def _gates(report: Report) -> list[Line]:
     out: list[Line] = []
     for g in report.get("gates") or []:
-        ci = f" CI {g['ci_text']}" if g["ci_low"] is not None else ""
+        ci = f" deciding CI {g['ci_text']}" if g["ci_low"] is not None else ""
         why = f" — {gate_evidence(g)}" if gate_evidence(g) else ""
         tone: Tone = (
             "red" if g["outcome"] in ("fail", "error") else "yellow" if g["outcome"] == "inconclusive" else "plain"
