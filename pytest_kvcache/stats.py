@@ -506,3 +506,77 @@ def crossover_boots(
                 if c is not None and (estimate is None or start == side):
                     found.append(c)
     return _crossing_summary(estimate, found, n_boot, confidence, len(usable))
+
+
+#: The family-wise error rate Holm's step-down procedure holds within each family of deltas
+#: (one arm, probe and metric over its points; ``report.multiplicity``).
+FAMILY_ALPHA = 0.05
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979): the i-th smallest of m p-values times (m − i + 1),
+    made monotone (running maximum) and capped at 1. Rejecting where the adjusted p < α holds the family-wise
+    error rate at α; the same numbers as statsmodels' ``multipletests(method="holm")``."""
+    p = np.asarray(p_values, dtype=float)
+    m = len(p)
+    if m == 0:
+        return []
+    order = np.argsort(p, kind="stable")
+    stepped = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.minimum(stepped, 1.0)
+    return [float(v) for v in adjusted]
+
+
+def ratio_df_boots(
+    base: Sequence[Sequence[float]],
+    arm: Sequence[Sequence[float]],
+    *,
+    base_blocks: Sequence[object] | None = None,
+    arm_blocks: Sequence[object] | None = None,
+) -> float | None:
+    """The degrees of freedom of :func:`ratio_ci_boots`'s t-interval on the same boots: blocks − 1 when paired
+    by block, else Welch–Satterthwaite on the log boot means (inf: no spread); None where it falls back to a
+    percentile bootstrap or gives no CI. Read by :func:`interval_p_value` (the t-test the interval is)."""
+    by_base, by_arm = _by_block(base, base_blocks), _by_block(arm, arm_blocks)
+    paired = [b for b in by_base if b in by_arm]
+    if base_blocks is not None and len(set(base_blocks)) > 1 and paired:
+        ratios = [
+            float(np.mean([np.mean(x) for x in by_arm[b]])) / float(np.mean([np.mean(x) for x in by_base[b]]))
+            for b in paired
+            if float(np.mean([np.mean(x) for x in by_base[b]])) != 0
+        ]
+        return float(len(ratios) - 1) if len(ratios) == len(paired) >= 2 and all(r > 0 for r in ratios) else None
+    b = np.asarray([np.mean(x) for x in base if len(x)], dtype=float)
+    a = np.asarray([np.mean(x) for x in arm if len(x)], dtype=float)
+    if b.size < 2 or a.size < 2 or not (b > 0).all() or not (a > 0).all():
+        return None
+    la, lb = np.log(a), np.log(b)
+    return welch_df(float(la.var(ddof=1)), la.size, float(lb.var(ddof=1)), lb.size)
+
+
+def interval_p_value(
+    ratio: float, lo: float, hi: float, confidence: float = CONFIDENCE, df: float | None = None
+) -> float:
+    """The two-sided p-value of H0: ratio = 1 that agrees with the ``confidence`` interval [lo, hi] a verdict
+    is decided on, on the log-ratio scale, its standard error read from the half of the interval that faces
+    parity: with ``df`` (a t-interval over boots or blocks: ``ratio_df_boots``) the t-test that interval
+    inverts, else the normal approximation (a bootstrap or widened interval). So p < 1 − confidence exactly
+    when the interval excludes 1 (up to floating point), for a symmetric or a skewed interval alike."""
+    from scipy import stats as scipy_stats
+
+    if not ratio > 0 or ratio == 1.0:
+        return 1.0
+    bound = lo if ratio > 1 else hi
+    if (bound - ratio) * (ratio - 1) > 0:
+        return 0.0  # the estimate lies outside its own interval on the far side of parity: excluded anyway
+    if not bound > 0:
+        return 1.0
+    distance = abs(math.log(ratio) - math.log(bound))
+    if distance == 0:
+        return 0.0  # a degenerate interval [r, r] away from parity
+    if df is not None and math.isfinite(df) and df > 0:
+        t = abs(math.log(ratio)) / (distance / t_quantile(df, confidence))
+        return float(2 * scipy_stats.t.sf(t, df))
+    z = abs(math.log(ratio)) / (distance / t_quantile(math.inf, confidence))
+    return float(2 * scipy_stats.norm.sf(z))

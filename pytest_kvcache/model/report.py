@@ -43,6 +43,9 @@ class Comparison(TypedDict, total=False):
     boots_arm: int
     direction: str
     verdict: Verdict
+    #: over boots: the degrees of freedom of the t-interval (blocks − 1, or Welch's on the log boot means;
+    #: ``stats.ratio_df_boots``), so a p-value is the same test's; absent for a bootstrap interval
+    ci_df: float
     #: a better/worse verdict from a within-boot CI: "N boot(s) per arm: within-boot CI only", else absent
     provisional: str
     #: a capacity search that never broke the SLO on a side: its capacity is a lower bound (report.capacity)
@@ -61,6 +64,11 @@ class DeltaRow(Comparison, total=False):
     #: percent) and the widened CI it was judged on (``report.bands.judge_deltas``)
     band_pct: float
     judged_ci: list[float]
+    #: H0 ratio = 1, from the interval the verdict is decided on (``report.multiplicity``); Holm-adjusted within
+    #: the (arm, probe, metric) family of ``family_size`` points
+    p_value: float
+    p_holm: float
+    family_size: int
     #: written to ``report.json`` only (``report.deciding``): the ratio interval the verdict was taken on
     #: (``judged_ci``, the CI ± the A/A noise band, else ``ci_low``/``ci_high``; None without a CI) and what it
     #: is: "boots", "blocks", "within-boot", "within-boot widened by the default boot-to-boot band (SD x%)" or
@@ -88,9 +96,13 @@ class CrossoverRow(TypedDict, total=False):
     points: int
     #: the points of the curve, by name (``4k``, ``turn3``), as the deltas name them
     point_names: list[str]
+    #: the agentic probe: how many sessions the curve's turns come from (one: a turn is its content and its
+    #: depth at once, so turns are named, not a crossover in prompt tokens)
+    sessions: int
     #: within boots: the SD of the boot effect each resampled curve was moved by (percent)
     boot_sd_pct: float
-    #: whether the data carry the crossing (a point on each side excludes parity, or share ≥ 95%), and why
+    #: whether the data carry the crossing (a point on each side excludes parity after Holm; the share alone
+    #: never does), and why
     significant: bool
     evidence: str
     #: where points on each side exclude parity: the nearest such points on either side of the crossing

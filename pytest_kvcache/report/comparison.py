@@ -120,6 +120,13 @@ def _curve(
     return out
 
 
+def _sessions(data: pd.DataFrame, probe: str) -> int:
+    """How many sessions a probe's points come from (the agentic probe); 0: the probe has none."""
+    if "session" not in data:
+        return 0
+    return int(data.loc[data["probe"] == probe, "session"].dropna().nunique())
+
+
 def _pooled(boots: Mapping[str, list[float]]) -> list[float]:
     return [v for values_ in boots.values() for v in values_]
 
@@ -177,5 +184,7 @@ def crossover_rows(
                 )
                 row.update(cast(CrossoverRow, found))
                 row["point_names"] = [names[x] for x in xs]
+                if sessions := _sessions(data, spec.name):
+                    row["sessions"] = sessions
                 rows.append(row)
     return rows

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from pytest_kvcache.model import BootEntry, CostSection, Evidence, Json
-from pytest_kvcache.report import judging
+from pytest_kvcache.report import judging, multiplicity
 from pytest_kvcache.report.load import RunData
 
 
@@ -218,11 +218,12 @@ def open_gate_lines(gates: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def first_screen(report: Mapping[str, Any]) -> list[str]:
-    """The cost sentence, the open gates' boots to decide, and whether the baseline can judge quality, for the top
-    of every output."""
+    """The cost sentence, the open gates' boots to decide, whether the baseline can judge quality, and how many
+    comparisons the verdicts are corrected for (Holm), for the top of every output."""
     line = cost_line(report.get("cost"))
     return (
         ([line] if line else [])
         + open_gate_lines(report.get("gates") or [])
         + judging.lines(report.get("baseline_check"))
+        + multiplicity.lines(report.get("deltas"))
     )

@@ -208,6 +208,7 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
     bv, av = values(base, metric), values(other, metric)
     (base_boots, base_strata), (arm_boots, arm_strata) = by_boot_strata(base, metric), by_boot_strata(other, metric)
     paired = False
+    df: float | None = None
     base_value: float | None
     arm_value: float | None
     if len(base_boots) >= MIN_BOOTS_FOR_BOOT_CI and len(arm_boots) >= MIN_BOOTS_FOR_BOOT_CI:
@@ -215,6 +216,7 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
         ratio, lo, hi = stats.ratio_ci_boots(
             base_boots, arm_boots, base_blocks=base_strata, arm_blocks=arm_strata, seed=seed
         )
+        df = stats.ratio_df_boots(base_boots, arm_boots, base_blocks=base_strata, arm_blocks=arm_strata)
         base_value = float(np.mean([np.mean(b) for b in base_boots]))
         arm_value = float(np.mean([np.mean(a) for a in arm_boots]))
     else:
@@ -246,6 +248,8 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
         "direction": catalogue.direction(metric),
         "verdict": verdict,
     }
+    if method == "boots" and lo is not None and df is not None:
+        found["ci_df"] = df  # the t-interval's degrees of freedom: the p-value of the same test (report.multiplicity)
     if method == "within-boot" and verdict != "inconclusive":
         found["provisional"] = provisional_note(max(1, min(len(base_boots), len(arm_boots))))
     return found

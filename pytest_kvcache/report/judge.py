@@ -21,6 +21,7 @@ from pytest_kvcache.report.bands import platform_of
 from pytest_kvcache.report.build import build
 from pytest_kvcache.report.frame import Specs, compare
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.multiplicity import apply_holm
 from pytest_kvcache.report.verdicts import judge_crossovers, report_verdicts
 
 #: The exit codes, for pytest and ``kvcache-report`` alike.
@@ -83,6 +84,7 @@ def apply_noise(report: Report, bands: Bands, name: str, specs: Specs) -> None:
         "bands": [{"probe": p, "point": q, "metric": m, "band_pct": b * 100} for (p, q, m), b in bands.items()],
         "missing": missing,
     }
+    apply_holm(report["deltas"])  # the verdicts are set anew: Holm again, before crossovers and sentences
     judge_crossovers(report["crossovers"], report["deltas"])
     report["verdicts"] = report_verdicts(report, specs)
 

@@ -18,8 +18,13 @@ from pytest_kvcache.report.frame import Specs
 def judge_crossovers(crossovers: Sequence[CrossoverRow], deltas: Sequence[DeltaRow]) -> None:
     """Which crossings the data carry (in place): a sign change is stated only when a point on each side of
     parity has a CI that excludes it (its delta's verdict, judged as the report judges it: over boots, or
-    within boots widened by the band or the A/A noise) or when at least ``stats.CROSSING_SHARE`` of the
-    resampled curves cross the same way; otherwise "no significant crossover in the measured range".
+    within boots widened by the band or the A/A noise, and after Holm within the curve's points —
+    ``report.multiplicity``); otherwise "no significant crossover in the measured range". The share of
+    resampled curves that cross the same way is evidence beside it, never enough alone (one test per curve
+    that would bypass the points' multiplicity control).
+
+    With one agentic session a turn is its content and its depth at once: no crossover in prompt tokens is
+    stated; the turns that differ are named ("turn 9 differs").
 
     Where points on each side exclude parity, the crossing is placed between them: between the last such
     point on the first side and the first on the other (``bracket``), at the first sign change of the point
@@ -44,6 +49,18 @@ def judge_crossovers(crossovers: Sequence[CrossoverRow], deltas: Sequence[DeltaR
         changes = [(a, b) for a, b in itertools.pairwise(sided) if a[1] != b[1]]
         share = float(c.get("share") or 0.0)
         estimate = c.get("estimate")
+        if changes and c.get("sessions") == 1:
+            turn = dict(zip(xs, names, strict=False))
+            c["significant"] = False
+            c["evidence"] = "; ".join(
+                f"{_turns([turn[x] for x, s in sided if s == side])} {'above' if side > 0 else 'below'} parity"
+                for side in (sided[0][1], -sided[0][1])
+            )
+            c["statement"] = (
+                f"{c['evidence']} (one session: each turn is its content and its depth at once, so no crossover in "
+                f"{c['axis']} is stated)"
+            )
+            continue
         if len(changes) > 1:
             c["significant"] = False
             above = ", ".join(f"{x:,.0f}" for x, side in sided if side > 0)
@@ -74,24 +91,30 @@ def judge_crossovers(crossovers: Sequence[CrossoverRow], deltas: Sequence[DeltaR
                 f"crosses 1 between {x0:,.0f} and {x1:,.0f} {c['axis']} (the estimates at ~{estimate:,.0f})"
             )
             continue
-        significant = estimate is not None and share >= stats.CROSSING_SHARE
-        c["significant"] = significant
+        c["significant"] = False
         if estimate is None:
             c["evidence"] = "the ratio does not change sign"
             c["statement"] = f"no crossover in the measured range ({span})"
             continue
-        if significant:
-            c["evidence"] = f"{share:.0%} of resampled curves cross the same way"
-            ci = ""
-            if c.get("ci_low") is not None:
-                ci = f" (95% CI {c['ci_low']:,.0f}–{c.get('ci_high') or 0.0:,.0f})"
-            c["statement"] = f"crosses 1 at ~{estimate:,.0f} {c['axis']}{ci}"
+        if share >= stats.CROSSING_SHARE:
+            c["evidence"] = (
+                f"{share:.0%} of resampled curves cross the same way, but no point on each side excludes parity "
+                "(after Holm within the curve's points)"
+            )
         else:
             c["evidence"] = (
                 f"only {share:.0%} of resampled curves cross the same way (needs {stats.CROSSING_SHARE:.0%}) and no "
                 "point on each side excludes parity"
             )
-            c["statement"] = f"no significant crossover in the measured range ({span}): {c['evidence']}"
+        c["statement"] = f"no significant crossover in the measured range ({span}): {c['evidence']}"
+
+
+def _turns(names: Sequence[str]) -> str:
+    """``turn9`` → "turn 9 differs"; several: "turns 4, 5 and 13 differ"."""
+    numbers = [n.removeprefix("turn") for n in names]
+    if len(numbers) == 1:
+        return f"turn {numbers[0]} differs"
+    return f"turns {', '.join(numbers[:-1])} and {numbers[-1]} differ"
 
 
 def _short_k(tokens: float) -> str:

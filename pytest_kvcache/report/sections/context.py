@@ -67,13 +67,17 @@ class BuildContext:
     @cached_property
     def _judged(self) -> tuple[list[DeltaRow], dict[str, float]]:
         from pytest_kvcache.report.comparison import delta_rows
+        from pytest_kvcache.report.multiplicity import apply_holm
 
         deltas = delta_rows(self.data, self.arms, self.specs, self.seed)
-        return deltas, bands.judge_deltas(deltas, self.platform)
+        used = bands.judge_deltas(deltas, self.platform)
+        apply_holm(deltas)  # after the verdicts are set, before the crossovers and sentences read them
+        return deltas, used
 
     @property
     def deltas(self) -> list[DeltaRow]:
-        """Every arm against the baseline, judged (within boots, widened by the platform's default bands)."""
+        """Every arm against the baseline, judged (within boots, widened by the platform's default bands), then
+        Holm within each (arm, probe, metric) family."""
         return self._judged[0]
 
     @property
