@@ -241,3 +241,24 @@ def test_the_committed_h200_trained_run_rerenders_without_the_fp8_agentic_crosso
     )
     assert turn13["p_value"] < 0.05 <= turn13["p_holm"] and turn13["verdict"] == "inconclusive"
     assert "comparisons in" in md.split("\n## ", 1)[0]
+
+
+def test_the_a_a_noise_band_rejudges_and_holm_runs_again() -> None:
+    """With --kv-noise, apply_noise sets the within-boot verdicts anew (CI ± the A/A band): Holm runs again
+    after it, on that interval, so a point beyond the band but not beyond Holm stays inconclusive."""
+    from pytest_kvcache.report.judge import apply_noise
+
+    deltas = [
+        _delta(f"turn{k}", *((0.66, 0.50, 0.88) if k == 13 else (1.0, 0.8, 1.25)), ci_method="within-boot")
+        for k in range(2, 16)
+    ]
+    report = cast(
+        Any, {"deltas": deltas, "crossovers": [], "arms": [{"name": "a"}, {"name": "b"}], "agreement": {"rows": []}}
+    )
+    bands = {("agentic", d["point"], "decode_tps"): 0.02 for d in deltas}
+    apply_noise(report, bands, "aa", SPECS)
+    (turn13,) = [d for d in deltas if d["point"] == "turn13"]
+    assert stats.verdict("decode_tps", 0.50 - 0.02, 0.88 + 0.02) == "worse"  # beyond the band …
+    assert turn13["p_value"] == pytest.approx(stats.interval_p_value(0.66, 0.48, 0.90))
+    assert turn13["verdict"] == "inconclusive"  # … not beyond Holm over 14 points
+    assert turn13["verdict_note"].startswith("not beyond Holm over 14 points")
