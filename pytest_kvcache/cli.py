@@ -179,7 +179,12 @@ def store_main(argv: Sequence[str], out: Callable[[str], None] = print) -> int:
         return EXIT_USAGE
     with opened:
         if args.action == "baselines":
-            for entry in opened.baselines():
+            try:
+                entries = opened.baselines()
+            except store.StoreError as exc:
+                out(f"ERROR: pytest-kvcache: --store: {exc}")
+                return EXIT_USAGE
+            for entry in entries:
                 out(f"{entry['name']}: run {entry['run_id']}")
             return 0
         from pytest_kvcache.run.folder import iter_run_folders

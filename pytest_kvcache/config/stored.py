@@ -59,6 +59,24 @@ def check_store(location: str, origin: str = "--kv-store") -> None:
         raise SettingsError(f"{origin}: {exc}") from None
 
 
+def check_save_store(location: str, baselines: Path) -> None:
+    """The store ``--kv-save`` saves into can take the run — found now, not when the run is over (exit 3): its
+    baselines folder can be written in, and its database opened and read (a garbage or torn one fails its
+    check). A URL was connected to by :func:`check_store`."""
+    from pytest_kvcache import store
+
+    if store.is_url(location):
+        return
+    problem = v.unwritable_folder(baselines)
+    if problem is None:
+        try:
+            store.open_store(location).close()
+        except store.StoreError as exc:
+            problem = str(exc)
+    if problem is not None:
+        raise SettingsError(f"--kv-save: the run store: {problem}")
+
+
 def store_of(cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[str, Any], rootdir: Path) -> str:
     """``--kv-store`` (a folder, relative to the rootdir, or a postgresql:// URL, connected to now);
     default ``$XDG_DATA_HOME/pytest-kvcache``."""
@@ -153,10 +171,8 @@ def open_stored(settings: Settings, env: Mapping[str, str], origin: str = "--kv-
     check_store(location, origin)
     baselines = store.baselines_dir_of(location, env)
     ref = _StoreRef(location=location, baselines=baselines, legacy=settings.report_dir.parent / "baselines")
-    if settings.save and not store.is_url(location):  # found now, not when the run is over (exit 3)
-        problem = v.unwritable_folder(baselines)
-        if problem is not None:
-            raise SettingsError(f"--kv-save: the run store: {problem}")
+    if settings.save:
+        check_save_store(location, baselines)
     hint = "store one with --kv-save=NAME"
     compare = settings.compare
     return Stored(
@@ -198,10 +214,8 @@ def report_options(
     compare = get("compare", v.baseline_name, None)
     noise = get("noise", v.baseline_name, None)
     save = get("save", v.baseline_name, None)
-    if save and not store.is_url(location):  # found now, not when the run is over (exit 3)
-        problem = v.unwritable_folder(baselines)
-        if problem is not None:
-            raise SettingsError(f"--kv-save: the run store: {problem}")
+    if save:
+        check_save_store(location, baselines)
     hint = "store one with --kv-save=NAME"
     return ReportOptions(
         gates=get("fail", lambda raw: v.gates(raw, list(arms) if arms is not None else None), ()),

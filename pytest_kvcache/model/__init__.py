@@ -25,6 +25,7 @@ from pytest_kvcache.model.evidence import LogFacts as LogFacts
 from pytest_kvcache.model.evidence import PlanEntry as PlanEntry
 from pytest_kvcache.model.evidence import ProbeSpecData as ProbeSpecData
 from pytest_kvcache.model.evidence import RunMeta as RunMeta
+from pytest_kvcache.model.evidence import SettingsData as SettingsData
 from pytest_kvcache.model.evidence import kv_capacity_tokens as kv_capacity_tokens
 from pytest_kvcache.model.evidence import resolved_cache_dtype as resolved_cache_dtype
 from pytest_kvcache.model.evidence import speculative as speculative

@@ -181,6 +181,38 @@ class ProbeSpecData(TypedDict, total=False):
     search: bool
 
 
+class SettingsData(TypedDict, total=False):
+    """``run.json``'s ``settings`` (``Settings.to_dict``) as a stored run's readers read them — the report,
+    ``kvcache-report``, the run store — with their types; it holds more keys, which nothing reads back."""
+
+    arms: list[ArmData]
+    seed: int
+    launcher: str
+    engine_args: list[str]
+    report_dir: str
+    store: str | None
+    noise: str | None
+    compare: str | None
+    save: str | None
+    max_replicates: int | None
+    host_cpu_action: str
+    allow_diff: list[str]
+    context_tokens: int | None
+    context_source: str | None
+    context_notes: list[str]
+    fidelity_depths: list[int]
+    fidelity_top_k: int
+    fidelity_window: int
+    slo: str | None
+    capacity_depths: list[int]
+    capacity_think_s: float
+    capacity_window_s: float
+    capacity_max_tokens: int
+    capacity_max_sessions: int
+    capacity_start: int
+    cache_bytes: int | None
+
+
 class RunMeta(TypedDict, total=False):
     """``run.json``: the run's settings, plan and versions (rewritten as the run progresses)."""
 

@@ -21,7 +21,9 @@ from pytest_kvcache.model import (
     Record,
     RunMeta,
     SamplingRecord,
+    SettingsData,
 )
+from pytest_kvcache.model.shape import mismatch
 from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.registry import ProbeSpec
 
@@ -111,7 +113,9 @@ class RunData:
         return {str(p.get("boot")): int(p.get("block") or 0) for p in self.meta.get("plan") or []}
 
 
-def _json_file(path: Path, what: str) -> Any:
+def json_file(path: Path, what: str) -> Any:
+    """The JSON of one file of a run folder (``what``: what it holds, for messages); RunFolderError when it
+    is missing, cannot be read or is not JSON."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -124,6 +128,26 @@ def _json_file(path: Path, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise RunFolderError(f"{path}: not valid JSON ({what}): {exc.msg} at line {exc.lineno}") from None
+
+
+def check_shape(file: Path, value: Any, typed: Any, where: str = "", what: str = "") -> None:
+    """Raise :class:`RunFolderError` naming ``file`` and the field where ``value`` (read from it) is not a
+    ``typed`` (a model type: ``model.shape.mismatch``); ``what`` goes before the field (``record 3: ``)."""
+    problem = mismatch(value, typed, where)
+    if problem is not None:
+        raise RunFolderError(f"{file}: {what}{problem}")
+
+
+def _run_json(path: Path) -> RunMeta:
+    """``run.json`` of the run folder ``path``, read and checked: the type of every field a reader reads (of
+    another version, or edited by hand, it is a :class:`RunFolderError` naming the field)."""
+    file = path / "run.json"
+    meta = json_file(file, "the run's settings and plan")
+    check_shape(file, meta, RunMeta)
+    check_shape(file, meta.get("settings") or {}, SettingsData, "settings")
+    if not all(p.get("boot") for p in meta.get("plan") or []):
+        raise RunFolderError(f"{file}: 'plan' must be a list of boots, each with a 'boot' name")
+    return cast(RunMeta, meta)
 
 
 def jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -166,7 +190,7 @@ def lane_jsonl(path: Path, name: str) -> list[dict[str, Any]]:
 def read_meta(path: Path) -> RunMeta:
     """Only ``run.json`` of a run folder (validated), for callers that need its settings and not the rest."""
     check_folder(path)
-    return cast(RunMeta, _json_file(path / "run.json", "the run's settings and plan"))
+    return _run_json(path)
 
 
 def check_folder(path: Path, what: str = "run folder") -> None:
@@ -176,9 +200,7 @@ def check_folder(path: Path, what: str = "run folder") -> None:
     if not path.is_dir():
         raise RunFolderError(f"{path}: not a {what} (it does not exist)")
     if (path / "run.json").exists():  # a corrupt run.json is named before what else is missing
-        meta = _json_file(path / "run.json", "the run's settings and plan")
-        if not isinstance(meta, dict):
-            raise RunFolderError(f"{path / 'run.json'}: expected a JSON object, got {type(meta).__name__}")
+        _run_json(path)
     missing = [name for name in ("run.json", "requests.jsonl") if not (path / name).exists()]
     if missing:
         raise RunFolderError(f"{path}: incomplete {what} — missing {', '.join(missing)}")
@@ -188,13 +210,8 @@ def load(path: Path, what: str = "run folder") -> RunData:
     """Read and validate one run folder: ``run.json``, ``requests.jsonl``, each planned boot's
     ``evidence.json``, ``agreement.jsonl``, ``sampling.jsonl`` and ``fidelity.jsonl``."""
     check_folder(path, what)
-    meta = cast(RunMeta, _json_file(path / "run.json", "the run's settings and plan"))
-    settings = meta.get("settings")
-    if settings is not None and not isinstance(settings, dict):
-        raise RunFolderError(f"{path / 'run.json'}: 'settings' must be an object")
+    meta = _run_json(path)
     plan = meta.get("plan") or []
-    if not isinstance(plan, list) or not all(isinstance(p, dict) and p.get("boot") for p in plan):
-        raise RunFolderError(f"{path / 'run.json'}: 'plan' must be a list of boots, each with a 'boot' name")
     records, torn = jsonl(path / "requests.jsonl")
     for i, r in enumerate(records, 1):
         if not r.get("arm") or "phase" not in r:
@@ -202,6 +219,7 @@ def load(path: Path, what: str = "run folder") -> RunData:
         for key in ("metrics", "sample"):
             if not isinstance(r.get(key) or {}, dict):
                 raise RunFolderError(f"{path / 'requests.jsonl'}: record {i}: {key!r} must be an object")
+        check_shape(path / "requests.jsonl", r, Record, what=f"record {i}: ")
     boots = [str(p["boot"]) for p in plan]
     arms_dir = path / "arms"
     if arms_dir.is_dir():
@@ -210,13 +228,19 @@ def load(path: Path, what: str = "run folder") -> RunData:
     for boot in boots:
         file = arms_dir / boot / "evidence.json"
         if file.exists():
-            value = _json_file(file, f"boot {boot}'s evidence")
-            if not isinstance(value, dict):
-                raise RunFolderError(f"{file}: expected a JSON object, got {type(value).__name__}")
+            value = json_file(file, f"boot {boot}'s evidence")
+            check_shape(file, value, Evidence)
             evidence[boot] = cast(Evidence, value)
     agreement, bad_agreement = jsonl(path / "agreement.jsonl")
     sampling, _ = jsonl(path / "sampling.jsonl")
     fidelity, bad_fidelity = jsonl(path / "fidelity.jsonl")
+    for name, rows, typed in (
+        ("agreement.jsonl", agreement, AgreementRecord),
+        ("sampling.jsonl", sampling, SamplingRecord),
+        ("fidelity.jsonl", fidelity, FidelityRecord),
+    ):
+        for i, row in enumerate(rows, 1):
+            check_shape(path / name, row, typed, what=f"record {i}: ")
     problems = []
     if bad_agreement:
         problems.append(f"{bad_agreement} line(s) of agreement.jsonl could not be read and were skipped")

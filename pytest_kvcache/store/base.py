@@ -5,13 +5,15 @@ when a run compares with one)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict, cast
 
-from pytest_kvcache.store.record import RunRow
+from pytest_kvcache.model.shape import mismatch
+from pytest_kvcache.store.record import PointRow, RunRow
 
 
 class StoreError(ValueError):
@@ -62,6 +64,28 @@ class Store(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def history_row(value: Any, where: str, run_id: object) -> RunRow:
+    """One stored history row (JSON text, or JSON as the database gives it back), checked: every key a
+    ``RunRow`` has, of its type, so that the history's readers can trust it. A row of another version, or
+    edited by hand, is a StoreError naming the store (``where``) and the run."""
+    what = f"{where}: the history row of run {run_id}"
+    try:
+        row = json.loads(value) if isinstance(value, (str, bytes)) else value
+    except ValueError as exc:
+        raise StoreError(f"{what} is not valid JSON: {exc}") from None
+    problem = mismatch(row, RunRow)
+    if problem is None:
+        missing = sorted(RunRow.__required_keys__ - row.keys()) or [
+            f"points[{i}].{key}"
+            for i, point in enumerate(row["points"])
+            for key in sorted(PointRow.__required_keys__ - point.keys())
+        ]
+        problem = f"{missing[0]!r} is missing" if missing else None
+    if problem is not None:
+        raise StoreError(f"{what}: {problem}")
+    return cast(RunRow, row)
 
 
 def copy_folder(run: Path, target: Path) -> None:

@@ -15,9 +15,9 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from pytest_kvcache.store.base import BaselineEntry, Store, StoreError, copy_folder
+from pytest_kvcache.store.base import BaselineEntry, Store, StoreError, copy_folder, history_row
 from pytest_kvcache.store.record import RunRow, indexed_columns
 
 SCHEMA = (
@@ -28,6 +28,13 @@ SCHEMA = (
     " saved_unix_s DOUBLE PRECISION NOT NULL)",
     "CREATE TABLE IF NOT EXISTS kvcache_baseline_files (name TEXT NOT NULL REFERENCES kvcache_baselines(name)"
     " ON DELETE CASCADE, path TEXT NOT NULL, content BYTEA NOT NULL, PRIMARY KEY (name, path))",
+)
+#: each table as this version reads it: tables of another layout (of that name) fail these when it is opened
+PROBES = (
+    "SELECT run_id, started_unix_s, recorded_unix_s, commit_sha, branch, comparability, row_json FROM kvcache_runs"
+    " LIMIT 0",
+    "SELECT name, run_id, saved_unix_s FROM kvcache_baselines LIMIT 0",
+    "SELECT name, path, content FROM kvcache_baseline_files LIMIT 0",
 )
 
 
@@ -59,6 +66,8 @@ class PostgresStore(Store):
                 self._db.execute("SELECT pg_advisory_xact_lock(2023)")  # two runners creating the tables at once
                 for statement in SCHEMA:
                     self._db.execute(statement)
+            for probe in PROBES:
+                self._db.execute(probe)
         except psycopg.Error as exc:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StoreError(f"cannot open the store {self._where}: {text}") from None
@@ -130,11 +139,11 @@ class PostgresStore(Store):
 
     def runs(self) -> list[RunRow]:
         rows = self._query(
-            "SELECT row_json FROM kvcache_runs ORDER BY COALESCE(started_unix_s, recorded_unix_s), recorded_unix_s,"
-            " run_id",
+            "SELECT run_id, row_json FROM kvcache_runs ORDER BY COALESCE(started_unix_s, recorded_unix_s),"
+            " recorded_unix_s, run_id",
             (),
         )
-        return [cast(RunRow, r[0] if isinstance(r[0], dict) else json.loads(r[0])) for r in rows]
+        return [history_row(r[1], self._where, r[0]) for r in rows]
 
     def _query(self, sql: str, params: tuple[object, ...]) -> list[tuple[Any, ...]]:
         try:

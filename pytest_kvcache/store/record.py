@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from pytest_kvcache.model import Report
     from pytest_kvcache.report.load import RunData
 
+#: the keys of a report's summary and delta row that name its point (a history row indexes them)
+POINT_KEYS = ("probe", "point", "metric", "arm")
+
 #: The store's row format; bumped when a field changes meaning.
 ROW_VERSION = 1
 VCS_FILE = "vcs.json"
@@ -130,11 +133,19 @@ def stamp_vcs(run: Path, cwd: Path | None, env: Mapping[str, str] = os.environ) 
 
 
 def read_vcs(run: Path) -> Vcs:
+    """``vcs.json``; one that cannot be read, or is not an object of strings, says nothing."""
     try:
         data = read_json(run / VCS_FILE)
     except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict):
         return {"commit": None, "branch": None, "source": "none"}
-    return {"commit": data.get("commit"), "branch": data.get("branch"), "source": str(data.get("source") or "none")}
+    commit, branch = data.get("commit"), data.get("branch")
+    return {
+        "commit": commit if isinstance(commit, str) else None,
+        "branch": branch if isinstance(branch, str) else None,
+        "source": str(data.get("source") or "none"),
+    }
 
 
 def comparability(report: Report, engine_args: list[str] | None = None) -> tuple[str, Comparability]:
@@ -146,12 +157,13 @@ def comparability(report: Report, engine_args: list[str] | None = None) -> tuple
     declared = [
         {
             "name": a["name"],
-            "kv_cache_dtype": a["declared"].get("kv_cache_dtype"),
-            "args": list(a["declared"].get("args") or []),
-            "env": dict(a["declared"].get("env") or {}),
-            "image": a["declared"].get("image"),
+            "kv_cache_dtype": d.get("kv_cache_dtype"),
+            "args": list(d.get("args") or []),
+            "env": dict(d.get("env") or {}),
+            "image": d.get("image"),
         }
         for a in arms
+        for d in [a.get("declared") or {}]  # an old report.json may lack it
     ]
     parts: Comparability = {
         "model": report.get("model"),
@@ -229,12 +241,20 @@ def run_row(data: RunData, report: Report, vcs: Vcs, *, recorded_unix_s: float |
 
 
 def row_of_folder(run: Path) -> RunRow:
-    """Rebuild a run's row from its folder (``report.json`` must be there: the report was built)."""
-    from pytest_kvcache.report.load import load
+    """Rebuild a run's row from its folder (``report.json`` must be there: the report was built). A
+    ``report.json`` that is not JSON, or has a field of another type than the row reads (another version, a
+    hand edit), is a ``RunFolderError`` naming the file and the field."""
+    from pytest_kvcache.model import Report
+    from pytest_kvcache.report.load import RunFolderError, check_shape, json_file, load
 
     data = load(run)
     report_path = run / "report.json"
     if not report_path.is_file():
         raise FileNotFoundError(f"{run}: no report.json (build it with: kvcache-report {run})")
-    report = read_json(report_path)
+    report = json_file(report_path, "the run's report")
+    check_shape(report_path, report, Report)
+    for key, needs in (("summary", POINT_KEYS), ("deltas", POINT_KEYS), ("arms", ("name",))):
+        for i, entry in enumerate(report.get(key) or []):
+            if missing := [k for k in needs if k not in entry]:
+                raise RunFolderError(f"{report_path}: '{key}[{i}].{missing[0]}' is missing")
     return run_row(data, report, read_vcs(run))

@@ -1,16 +1,21 @@
 """The default store: a folder holding ``store.sqlite`` (the standard library's sqlite3, WAL mode, a busy
 timeout: two runners on one machine may write at once) and ``baselines/NAME/``, a full copy of each saved
-run folder."""
+run folder.
+
+Opening the store checks the database (``PRAGMA quick_check`` and a query of each table as this version
+reads it): a garbage or torn ``store.sqlite`` is a StoreError naming the file when the store is opened —
+before a run that saves into it boots anything — not a ``sqlite3.DatabaseError`` later."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
 from pathlib import Path
-from typing import cast
+from typing import Any
 
-from pytest_kvcache.store.base import BaselineEntry, Store, StoreError, copy_folder
+from pytest_kvcache.store.base import BaselineEntry, Store, StoreError, copy_folder, history_row
 from pytest_kvcache.store.record import RunRow, indexed_columns
 
 DB_FILE = "store.sqlite"
@@ -18,6 +23,16 @@ SCHEMA = (
     "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, started_unix_s REAL, recorded_unix_s REAL NOT NULL,"
     " commit_sha TEXT, branch TEXT, comparability TEXT NOT NULL, row_json TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS baselines (name TEXT PRIMARY KEY, run_id TEXT, saved_unix_s REAL NOT NULL)",
+)
+#: each table as this version reads it: a database of another layout fails these when it is opened
+PROBES = (
+    "SELECT run_id, started_unix_s, recorded_unix_s, commit_sha, branch, comparability, row_json FROM runs LIMIT 1",
+    "SELECT name, run_id, saved_unix_s FROM baselines LIMIT 1",
+)
+#: what to do about a database that cannot be read (the baselines are the folders beside it)
+REMEDY = (
+    "move it aside: the baselines are the folders beside it, and kvcache-report store rebuild RUN_DIR… re-creates"
+    " the history"
 )
 
 
@@ -39,15 +54,41 @@ class SqliteStore(Store):
         check_folder(root)
         self.root = root
         self.location = str(root)
+        self.file = root / DB_FILE
         try:
             root.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(root / DB_FILE, timeout=30.0, isolation_level=None)
+        except OSError as exc:
+            raise StoreError(f"cannot open the store {root}: {exc}") from None
+        try:
+            self._db = sqlite3.connect(self.file, timeout=30.0, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store {self.file}: {exc}") from None
+        try:
             self._db.execute("PRAGMA busy_timeout = 30000")
             self._db.execute("PRAGMA journal_mode = WAL")
             for statement in SCHEMA:
                 self._db.execute(statement)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"cannot open the store {root}: {exc}") from None
+            problem = self._check()
+        except sqlite3.OperationalError as exc:  # locked past the busy timeout, a file it may not open …
+            self._db.close()
+            raise StoreError(f"cannot open the store {self.file}: {exc}") from None
+        except sqlite3.Error as exc:  # garbage: "file is not a database", "database disk image is malformed"
+            problem = str(exc)
+        if problem is not None:
+            self._db.close()
+            raise StoreError(f"{self.file}: not a readable run store database ({problem}); {REMEDY}")
+
+    def _check(self) -> str | None:
+        """What is wrong with the database, or None: every page (``quick_check``), each table's columns."""
+        found = [str(row[0]) for row in self._db.execute("PRAGMA quick_check").fetchall()]
+        if found != ["ok"]:
+            return "; ".join(found[:3]) or "quick_check found nothing"
+        for probe in PROBES:
+            try:
+                self._db.execute(probe).fetchall()
+            except sqlite3.OperationalError as exc:  # "no such column": another layout
+                return str(exc)
+        return None
 
     @property
     def baselines_dir(self) -> Path:
@@ -70,7 +111,7 @@ class SqliteStore(Store):
         return target
 
     def baselines(self) -> list[BaselineEntry]:
-        rows = self._db.execute("SELECT name, run_id, saved_unix_s FROM baselines ORDER BY name").fetchall()
+        rows = self._read("SELECT name, run_id, saved_unix_s FROM baselines ORDER BY name")
         known = {r[0]: BaselineEntry(name=r[0], run_id=r[1], saved_unix_s=r[2]) for r in rows}
         if self.baselines_dir.is_dir():  # a folder copied in by hand is a baseline too: the folders are the truth
             for child in sorted(self.baselines_dir.iterdir()):
@@ -90,10 +131,17 @@ class SqliteStore(Store):
         )
 
     def runs(self) -> list[RunRow]:
-        rows = self._db.execute(
-            "SELECT row_json FROM runs ORDER BY COALESCE(started_unix_s, recorded_unix_s), recorded_unix_s, run_id"
-        ).fetchall()
-        return [cast(RunRow, json.loads(r[0])) for r in rows]
+        rows = self._read(
+            "SELECT run_id, row_json FROM runs"
+            " ORDER BY COALESCE(started_unix_s, recorded_unix_s), recorded_unix_s, run_id"
+        )
+        return [history_row(r[1], str(self.file), r[0]) for r in rows]
+
+    def _read(self, sql: str) -> list[tuple[Any, ...]]:
+        try:
+            return list(self._db.execute(sql).fetchall())
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the store {self.file}: {exc}; {REMEDY}") from None
 
     def _write(self, sql: str, params: tuple[object, ...]) -> None:
         try:
@@ -102,8 +150,9 @@ class SqliteStore(Store):
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            raise StoreError(f"cannot write to the store {self.root}: {exc}") from None
+                with contextlib.suppress(sqlite3.Error):  # a database that went bad under us
+                    self._db.execute("ROLLBACK")
+            raise StoreError(f"cannot write to the store {self.file}: {exc}") from None
 
     def close(self) -> None:
         self._db.close()

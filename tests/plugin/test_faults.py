@@ -77,6 +77,44 @@ def _legacy_file(name: str) -> Callable[[Path], None]:
     return make
 
 
+def _run_json(**changes: object) -> str:
+    """The stored run's ``run.json`` with ``changes`` to its keys (``settings`` and ``plan`` among them)."""
+    meta = {"run_id": "r1", "settings": {"arms": [{"name": "auto"}], "seed": 0}, "plan": [{"boot": "auto"}]}
+    return json.dumps({**meta, **changes})
+
+
+def _store_db(kind: str, baseline: str | None = None, rerender: bool = False) -> Callable[[Path], None]:
+    """A run store at ``store/`` whose ``store.sqlite`` is ``garbage`` (not a database at all) or ``torn`` (a
+    real one, its first page kept and every page after it overwritten: the header and schema still read), with
+    the stored run ``baseline`` beside it (``store/baselines/NAME``, where a name is looked up first); and a run
+    folder ``stored`` to re-render, with ``rerender``."""
+
+    def make(path: Path) -> None:
+        from pytest_kvcache.store.sqlite import SqliteStore
+        from tests.unit.test_store import row
+
+        folder = path / "store"
+        if kind == "garbage":
+            folder.mkdir()
+            (folder / "store.sqlite").write_bytes(b"not a database\n" * 300)
+        else:
+            with SqliteStore(folder) as opened:
+                for i in range(40):
+                    opened.add_run(row(i, 100.0))
+            db = folder / "store.sqlite"
+            data = db.read_bytes()
+            assert len(data) > 3 * 4096
+            db.write_bytes(data[:4096] + b"\xa5" * (len(data) - 4096))
+        if baseline is not None:
+            _stored(path)
+            (folder / "baselines").mkdir(exist_ok=True)
+            shutil.move(path / "stored", folder / "baselines" / baseline)
+        if rerender:
+            _stored(path)
+
+    return make
+
+
 def _file(name: str) -> Callable[[Path], None]:
     return lambda path: (path / name).write_text("not a folder\n")
 
@@ -169,6 +207,51 @@ CASES = [
         "ERROR: pytest-kvcache: --kv-compare: */baselines/old/arms/auto/evidence.json: not valid JSON*",
         _baseline("old", evidence="nope"),
     ),
+    Case(  # a run folder of another version, or edited by hand: each field the loader reads has its type
+        "rerender-settings-not-an-object",
+        ("--kv-rerender=stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/run.json: 'settings' must be an object, got a number",
+        lambda p: _stored(p, run_json=_run_json(settings=3)),
+    ),
+    Case(
+        "rerender-arms-not-objects",
+        ("--kv-rerender=stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/run.json: 'settings.arms[[]0]' must be an object, got a string",
+        lambda p: _stored(p, run_json=_run_json(settings={"arms": ["auto"], "seed": 0})),
+    ),
+    Case(
+        "rerender-plan-an-object",
+        ("--kv-rerender=stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/run.json: 'plan' must be a list, got an object",
+        lambda p: _stored(p, run_json=_run_json(plan={"boot": "auto"})),
+    ),
+    Case(
+        "rerender-evidence-log-a-list",
+        ("--kv-rerender=stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/arms/auto/evidence.json: 'log' must be an object, got a list",
+        lambda p: _stored(p, evidence='{"status": "stopped", "log": [1]}'),
+    ),
+    Case(
+        "rerender-record-metric-a-string",
+        ("--kv-rerender=stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/requests.jsonl: record 1: 'metrics.decode_tps' must be a number or null, "
+        "got a string",
+        lambda p: _stored(p, metrics={"decode_tps": "fast"}),
+    ),
+    Case(
+        "compare-baseline-seed-a-string",
+        ("--kv-arms=auto", "--kv-compare=old"),
+        4,
+        "ERROR: pytest-kvcache: --kv-compare: */baselines/old/run.json: 'settings.seed' must be an integer, "
+        "got a string",
+        _baseline("old", run_json=_run_json(settings={"arms": [{"name": "auto"}], "seed": "0"})),
+        standin=True,  # unchecked, the run would go on: on the stand-in, not a real engine
+    ),
     Case(
         "report-dir-is-a-file",
         ("--kv-arms=auto", "--kv-report-dir=out"),
@@ -194,6 +277,48 @@ CASES = [
         ("--kv-arms=auto", "--kv-store=/sys/x/store", "--kv-save=base"),
         4,
         "ERROR: pytest-kvcache: --kv-save: the run store: cannot create /sys/x/store/baselines: *",
+    ),
+    Case(  # once, the run completed and then failed with exit 3 blaming the report
+        "save-into-a-store-whose-database-is-garbage",
+        ("--kv-arms=auto", "--kv-store=store", "--kv-save=base"),
+        4,
+        "ERROR: pytest-kvcache: --kv-save: the run store: */store/store.sqlite: not a readable run store database "
+        "(file is not a database); move it aside*",
+        _store_db("garbage"),
+        standin=True,
+    ),
+    Case(
+        "save-into-a-torn-store",
+        ("--kv-arms=auto", "--kv-store=store", "--kv-save=base"),
+        4,
+        "ERROR: pytest-kvcache: --kv-save: the run store: */store/store.sqlite: not a readable run store database "
+        "(database disk image is malformed)*",
+        _store_db("torn"),
+        standin=True,
+    ),
+    Case(
+        "rerender-saved-into-a-torn-store",
+        ("--kv-rerender=stored", "--kv-store=store", "--kv-save=base"),
+        4,
+        "ERROR: pytest-kvcache: --kv-save: the run store: */store/store.sqlite: not a readable run store database*",
+        _store_db("torn", rerender=True),
+    ),
+    Case(
+        "compare-from-a-torn-store",
+        ("--kv-arms=auto", "--kv-store=store", "--kv-compare=old"),
+        4,
+        "ERROR: pytest-kvcache: --kv-compare: the run store: */store/store.sqlite: not a readable run store "
+        "database (database disk image is malformed)*",
+        _store_db("torn", baseline="old"),
+        standin=True,
+    ),
+    Case(
+        "noise-from-a-garbage-store",
+        ("--kv-arms=auto,float16", "--kv-store=store", "--kv-noise=aa"),
+        4,
+        "ERROR: pytest-kvcache: --kv-noise: the run store: */store/store.sqlite: not a readable run store database*",
+        _store_db("garbage", baseline="aa"),
+        standin=True,
     ),
     Case(
         "model-is-a-file",
@@ -415,6 +540,160 @@ def test_kvcache_report_on_a_corrupt_folder_is_a_usage_error(tmp_path: Path) -> 
     )
     assert done.returncode == 4
     assert done.stdout.startswith(f"ERROR: pytest-kvcache: {tmp_path / 'stored' / 'run.json'}: not valid JSON")
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def _edited_history_row(path: Path) -> None:
+    """A sound store whose history row of run003 was edited by hand: its ``points`` a number."""
+    import sqlite3
+
+    from pytest_kvcache.store.sqlite import SqliteStore
+    from tests.unit.test_store import row
+
+    with SqliteStore(path / "store") as opened:
+        for i in range(5):
+            opened.add_run(row(i, 100.0))
+    with sqlite3.connect(path / "store" / "store.sqlite") as db:
+        db.execute("UPDATE runs SET row_json = ? WHERE run_id = 'run003'", (json.dumps({**row(3, 1.0), "points": 7}),))
+    db.close()
+
+
+def _judged_against_a_noise_run_in(store_db: Callable[[Path], None]) -> Callable[[Path], None]:
+    """A stored run that was judged against the A/A run ``aa`` of the run store ``store/``, made by ``store_db``."""
+
+    def make(path: Path) -> None:
+        settings = {"arms": [{"name": "auto"}], "seed": 0, "noise": "aa", "store": str(path / "store")}
+        _stored(path, run_json=_run_json(settings={**settings, "report_dir": str(path / ".kvcache" / "runs")}))
+        store_db(path)
+
+    return make
+
+
+def _with_report_json(text: str) -> Callable[[Path], None]:
+    """A stored run whose ``report.json`` is ``text``."""
+
+    def make(path: Path) -> None:
+        _stored(path)
+        (path / "stored" / "report.json").write_text(text)
+
+    return make
+
+
+TORN = "database disk image is malformed"
+GARBAGE = "file is not a database"
+
+#: ``kvcache-report`` run as a user runs it; ``{tmp}`` in an argument is the test's folder
+CLI_CASES = [
+    Case(  # once, an AttributeError traceback
+        "report-settings-a-number",
+        ("{tmp}/stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/run.json: 'settings' must be an object, got a number",
+        lambda p: _stored(p, run_json=_run_json(settings=3)),
+    ),
+    Case(
+        "report-arms-a-string",
+        ("{tmp}/stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/run.json: 'settings.arms' must be a list, got a string",
+        lambda p: _stored(p, run_json=_run_json(settings={"arms": "auto", "seed": 0})),
+    ),
+    Case(
+        "report-probes-not-objects",
+        ("{tmp}/stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/run.json: 'probes[[]0]' must be an object, got a number",
+        lambda p: _stored(p, run_json=_run_json(probes=[1])),
+    ),
+    Case(
+        "report-evidence-cache-config-a-string",
+        ("{tmp}/stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored/arms/auto/evidence.json: 'cache_config' must be an object or null, got a "
+        "string",
+        lambda p: _stored(p, evidence='{"status": "stopped", "cache_config": "fp8"}'),
+    ),
+    Case(
+        "report-judged-against-a-noise-run-in-a-torn-store",
+        ("{tmp}/stored",),
+        4,
+        "ERROR: pytest-kvcache: */stored was judged against the A/A run 'aa' in a store: */store/store.sqlite: not a "
+        f"readable run store database ({TORN})*",
+        _judged_against_a_noise_run_in(_store_db("torn")),
+    ),
+    Case(  # once, a sqlite3.DatabaseError traceback
+        "history-torn-store",
+        ("history", "--store={tmp}/store"),
+        4,
+        f"ERROR: pytest-kvcache: --store: */store/store.sqlite: not a readable run store database ({TORN}); "
+        "move it aside*",
+        _store_db("torn"),
+    ),
+    Case(
+        "history-garbage-store",
+        ("history", "--store={tmp}/store"),
+        4,
+        f"ERROR: pytest-kvcache: --store: */store/store.sqlite: not a readable run store database ({GARBAGE})*",
+        _store_db("garbage"),
+    ),
+    Case(
+        "history-row-edited-by-hand",
+        ("history", "--store={tmp}/store"),
+        4,
+        "ERROR: pytest-kvcache: --store: */store/store.sqlite: the history row of run run003: 'points' must be a "
+        "list, got a number",
+        _edited_history_row,
+    ),
+    Case(
+        "store-baselines-torn-store",
+        ("store", "baselines", "--store={tmp}/store"),
+        4,
+        f"ERROR: pytest-kvcache: --store: */store/store.sqlite: not a readable run store database ({TORN})*",
+        _store_db("torn", baseline="main"),
+    ),
+    Case(
+        "store-baselines-garbage-store",
+        ("store", "baselines", "--store={tmp}/store"),
+        4,
+        f"ERROR: pytest-kvcache: --store: */store/store.sqlite: not a readable run store database ({GARBAGE})*",
+        _store_db("garbage"),
+    ),
+    Case(
+        "store-rebuild-into-a-torn-store",
+        ("store", "rebuild", "--store={tmp}/store", "{tmp}/stored"),
+        4,
+        f"ERROR: pytest-kvcache: --store: */store/store.sqlite: not a readable run store database ({TORN})*",
+        _store_db("torn", rerender=True),
+    ),
+    Case(  # a rebuild skips a folder it cannot read, as it skips one without a report.json, and goes on
+        "store-rebuild-report-json-arms-an-object",
+        ("store", "rebuild", "--store={tmp}/store", "{tmp}/stored"),
+        0,
+        "skipped: */stored/report.json: 'arms' must be a list, got an object",
+        _with_report_json('{"arms": {"name": "auto"}, "summary": []}'),
+    ),
+    Case(
+        "store-rebuild-report-json-summary-row-without-its-metric",
+        ("store", "rebuild", "--store={tmp}/store", "{tmp}/stored"),
+        0,
+        "skipped: */stored/report.json: 'summary[[]0].metric' is missing",
+        _with_report_json('{"summary": [{"probe": "short", "point": "code", "arm": "auto", "mean": 1.0}]}'),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CLI_CASES, ids=[c.id for c in CLI_CASES])
+def test_kvcache_report_on_bad_input_gets_a_headline_and_the_right_exit(tmp_path: Path, case: Case) -> None:
+    case.setup(tmp_path)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in case.args]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_kvcache.cli", *args], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    output = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == case.exit, "\n".join(output)
+    from _pytest.pytester import LineMatcher
+
+    LineMatcher(output).fnmatch_lines([case.headline])
     assert "Traceback" not in done.stdout + done.stderr
 
 
