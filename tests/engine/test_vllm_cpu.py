@@ -280,7 +280,7 @@ def test_the_trained_default_can_judge_quality(replicates_run: Run) -> None:
     check = report["baseline_check"]
     assert check["can_judge"] is True, check
     assert check["vocab"] == 49152 and check["nll_share"] < 0.4 and check["chars_per_token"] > 2.5
-    assert check["unchecked"] == [] and len(check["greedy"]) >= 2
+    assert check["unchecked"] == [] and check["greedy"]
     assert "can judge quality." in replicates_run.output
 
 

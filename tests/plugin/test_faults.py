@@ -137,6 +137,14 @@ def _model_folder(files: dict[str, str], name: str = "m") -> Callable[[Path], No
 MISSING = "vllm_is_not_installed_here"
 
 CASES = [
+    Case(  # the budget rule reads the served model (the trained default, in float32), not the tiny model
+        "budget-rule-reads-the-trained-default",
+        ("--kv-model=embedded", "--kv-arms=auto", "--kv-cache-bytes=300MiB"),
+        4,
+        "ERROR: pytest-kvcache: arm auto: a KV budget of 300 MiB holds 6,826 tokens at 46,080 bytes a token (auto KV"
+        " on float32 weights; SmolLM2-135M-Instruct: 30 layers × 3 KV heads × 64), fewer than max_model_len 8,192:"
+        " give at least 360 MiB*",
+    ),
     Case(
         "rerender-corrupt-run-json",
         ("--kv-rerender=stored",),

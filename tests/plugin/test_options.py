@@ -77,7 +77,7 @@ def test_the_boot_plan_states_the_trained_models_sizes_and_context(
     """The default embedded model (trained, 8K): its CPU sizes and its context are in the plan; collecting
     needs no conversion (--collect-only converts nothing)."""
     monkeypatch.delenv("PYTEST_KVCACHE_MODEL")
-    result = pytester.runpytest("--collect-only", "-q", "--kv-arms=auto,fp8")
+    result = pytester.runpytest("--collect-only", "-q", "--kv-arms=auto,auto")
     result.stdout.fnmatch_lines(
         [
             "kvcache boot plan — launcher process, model embedded:smollm2-135m — SmolLM2-135M-Instruct (trained; "
