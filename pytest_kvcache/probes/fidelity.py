@@ -298,11 +298,14 @@ def _kl_coarse(base: Mapping[int, float], arm: Mapping[int, float]) -> float | N
     shared = [t for t in base if t in arm]
     if not shared:
         return None
-    p = np.exp(np.asarray([base[t] for t in shared]))
-    q = np.exp(np.asarray([arm[t] for t in shared]))
-    p_rest = max(_FLOOR, 1.0 - float(p.sum()))
-    q_rest = max(_FLOOR, 1.0 - float(q.sum()))
-    kl = float(np.sum(p * (np.log(p) - np.log(q)))) + p_rest * (math.log(p_rest) - math.log(q_rest))
+    # math (libm), not numpy: numpy's exp/log take another SIMD path on AVX-512 than on AVX2, and a report
+    # re-rendered on another host must read the same last digits
+    p = [math.exp(base[t]) for t in shared]
+    q = [math.exp(arm[t]) for t in shared]
+    p_rest = max(_FLOOR, 1.0 - math.fsum(p))
+    q_rest = max(_FLOOR, 1.0 - math.fsum(q))
+    terms = [pi * (base[t] - arm[t]) for pi, t in zip(p, shared, strict=True)]
+    kl = math.fsum(terms) + p_rest * (math.log(p_rest) - math.log(q_rest))
     return max(0.0, kl)
 
 

@@ -79,8 +79,10 @@ def test_fidelity(
     # what the report's "can this baseline judge?" reads: the text's characters per token, the vocabulary
     entry["text_chars"], entry["text_tokens"] = len(text.text), len(all_ids)
     entry["vocab_size"] = _vocab(kv_client, kv_settings)
+    # only the baseline's greedy continuations are judged (``report.judging``): other arms skip them
+    baseline = kv_server.arm.name == kv_settings.baseline.name
     if forced:
-        _score_forced(kv_client, kv_record, kv_settings, entry, ids, usable, depths, label)
+        _score_forced(kv_client, kv_record, kv_settings, entry, ids, usable, depths, label, baseline=baseline)
         return
     payload = fidelity.payload(kv_server.model, ids, kv_settings.fidelity_top_k)
     try:
@@ -99,7 +101,8 @@ def test_fidelity(
     entry["flags"], entry["excluded_reason"] = flags, excluded
     entry["windows"] = [w.to_dict() for w in kept]
     entry["short_depths"] = [d for d in depths if d not in usable] + short
-    _greedy(kv_client, kv_server.model, ids[: usable[0]], entry, forced=False)
+    if baseline:
+        _greedy(kv_client, kv_server.model, ids[: judging.GREEDY_PROMPT_TOKENS], entry, forced=False)
     kv_record.fidelity(entry)
     if excluded:
         pytest.fail(f"{label}: {excluded}", pytrace=False)
@@ -120,7 +123,7 @@ def _vocab(kv_client: ArmClient, kv_settings: Settings) -> int | None:
 
 
 def _greedy(kv_client: ArmClient, model: str, ids: list[int], entry: FidelityRecord, *, forced: bool) -> None:
-    """A short greedy continuation of the text at the first depth (the same ids on every arm), for the report's
+    """A short greedy continuation of the text's first tokens, on the baseline arm's boots, for the report's
     repeat check (``probes.judging``). A failure is recorded and judged "not checked", never a failed test."""
     n = judging.GREEDY_TOKENS
     try:
@@ -143,6 +146,8 @@ def _score_forced(
     usable: list[int],
     depths: list[int],
     label: str,
+    *,
+    baseline: bool,
 ) -> None:
     """llama-server has no prompt logprobs: each window position is one forced one-token continuation
     (``fidelity.forced_payload``) on the prompt cache — the same requests, in the same order, in every arm."""
@@ -169,5 +174,6 @@ def _score_forced(
     entry["cold_proof"], entry["flags"], entry["excluded_reason"] = "n/a", [], None
     entry["windows"] = [w.to_dict() for w in kept]
     entry["short_depths"] = [d for d in depths if d not in usable] + short
-    _greedy(kv_client, "", ids[: usable[0]], entry, forced=True)
+    if baseline:  # on the prompt cache: the first depth's tokens are there
+        _greedy(kv_client, "", ids[: usable[0]], entry, forced=True)
     kv_record.fidelity(entry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -69,11 +70,39 @@ def run_pytest(workdir: Path, *args: str, timeout: float = 900, engine_args: str
         "--kv-startup-timeout=300",
         *args,
     ]
-    proc = subprocess.run(
-        cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        cmd,
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,  # its xdist workers too can be signalled as one group
     )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out = _stop_run(proc, tag)
+        pytest.fail(f"the run did not end within {timeout:.0f} s; stopped, its engines too. Its output:\n{out[-6000:]}")
     latest = workdir / ".kvcache" / "runs" / "latest"
-    return Run(proc.returncode, proc.stdout + proc.stderr, latest.resolve() if latest.exists() else latest, tag)
+    return Run(proc.returncode, out, latest.resolve() if latest.exists() else latest, tag)
+
+
+def _stop_run(proc: subprocess.Popen[str], tag: str) -> str:
+    """Stop a run that overran: SIGTERM to its process group (the plugin stops its engines as on Ctrl-C), then
+    SIGKILL, then any vLLM process of its tag still alive (a killed run's engines would load every later test)."""
+    for signum, wait_s in ((signal.SIGTERM, 60.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+        try:
+            out, _ = proc.communicate(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            out = ""
+    for pid in vllm_processes(tag):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+    return out or ""
 
 
 #: A user's probe whose requests the engine rejects: ``max_tokens`` past the model's context is HTTP 400
@@ -113,6 +142,7 @@ def ab_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         "short or depth or concurrency or overflow or fidelity",
         "--kv-fidelity-depths=1k",
         "--kv-fail=logprob_drift[fidelity]: <= 0.5",
+        "--kv-max-replicates=1",  # one boot per arm (a gate alone would allow adaptive rounds: boots auto.r1 …)
         "--kv-concurrency=8",
         "--kv-concurrency-max-tokens=32",
         "--kv-warmups=1",
