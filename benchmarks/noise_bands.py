@@ -44,6 +44,9 @@ DEFAULT_RUNS = (
     "docs/results/h200-fidelity/run",
     "docs/results/h200-trained/run",
 )
+#: A/A runs on a loaded host, for the widest spread only (``widest`` in the file, ``report.spread``): the CPU
+#: A/A of commit 4d4bc49, on this project's 2-core machine at load average 17–24 (tests/data/aa/cpu-loaded).
+WIDE_RUNS = ("tests/data/aa/cpu-loaded/run",)
 OUT = ROOT / "pytest_kvcache" / "data" / bands.FILE
 
 
@@ -66,15 +69,16 @@ def _label(b: tuple[object, ...]) -> str:
     return str(b[2])
 
 
-def points(run_dir: Path) -> tuple[str, list[dict[str, object]]]:
-    """The run's platform and one entry per arm, probe, point and metric with 2+ boots: σ_b and its df."""
+def points(run_dir: Path, keep_busy: bool = False) -> tuple[str, list[dict[str, object]]]:
+    """The run's platform and one entry per arm, probe, point and metric with 2+ boots: σ_b and its df;
+    samples that saw the host busy are left out unless ``keep_busy`` (the widest spread keeps them)."""
     run = load(run_dir)
     platform = bands.platform_of(run.evidence)
     data = run.frame
     if data.empty:
         return platform, []
     data = data[data["valid"]].copy()
-    if "flagged" in data and run.records:  # a sample that saw the host busy measured the other work, not the boot
+    if "flagged" in data and run.records and not keep_busy:  # a busy-host sample measured the other work
         busy = {
             (r.get("boot"), r.get("probe"), r.get("shape"), r.get("depth"), r.get("turn"), r.get("index"))
             for r in run.records
@@ -117,7 +121,8 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def derive(runs: list[Path], quantile: float) -> dict[str, object]:
+def derive(runs: list[Path], quantile: float, wide: list[Path] | None = None) -> dict[str, object]:
+    wide = [ROOT / w for w in WIDE_RUNS] if wide is None else wide
     by: dict[str, dict[str, list[dict[str, object]]]] = {}
     used: dict[str, list[str]] = {}
     for run_dir in runs:
@@ -152,8 +157,20 @@ def derive(runs: list[Path], quantile: float) -> dict[str, object]:
                     **entry,
                     "source": f"no {platform.upper()} points: the {other.upper()} band ({entry['source']})",
                 }
+    widest: dict[str, dict[str, object]] = {}
+    for run_dir in [*runs, *wide]:
+        for p in points(run_dir, keep_busy=True)[1]:
+            name, sd = str(p["family"]), float(str(p["boot_sd"]))
+            if sd > float(str(widest.get(name, {}).get("boot_sd", -1.0))):
+                at = f"{p['config']} {p['probe']}@{p['point']} {p['metric']} ({p['run']})"
+                widest[name] = {"boot_sd": round(sd, 4), "at": at}
     return {
         "version": 1,
+        "widest_what": "per family: the largest σ_b of any point of any run listed or in wide_runs, busy-host samples "
+        "kept: the widest boot-to-boot spread measured on any host (report.spread judges a one-boot comparison "
+        "with it when a compared sample saw the host busy)",
+        "wide_runs": [_rel(r) for r in wide],
+        "widest": dict(sorted(widest.items())),
         "what": "per platform and metric family: boot_sd, the standard deviation of log(one boot's mean) around "
         "its arm's level (boot-to-boot, within-boot noise taken out)",
         "command": "python benchmarks/noise_bands.py " + " ".join(str(r) for r in runs if str(r) not in DEFAULT_RUNS),

@@ -289,37 +289,52 @@ def mean_ci_boots(
 
 
 def widen_ratio(
-    ratio: float, lo: float, hi: float, boot_sd: float, boots_base: int, boots_arm: int, confidence: float = CONFIDENCE
+    ratio: float,
+    lo: float,
+    hi: float,
+    boot_sd: float,
+    boots_base: int,
+    boots_arm: int,
+    confidence: float = CONFIDENCE,
+    df: float = math.inf,
 ) -> tuple[float, float]:
     """A within-boot CI of a ratio widened by boot-to-boot variation it cannot see.
 
     ``boot_sd`` is the standard deviation of the log of one boot's mean around its arm's level (a default band
     per metric family, ``report.bands``). The within-boot CI's half-width on the log scale gives its standard
     error; the boot component of the log ratio's variance is ``boot_sd² · (1/boots_base + 1/boots_arm)``; the
-    two add, and the interval is the normal one around the ratio: it shrinks as boots are added."""
-    z = t_quantile(math.inf, confidence)
+    two add, and the interval is the normal one around the ratio (Student's t on ``df`` degrees of freedom where
+    ``boot_sd`` was estimated from a few boots): it shrinks as boots are added."""
+    z = t_quantile(df, confidence)
     boot_var = boot_sd**2 * (1 / max(boots_base, 1) + 1 / max(boots_arm, 1))
     if ratio <= 0 or lo <= 0 or hi <= 0:  # no log scale (a ratio of differences): the same sum, linearly
-        total = math.sqrt(((hi - lo) / (2 * z)) ** 2 + abs(ratio) ** 2 * boot_var)
+        total = math.sqrt(((hi - lo) / (2 * t_quantile(math.inf, confidence))) ** 2 + abs(ratio) ** 2 * boot_var)
         return ratio - z * total, ratio + z * total
-    se_within = (math.log(hi) - math.log(lo)) / (2 * z)
+    se_within = (math.log(hi) - math.log(lo)) / (2 * t_quantile(math.inf, confidence))
     total = math.sqrt(se_within**2 + boot_var)
     centre = math.log(ratio)
     return math.exp(centre - z * total), math.exp(centre + z * total)
 
 
 def widen_mean(
-    mean: float, lo: float, hi: float, boot_sd: float, boots: int, confidence: float = CONFIDENCE
+    mean: float,
+    lo: float,
+    hi: float,
+    boot_sd: float,
+    boots: int,
+    confidence: float = CONFIDENCE,
+    df: float = math.inf,
 ) -> tuple[float, float]:
     """A within-boot CI of one arm's mean widened by boot-to-boot variation (:func:`widen_ratio` for a mean):
     on the log scale for a positive mean, so a time or a rate never reaches 0, with a boot component of
-    ``boot_sd² / boots``; linearly otherwise (``(mean · boot_sd)² / boots``)."""
-    z = t_quantile(math.inf, confidence)
+    ``boot_sd² / boots``; linearly otherwise (``(mean · boot_sd)² / boots``); Student's t on ``df``."""
+    z = t_quantile(df, confidence)
+    normal = t_quantile(math.inf, confidence)
     if mean > 0 and lo > 0 and hi > 0:
-        se_within = (math.log(hi) - math.log(lo)) / (2 * z)
+        se_within = (math.log(hi) - math.log(lo)) / (2 * normal)
         total = math.sqrt(se_within**2 + boot_sd**2 / max(boots, 1))
         return mean * math.exp(-z * total), mean * math.exp(z * total)
-    se_within = (hi - lo) / (2 * z)
+    se_within = (hi - lo) / (2 * normal)
     total = math.sqrt(se_within**2 + (abs(mean) * boot_sd) ** 2 / max(boots, 1))
     return mean - z * total, mean + z * total
 
@@ -509,7 +524,7 @@ def crossover_boots(
 
 
 #: The family-wise error rate Holm's step-down procedure holds within each family of deltas
-#: (one arm, probe and metric over its points; ``report.multiplicity``).
+#: (one arm and probe over its points and metrics; ``report.multiplicity``).
 FAMILY_ALPHA = 0.05
 
 
@@ -580,3 +595,19 @@ def interval_p_value(
         return float(2 * scipy_stats.t.sf(t, df))
     z = abs(math.log(ratio)) / (distance / t_quantile(math.inf, confidence))
     return float(2 * scipy_stats.norm.sf(z))
+
+
+def pooled_log_sd(*sides: Sequence[Sequence[float]]) -> tuple[float, int] | None:
+    """The pooled standard deviation of log(boot mean) within each side (each side a list of boots, each boot
+    its values) and its degrees of freedom (boots − 1 summed over the sides); None without a side of 2+ boots
+    with positive means. It holds the boot-to-boot spread and the within-boot noise of each mean alike."""
+    squares, df = 0.0, 0
+    for boots in sides:
+        means = [float(np.mean(b)) for b in boots if len(b)]
+        logs = np.log([m for m in means if m > 0])
+        if logs.size >= 2:
+            squares += float(np.sum((logs - logs.mean()) ** 2))
+            df += int(logs.size) - 1
+    if df < 1:
+        return None
+    return math.sqrt(squares / df), df

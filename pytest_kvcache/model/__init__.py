@@ -79,5 +79,6 @@ from pytest_kvcache.model.report import SavedSection as SavedSection
 from pytest_kvcache.model.report import SelfCheckSection as SelfCheckSection
 from pytest_kvcache.model.report import SpecDecodeRow as SpecDecodeRow
 from pytest_kvcache.model.report import SpecDecodeSection as SpecDecodeSection
+from pytest_kvcache.model.report import SpreadInfo as SpreadInfo
 from pytest_kvcache.model.report import SummaryRow as SummaryRow
 from pytest_kvcache.model.report import _GateExtras as _GateExtras

@@ -50,6 +50,18 @@ class Comparison(TypedDict, total=False):
     provisional: str
     #: a capacity search that never broke the SLO on a side: its capacity is a lower bound (report.capacity)
     censored: bool
+    #: the pooled SD of log(boot mean) within each side and its degrees of freedom (2+ boots on a side)
+    boot_sd: float
+    boot_df: int
+    #: valid compared samples that saw the host busy (``host_cpu_busy``)
+    host_busy: int
+
+
+class SpreadInfo(TypedDict):
+    kind: str
+    sd_pct: float | None
+    df: float | None
+    text: str
 
 
 class DeltaRow(Comparison, total=False):
@@ -64,8 +76,11 @@ class DeltaRow(Comparison, total=False):
     #: percent) and the widened CI it was judged on (``report.bands.judge_deltas``)
     band_pct: float
     judged_ci: list[float]
+    #: the spread the within-boot verdict was judged with (``report.spread``): its kind ("default band",
+    #: "run's boots", "noise run", "widest", "none"), SD percent, t degrees of freedom (null: normal) and words
+    spread: SpreadInfo
     #: H0 ratio = 1, from the interval the verdict is decided on (``report.multiplicity``); Holm-adjusted within
-    #: the (arm, probe, metric) family of ``family_size`` points
+    #: the (arm, probe) family of ``family_size`` comparisons (its points and metrics)
     p_value: float
     p_holm: float
     family_size: int
@@ -436,7 +451,9 @@ class NoiseBand(TypedDict):
     probe: str
     point: str
     metric: str
+    #: the A/A's σ̂ of log boot means (percent) and its degrees of freedom (``report.judge.noise_bands``)
     band_pct: float
+    df: float
 
 
 class NoiseSection(TypedDict):
@@ -463,9 +480,10 @@ class SavedSection(TypedDict):
 class GateEvidence(TypedDict, total=False):
     """What decided a gate (``report.gates.evaluate``), with its figures."""
 
-    #: "boots" (3+ boots a side: the CI over boots), "noise run" (a stored A/A's band, --kv-noise), "default
-    #: band" (the within-boot CI widened by the metric family's default boot-to-boot band), "within-boot"
-    #: (no band for the platform), or "none" (no CI: no or too few samples)
+    #: "boots" (3+ boots a side: the CI over boots), else the spread the within-boot CI was widened with
+    #: (``report.spread``): "noise run" (a stored A/A, --kv-noise), "run's boots" (this run's, from 2 boots on a
+    #: side), "default band" (the metric family's), "widest" (the widest spread measured on any host: a compared
+    #: sample saw the host busy), "no band" (none: no interval); or "none" (no CI: no or too few samples)
     kind: str
     text: str
     boots_baseline: int
@@ -475,9 +493,14 @@ class GateEvidence(TypedDict, total=False):
     band_pct: float
     platform: str
     family: str
-    #: the default band: the standard deviation of log(one boot's mean), percent
+    #: the spread the within-boot CI was widened with: the standard deviation of log(one boot's mean), percent,
+    #: and the degrees of freedom of its t quantile (absent: the normal one)
     boot_sd_pct: float
+    df: float
     source: str
+    #: a within-boot CI: whether the gate would FAIL even widened by the widest spread measured on any host
+    #: (``report.spread.widest``): only then may an interim adaptive look stop a run on that FAIL
+    beyond_widest: bool
 
 
 class _GateExtras(TypedDict, total=False):
@@ -549,9 +572,15 @@ class CostSection(TypedDict):
     per_boot: list[dict[str, Json]]
 
 
-class BandsUsed(TypedDict):
+class BandsUsed(TypedDict, total=False):
     platform: str
+    #: default band family → its SD percent, where a within-boot delta was judged with it
     families: dict[str, float]
+    #: every kind of spread the within-boot deltas were judged with → its source in words (``report.spread``)
+    spreads: dict[str, str]
+    #: valid measured samples of the run that saw the host busy (``host_cpu_busy``): one-boot comparisons of a run
+    #: with any are judged with the widest spread
+    host_busy: int
 
 
 class FailureRow(TypedDict):

@@ -3,8 +3,8 @@ family and platform, measured from committed multi-boot runs (``benchmarks/noise
 ``pytest_kvcache/data/noise_bands.json``; docs/gates.md says where each figure comes from).
 
 A within-boot CI cannot see the next boot. With fewer than 3 boots per arm a gate (and a delta's verdict)
-is judged on its within-boot CI widened by the family's band (``stats.widen_ratio``), unless a stored A/A
-(``--kv-noise``) gives the run's own band. Reads data only; no pytest.
+is judged on its within-boot CI widened by a boot-to-boot spread; ``report.spread`` says which (this band, the
+run's own boots, a stored A/A or the widest spread measured on any host). Reads data only; no pytest.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from importlib import resources
 from typing import Any, Literal
 
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model import DeltaRow, Evidence
+from pytest_kvcache.model import Evidence
 
 Platform = Literal["cpu", "gpu"]
 
@@ -84,38 +84,3 @@ def band(metric: str, platform: Platform) -> Band | None:
         source = f"{entry['source']}; {metric} has no family of its own: the widest {platform.upper()} band"
         return Band(platform, str(name), float(entry["boot_sd"]), source)
     return Band(platform, str(name), float(entry["boot_sd"]), str(entry["source"]))
-
-
-def judge_deltas(deltas: list[DeltaRow], platform: Platform) -> dict[str, float]:
-    """Judge every within-boot delta's verdict on its CI widened by the family's default band (in place), as
-    a gate on it is judged: better or worse only beyond boot-to-boot variation. A delta over boots keeps its
-    verdict (its CI covers boots). Returns the bands used, family → boot-to-boot SD (percent)."""
-    from pytest_kvcache import stats
-
-    used: dict[str, float] = {}
-    for d in deltas:
-        lo, hi, ratio = d.get("ci_low"), d.get("ci_high"), d.get("ratio")
-        if d.get("ci_method") != "within-boot" or lo is None or hi is None or ratio is None:
-            continue
-        found = band(d["metric"], platform)
-        if found is None or ratio <= 0:
-            continue
-        used[found.family] = found.boot_sd * 100
-        boots = (max(d.get("boots_baseline", 1), 1), max(d.get("boots_arm", 1), 1))
-        wide_lo, wide_hi = stats.widen_ratio(ratio, lo, hi, found.boot_sd, *boots)
-        d["band_pct"] = found.boot_sd * 100
-        d["judged_ci"] = [wide_lo, wide_hi]
-        judged = stats.verdict(d["metric"], wide_lo, wide_hi)
-        if d["verdict"] != "inconclusive" and judged == "inconclusive":
-            d["verdict_note"] = (
-                f"within the default {platform.upper()} boot-to-boot band (SD {found.boot_sd * 100:.1f}%)"
-            )
-        d["verdict"] = judged
-        if judged != "inconclusive":
-            d["provisional"] = (
-                f"{min(boots)} boot{'' if min(boots) == 1 else 's'} per arm: within-boot CI widened by the "
-                f"default {platform.upper()} {found.family} band"
-            )
-        else:
-            d.pop("provisional", None)
-    return used

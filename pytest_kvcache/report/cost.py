@@ -218,12 +218,20 @@ def open_gate_lines(gates: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def first_screen(report: Mapping[str, Any]) -> list[str]:
-    """The cost sentence, the open gates' boots to decide, whether the baseline can judge quality, and how many
-    comparisons the verdicts are corrected for (Holm), for the top of every output."""
+    """The cost sentence, the open gates' boots to decide, whether the baseline can judge quality, the spreads the
+    within-boot verdicts were judged with (each with its source), and how many comparisons the verdicts are
+    corrected for (Holm), for the top of every output."""
     line = cost_line(report.get("cost"))
     return (
         ([line] if line else [])
         + open_gate_lines(report.get("gates") or [])
         + judging.lines(report.get("baseline_check"))
+        + spread_lines(report.get("bands"))
         + multiplicity.lines(report.get("deltas"))
     )
+
+
+def spread_lines(used: Mapping[str, Any] | None) -> list[str]:
+    """One line per kind of boot-to-boot spread the within-boot verdicts were judged with, naming its source."""
+    spreads = (used or {}).get("spreads") or {}
+    return [f"Within-boot verdicts judged with {text}." for text in spreads.values()]

@@ -19,6 +19,9 @@ from pytest_kvcache.report.energy import request_windows, trial_windows
 
 #: With this many boots per arm or more, CIs are computed over boots (hierarchical bootstrap).
 MIN_BOOTS_FOR_BOOT_CI = 3
+#: A sample's flag that the host was busy outside the engine and the client (``run.hostload``): its boot may
+#: have measured the other work (``report.spread``: no one-boot claim on the default band then).
+HOST_BUSY = "host_cpu_busy"
 
 Specs = Mapping[str, ProbeSpec]
 PairKey = tuple[object, ...]
@@ -80,6 +83,7 @@ def frame(records: Sequence[Record], specs: Specs) -> pd.DataFrame:
             "pair": pair_key(r, specs),
             "valid": bool(r.get("ok")) and not r.get("excluded_reason"),
             "flagged": bool(r.get("flags")),
+            "host_busy": HOST_BUSY in (r.get("flags") or []),
             "excluded_reason": r.get("excluded_reason"),
             "prompt_tokens": sample.get("prompt_tokens"),
             "cached_tokens": sample.get("cached_tokens"),
@@ -127,6 +131,7 @@ def trial_rows(records: Sequence[Record], specs: Specs) -> list[dict[str, object
                 "pair": None,
                 "valid": valid,
                 "flagged": any(s.get("flags") for s in streams),
+                "host_busy": any(HOST_BUSY in (s.get("flags") or []) for s in streams),
                 "excluded_reason": "; ".join(reasons) or None,
                 "streams": len(streams),
                 "aggregate_tps": tokens / span if valid and span > 0 else None,
@@ -248,11 +253,22 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
         "direction": catalogue.direction(metric),
         "verdict": verdict,
     }
+    spread = stats.pooled_log_sd(base_boots, arm_boots)
+    if spread is not None:  # the run's own boot-to-boot spread (report.spread), from 2 boots on a side
+        found["boot_sd"], found["boot_df"] = spread
+    found["host_busy"] = host_busy(base) + host_busy(other)
     if method == "boots" and lo is not None and df is not None:
         found["ci_df"] = df  # the t-interval's degrees of freedom: the p-value of the same test (report.multiplicity)
     if method == "within-boot" and verdict != "inconclusive":
         found["provisional"] = provisional_note(max(1, min(len(base_boots), len(arm_boots))))
     return found
+
+
+def host_busy(group: pd.DataFrame) -> int:
+    """How many valid samples of a frame slice saw the host busy (``HOST_BUSY``)."""
+    if group.empty or "host_busy" not in group:
+        return 0
+    return int(group.loc[group["valid"], "host_busy"].fillna(False).astype(bool).sum())
 
 
 def provisional_note(boots: int) -> str:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from pytest_kvcache.probes.registry import ProbeSpec
     from pytest_kvcache.report.bands import Platform
+    from pytest_kvcache.report.spread import Spread
 
 Op = Literal[">=", "<=", ">", "<"]
 Kind = Literal["between", "baseline", "absolute", "saved"]
@@ -240,7 +241,7 @@ def evaluate(
     *,
     seed: int,
     saved: pd.DataFrame | None = None,
-    noise: Mapping[tuple[str, str, str], float] | None = None,
+    noise: Mapping[tuple[str, str, str], Spread] | None = None,
     specs: Mapping[str, ProbeSpec] | None = None,
     platform: Platform = "cpu",
     unjudgeable: str | None = None,
@@ -251,19 +252,20 @@ def evaluate(
     decided by the first evidence that applies (its ``evidence`` says which, with its figures):
 
     1. ``boots``: 3+ boots per side — the CI over boots (blocks under pytest-xdist), as the report's delta;
-    2. ``noise run``: a stored A/A run's band for the probe, point and metric (``noise``, ratio units) —
-       the within-boot CI widened by it;
-    3. ``default band``: the within-boot CI widened by the default boot-to-boot band of the metric's family
-       on ``platform`` (``report.bands``), shrinking with the boots each side had.
+    2. fewer: the within-boot CI widened by the boot-to-boot spread ``report.spread`` chooses — a stored A/A's
+       (``noise``: ``noise run``), the run's own boots from 2 on a side (``run's boots``, or the ``default
+       band`` where that is wider), the default band of the metric's family on ``platform`` at one boot when
+       no compared sample saw the host busy, else the ``widest`` spread measured on any host.
 
     A gate fails only when that CI lies wholly on the wrong side of the threshold, passes when it lies
     wholly on the right side, and is otherwise inconclusive (with ``boots_to_decide``: how many more boots
     per arm would likely decide it). ``specs`` (the run's) tell which probes measure against the baseline
     already (fidelity): their absolute gates without an arm judge every arm but the baseline.
     """
-    from pytest_kvcache.report.frame import by_boot, compare, point_sort, values
+    from pytest_kvcache.report.frame import by_boot, compare, host_busy, point_sort, values
 
     results: list[GateResult] = []
+    run_busy = host_busy(data) if not data.empty else 0  # a host busy anywhere in the run is a loaded host
     for gate in gates:
         sub = data[data["probe"] == gate.probe] if not data.empty else data
         measured = sorted(set(sub["point"]) if not sub.empty else set(), key=point_sort)
@@ -312,7 +314,11 @@ def evaluate(
                         from pytest_kvcache.report.capacity import capacity_ci
 
                         ci = capacity_ci(mine, seed)[:3]
-                    results.append(_absolute(gate, f"{label} ({arm})", found, groups, seed, platform, arm=arm, ci=ci))
+                    results.append(
+                        _absolute(
+                            gate, f"{label} ({arm})", found, groups, seed, platform, arm=arm, ci=ci, busy=run_busy
+                        )
+                    )
                 continue
             for who, base, other in pairs:
                 if base.empty or other.empty:
@@ -322,18 +328,40 @@ def evaluate(
                     continue
                 cmp = compare(base, other, gate.metric, seed=seed)
                 band = (noise or {}).get((gate.probe, point, gate.metric))
-                results.append(_ratio(gate, f"{label} ({who})", cmp, band, platform))
+                results.append(_ratio(gate, f"{label} ({who})", cmp, band, platform, run_busy))
     return results
+
+
+def _finite(interval: tuple[float, float]) -> tuple[float | None, float | None]:
+    """An interval as a gate stores it: an unbounded one (no spread to judge with) is no interval."""
+    lo, hi = interval
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else (None, None)
+
+
+def _spread_evidence(found: Spread, within: list[float | None], platform: Platform, metric: str) -> GateEvidence:
+    """A gate's evidence for a within-boot CI widened by ``found`` (``report.spread``)."""
+    from pytest_kvcache.report import bands
+
+    evidence: GateEvidence = {"kind": found.kind, "within_ci": within, "platform": platform, "source": found.text}
+    if math.isfinite(found.sd):
+        evidence["boot_sd_pct"] = found.sd * 100
+    if math.isfinite(found.df):
+        evidence["df"] = found.df
+    if found.kind == "default band" and (name := bands.family(metric)) is not None:
+        evidence["family"] = name
+    return evidence
 
 
 def _boots_note(boots_base: int, boots_arm: int) -> str:
     return f"boots {boots_base} and {boots_arm}"
 
 
-def _ratio(gate: Gate, name: str, cmp: Comparison, band: float | None, platform: Platform) -> GateResult:
-    """One ratio gate (between arms, against the baseline, against a saved run) on its deciding evidence."""
-    from pytest_kvcache import stats
-    from pytest_kvcache.report import bands
+def _ratio(
+    gate: Gate, name: str, cmp: Comparison, noise: Spread | None, platform: Platform, run_busy: int | None = None
+) -> GateResult:
+    """One ratio gate (between arms, against the baseline, against a saved run) on its deciding evidence:
+    over boots its own CI, else the within-boot CI widened by the spread ``report.spread`` chooses."""
+    from pytest_kvcache.report import spread
 
     lo, hi, ratio = cmp["ci_low"], cmp["ci_high"], cmp["ratio"]
     boots_base, boots_arm = max(cmp["boots_baseline"], 1), max(cmp["boots_arm"], 1)
@@ -343,30 +371,15 @@ def _ratio(gate: Gate, name: str, cmp: Comparison, band: float | None, platform:
         reason = "too few samples for a CI" if ratio is not None else "no valid samples"
     elif cmp["ci_method"] == "boots":
         evidence.update({"kind": "boots", "text": f"CI over boots ({_boots_note(boots_base, boots_arm)}: t-interval)"})
-    elif band is not None:
-        evidence.update(
-            {
-                "kind": "noise run",
-                "within_ci": [lo, hi],
-                "band_pct": band * 100,
-                "text": f"within-boot CI widened by the A/A noise band ±{band * 100:.1f}% (--kv-noise)",
-            }
-        )
-        lo, hi = lo - band, hi + band
-    elif (found := bands.band(gate.metric, platform)) is not None:
-        wide_lo, wide_hi = stats.widen_ratio(ratio, lo, hi, found.boot_sd, boots_base, boots_arm)
-        evidence.update(
-            {
-                "kind": "default band",
-                "within_ci": [lo, hi],
-                "platform": platform,
-                "family": found.family,
-                "boot_sd_pct": found.boot_sd * 100,
-                "source": found.source,
-                "text": f"within-boot CI ({_boots_note(boots_base, boots_arm)}) widened by {found.describe()}",
-            }
-        )
-        lo, hi = wide_lo, wide_hi
+    else:
+        found, boots = spread.for_comparison(gate.metric, cmp, platform, noise, run_busy)
+        evidence.update(_spread_evidence(found, [lo, hi], platform, gate.metric))
+        evidence["text"] = f"within-boot CI ({_boots_note(boots_base, boots_arm)}) widened by {found.text}"
+        widest = spread.widest(gate.metric)
+        if widest is not None and found.kind != "widest":  # would this interval's outcome hold on any host?
+            far = _finite(spread.ratio_interval(ratio, lo, hi, widest, boots))
+            evidence["beyond_widest"] = judge(gate.op, *far, gate.threshold) == "fail"
+        lo, hi = _finite(spread.ratio_interval(ratio, lo, hi, found, boots))
     outcome = judge(gate.op, lo, hi, gate.threshold)
     reason = reason or str(evidence.get("text", ""))
     result = _result(gate, name, outcome, ratio, lo, hi, reason, ratio=True)
@@ -389,11 +402,12 @@ def _absolute(
     *,
     arm: str,
     ci: tuple[float | None, float | None, float | None] | None = None,
+    busy: int = 0,
 ) -> GateResult:
     """One absolute gate (one arm's mean against a number) on its deciding evidence. ``ci`` (mean, low, high)
     replaces the CI of the mean where the metric has its own (a capacity search's bootstrap)."""
     from pytest_kvcache import stats
-    from pytest_kvcache.report import bands
+    from pytest_kvcache.report import spread
     from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI
 
     boots = len(groups)
@@ -404,22 +418,16 @@ def _absolute(
         evidence.update({"kind": "boots", "text": f"CI over boots ({boots} boots: {how})"})
     else:
         mean, lo, hi = ci or stats.mean_ci(found, seed=seed)
-        band = bands.band(gate.metric, platform)
-        if mean is not None and lo is not None and hi is not None and band is not None:
-            evidence.update(
-                {
-                    "kind": "default band",
-                    "within_ci": [lo, hi],
-                    "platform": platform,
-                    "family": band.family,
-                    "boot_sd_pct": band.boot_sd * 100,
-                    "source": band.source,
-                    "text": f"within-boot CI ({boots} boot{'' if boots == 1 else 's'}) widened by {band.describe()}",
-                }
-            )
-            lo, hi = stats.widen_mean(mean, lo, hi, band.boot_sd, max(boots, 1))
-        elif mean is not None and lo is not None:
-            evidence.update({"kind": "within-boot", "text": "within-boot CI (no default band for this platform)"})
+        if mean is not None and lo is not None and hi is not None:
+            run = stats.pooled_log_sd(groups)
+            chosen = spread.choose(gate.metric, platform, (max(boots, 1),) * 2, run=run, host_busy=busy)
+            evidence.update(_spread_evidence(chosen, [lo, hi], platform, gate.metric))
+            evidence["text"] = f"within-boot CI ({boots} boot{'' if boots == 1 else 's'}) widened by {chosen.text}"
+            widest = spread.widest(gate.metric)
+            if widest is not None and chosen.kind != "widest":  # would this interval's outcome hold on any host?
+                far = _finite(spread.mean_interval(mean, lo, hi, widest, max(boots, 1)))
+                evidence["beyond_widest"] = judge(gate.op, *far, gate.threshold) == "fail"
+            lo, hi = _finite(spread.mean_interval(mean, lo, hi, chosen, max(boots, 1)))
     outcome = judge(gate.op, lo, hi, gate.threshold)
     reason = "no valid samples" if not found else "too few samples for a CI" if lo is None else ""
     result = _result(gate, name, outcome, mean, lo, hi, reason or str(evidence.get("text", "")))

@@ -6,6 +6,7 @@ run's own ``--kv-seed``, so a gate's CI and the report's CI of the same delta ar
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
@@ -16,8 +17,8 @@ from pytest_kvcache import stats
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import GateResult, Report, SavedRow, SavedSection
 from pytest_kvcache.report import gates as gate_grammar
-from pytest_kvcache.report import judging
-from pytest_kvcache.report.bands import platform_of
+from pytest_kvcache.report import judging, spread
+from pytest_kvcache.report.bands import Platform, platform_of
 from pytest_kvcache.report.build import build
 from pytest_kvcache.report.frame import Specs, compare
 from pytest_kvcache.report.load import RunData
@@ -31,7 +32,7 @@ EXIT_INTERRUPTED = 2
 EXIT_REPORT_ERROR = 3  # the report could not be built: never a pass
 EXIT_USAGE = 4  # a bad option, gate or stored run folder
 
-Bands = dict[tuple[str, str, str], float]
+Bands = dict[tuple[str, str, str], "spread.Spread"]
 COMPARED_EVIDENCE = (("engine_version", "engine version"), ("served_model", "model"))
 
 
@@ -46,42 +47,51 @@ class Judgement:
 
 
 def noise_bands(noise: RunData) -> Bands:
-    """An A/A run's noise band per (probe, point, metric): how far from 1 its ratio CI reaches (ratio units).
-    With several copies of the arm (``X, X.2, X.3``) the widest band counts."""
-    bands: Bands = {}
-    for d in build(noise)["deltas"]:
-        lo, hi = d["ci_low"], d["ci_high"]
-        if lo is None or hi is None:
-            continue
-        key = (d["probe"], d["point"], d["metric"])
-        bands[key] = max(bands.get(key, 0.0), abs(lo - 1), abs(hi - 1))
-    return bands
+    """A stored A/A run's spread per (probe, point, metric): σ̂, the SD of its log boot means pooled within each
+    arm (copies of an arm, ``X, X.2``, are one arm: the same configuration), and its degrees of freedom
+    (``report.spread``); a point needs 2 boots of one arm."""
+    from pytest_kvcache.report.frame import by_boot, spec_of, values
+
+    found: Bands = {}
+    data = noise.frame
+    if data.empty:
+        return found
+    data = data.assign(config=[re.sub(r"\.\d+$", "", str(a)) for a in data["arm"]])
+    name = noise.path.name
+    for (probe, point), group in data.groupby(["probe", "point"], sort=False):
+        for metric in spec_of(str(probe), noise.specs).metrics:
+            if not values(group, metric):
+                continue
+            sides = [by_boot(g, metric) for _, g in group.groupby("config", sort=False)]
+            pooled = stats.pooled_log_sd(*sides)
+            if pooled is not None:
+                found[(str(probe), str(point), metric)] = spread.from_aa(pooled[0], pooled[1], name)
+    return found
 
 
-def apply_noise(report: Report, bands: Bands, name: str, specs: Specs) -> None:
-    """Judge every within-boot delta against the A/A noise band instead of the default band: better/worse
-    only when the CI clears 1 ± band. A delta over boots (3+ boots per arm) keeps its verdict: its CI covers
-    boot-to-boot variation already, and a gate on it is judged on that CI too."""
+def apply_noise(report: Report, bands: Bands, name: str, specs: Specs, platform: Platform = "cpu") -> None:
+    """Judge every within-boot delta with the A/A noise run's spread where it has one (``report.spread``: its
+    σ̂ scaled by this run's boots, Student's t on its df) instead of the default band. A delta over boots (3+
+    boots per arm) keeps its verdict: its CI covers boot-to-boot variation already, and a gate on it is
+    judged on that CI too."""
     missing = 0
     for d in report["deltas"]:
-        band = bands.get((d["probe"], d["point"], d["metric"]))
-        d["noise_pct"] = band * 100 if band is not None else None
-        if band is None:
-            missing += 1
-            continue
-        lo, hi = d["ci_low"], d["ci_high"]
-        if d.get("ci_method") == "within-boot" and lo is not None and hi is not None:
-            judged = stats.verdict(d["metric"], lo - band, hi + band)
-            d["verdict"] = judged
-            d.pop("provisional", None)  # the A/A band is boot against boot: it covers boot-to-boot variation
-            d.pop("band_pct", None)
-            d.pop("judged_ci", None)
-            d.pop("verdict_note", None)
-            if judged == "inconclusive":
-                d["verdict_note"] = f"within the A/A noise band ±{band * 100:.1f}%"
+        found = bands.get((d["probe"], d["point"], d["metric"]))
+        d["noise_pct"] = found.sd * 100 if found is not None else None
+        missing += found is None
+    busy = (report.get("bands") or {}).get("host_busy")
+    used = spread.judge_deltas(report["deltas"], platform, noise=bands, run_busy=busy)
+    report["bands"] = {
+        "platform": platform,
+        "families": used["families"],
+        "spreads": used["spreads"],
+        "host_busy": busy or 0,
+    }
     report["noise"] = {
         "run": name,
-        "bands": [{"probe": p, "point": q, "metric": m, "band_pct": b * 100} for (p, q, m), b in bands.items()],
+        "bands": [
+            {"probe": p, "point": q, "metric": m, "band_pct": b.sd * 100, "df": b.df} for (p, q, m), b in bands.items()
+        ],
         "missing": missing,
     }
     apply_holm(report["deltas"])  # the verdicts are set anew: Holm again, before crossovers and sentences
@@ -145,7 +155,7 @@ def judge(
     bands: Bands = {}
     if noise is not None:
         bands = noise_bands(noise)
-        apply_noise(report, bands, noise.path.name, specs)
+        apply_noise(report, bands, noise.path.name, specs, platform_of(run.evidence))
     check = report.get("self_check") or {}
     done.messages += [f"warning: {w}" for w in check.get("warnings") or []]
     if check.get("error"):

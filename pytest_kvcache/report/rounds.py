@@ -12,6 +12,12 @@ from pytest_kvcache.model import DeltaRow, Record
 from pytest_kvcache.report import bands
 from pytest_kvcache.report.comparison import ci_half_width_pct, delta_rows
 from pytest_kvcache.report.frame import Specs, frame, spec_of
+from pytest_kvcache.report.spread import Spread
+
+#: The evidence an interim look may stop a run on with a FAIL: over boots, or judged with the widest spread
+#: measured on any host (or beyond it: the gate's ``beyond_widest``). A FAIL on any other within-boot evidence
+#: boots on: looked at after every round, it would falsely fail more often than at any fixed boot count.
+STOPS_ON_FAIL = frozenset({"boots", "widest"})
 
 
 def rounds_check(
@@ -24,7 +30,7 @@ def rounds_check(
     blocks: Mapping[str, int] | None = None,
     *,
     platform: bands.Platform = "cpu",
-    noise: Mapping[tuple[str, str, str], float] | None = None,
+    noise: Mapping[tuple[str, str, str], Spread] | None = None,
     saved: pd.DataFrame | None = None,
     external: bool = False,
 ) -> tuple[bool, dict[str, object] | None]:
@@ -33,8 +39,10 @@ def rounds_check(
     ``blocks`` maps each boot to its block):
 
     - every gate is evaluated exactly as the report evaluates it (``report.gates.evaluate``, with the A/A
-      noise band, the stored run and the platform's default bands): a round is needed while one of them is
-      undecided — its CI straddles the threshold — however narrow; a gate without data is no reason to boot;
+      noise run, the stored run and the platform's default bands): a round is needed while one of them is
+      undecided — its CI straddles the threshold — however narrow, or FAILs on evidence an interim look may
+      not stop on (``STOPS_ON_FAIL``: the same gate, looked at after every round, would otherwise falsely fail
+      more often than at any fixed boot count); a gate without data is no reason to boot;
     - with ``target_pct`` (``--kv-target-ci``), any other delta of a probe's primary metric is settled when
       its CI half-width ≤ ``target_pct``; a delta without a CI is not settled.
 
@@ -55,9 +63,7 @@ def rounds_check(
         except GateError:
             continue
     results = evaluate(parsed, data, arms, seed=seed, saved=saved, noise=noise, specs=specs, platform=platform)
-    open_gates = [
-        r for r in results if r["outcome"] == "inconclusive" and (r.get("evidence") or {}).get("kind", "none") != "none"
-    ]
+    open_gates = [r for r in results if _open(r)]
     gated = {(g.probe, g.metric) for g in parsed}
     judged: list[tuple[bool, float | None, DeltaRow]] = []
     if target_pct is not None:
@@ -81,3 +87,13 @@ def rounds_check(
     widest = {"probe": worst["probe"], "point": worst["point"], "metric": worst["metric"], "arm": worst["arm"]}
     widest["half_width_pct"] = worst_width
     return all(j[0] for j in judged), widest
+
+
+def _open(result: Mapping[str, object]) -> bool:
+    """Whether a gate still needs a round: undecided with data, or failed on evidence that may not stop a run."""
+    evidence: Mapping[str, object] = result.get("evidence") or {}  # type: ignore[assignment]
+    kind = str(evidence.get("kind", "none"))
+    if kind == "none":
+        return False
+    holds = kind in STOPS_ON_FAIL or bool(evidence.get("beyond_widest"))
+    return result["outcome"] == "inconclusive" or (result["outcome"] == "fail" and not holds)

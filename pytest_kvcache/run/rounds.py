@@ -36,7 +36,7 @@ def skip_reason(run: Run, boot: Boot) -> str | None:
     return reason
 
 
-def judging_inputs(run: Run) -> tuple[dict[tuple[str, str, str], float], Any]:
+def judging_inputs(run: Run) -> tuple[dict[tuple[str, str, str], Any], Any]:
     """The stored A/A run's noise bands and the stored run's frame, as the report judges with them
     (``--kv-noise``, ``--kv-compare``), read once."""
     if run._judging is None:
@@ -44,7 +44,7 @@ def judging_inputs(run: Run) -> tuple[dict[tuple[str, str, str], float], Any]:
         from pytest_kvcache.report.load import RunFolderError, load
 
         options = run.settings.report_options()
-        bands: dict[tuple[str, str, str], float] = {}
+        bands: dict[tuple[str, str, str], Any] = {}
         saved = None
         try:
             if options.noise is not None:

@@ -145,7 +145,7 @@ class Run:
         self.interrupted = False
         self.closed = False
         self.round_decisions: dict[int, str | None] = {}
-        self._judging: tuple[dict[tuple[str, str, str], float], Any] | None = None
+        self._judging: tuple[dict[tuple[str, str, str], Any], Any] | None = None
         self.agreement_due: dict[str, list[tuple[str, str, Payload]]] = {}
         self._lock = threading.Lock()
         self.listeners: list[RunListener] = []

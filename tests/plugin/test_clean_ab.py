@@ -105,7 +105,13 @@ def test_the_a_a_noise_band_is_saved_and_used_by_gates(pytester: pytest.Pytester
     report = report_of(pytester)
     assert report["noise"]["run"] == "noise" and report["noise"]["bands"]
     assert all(d["noise_pct"] is not None for d in report["deltas"])
-    assert "A/A noise band" in report["gates"][0]["reason"]
+    # the A/A's spread: σ̂ of its log boot means (auto and auto.2 are one arm: 2 boots, 1 degree of freedom)
+    assert (
+        "the A/A noise run noise (SD " in report["gates"][0]["reason"]
+        and "1 df; --kv-noise)" in report["gates"][0]["reason"]
+    )
+    assert {b["df"] for b in report["noise"]["bands"]} == {1.0}
+    assert report["gates"][0]["evidence"]["kind"] == "noise run" and report["gates"][0]["evidence"]["df"] == 1.0
 
 
 def test_target_ci_skips_adaptive_rounds_once_narrow_enough(pytester: pytest.Pytester, args: list[str]) -> None:

@@ -125,6 +125,14 @@ def test_the_burners_samples_are_flagged_by_default(pytester: pytest.Pytester, a
         f"(max {top:.0f}%): flagged"
     )
     assert all(row["excluded"] == 0 for row in report["summary"])
+    # one boot per arm on a host that was busy during the run: no delta is judged with the default band (issue 41)
+    within = [d for d in report["deltas"] if d["ci_method"] == "within-boot" and d.get("spread")]
+    assert within and {d["spread"]["kind"] for d in within} == {"widest"}, [d.get("spread") for d in within]
+    assert report["bands"]["host_busy"] == len(flagged)
+    assert any(
+        line.startswith("Within-boot verdicts judged with the widest spread measured on any host")
+        for line in result.stdout.lines
+    ), result.stdout.str()[-3000:]
     print("flag: code", peaks(records, "code"), "narrative", peaks(records, "narrative"))
 
 

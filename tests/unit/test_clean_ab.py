@@ -13,7 +13,7 @@ from pytest_kvcache import stats
 from pytest_kvcache.config.settings import Arm, SettingsError, boot_order
 from pytest_kvcache.probes import agreement, registry
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
-from pytest_kvcache.report import bands, build, confounds, gates, judge
+from pytest_kvcache.report import build, confounds, gates, judge, spread
 from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.outputs.markdown import fmt_delta
@@ -264,22 +264,27 @@ def test_noise_band_widens_gates_and_verdicts() -> None:
     one_boot = gates.evaluate([gate], data, ["a", "b"], seed=0)[0]
     # one boot each: the within-boot CI (+2% [+1.8, +2.2]) widened by the default CPU band straddles +1%
     assert one_boot["outcome"] == "inconclusive" and one_boot["evidence"]["kind"] == "default band"
-    widened = gates.evaluate([gate], data, ["a", "b"], seed=0, noise={("short", "code", "decode_tps"): 0.03})[0]
-    assert widened["outcome"] == "inconclusive" and "noise band ±3.0%" in widened["reason"]
-    assert widened["evidence"]["kind"] == "noise run"  # a stored A/A takes the place of the default band
-    narrow = gates.evaluate([gate], data, ["a", "b"], seed=0, noise={("short", "code", "decode_tps"): 0.001})[0]
+    wide_aa = {("short", "code", "decode_tps"): spread.from_aa(0.03, 4, "aa")}  # σ̂ 3% over 4 df
+    widened = gates.evaluate([gate], data, ["a", "b"], seed=0, noise=wide_aa)[0]
+    assert widened["outcome"] == "inconclusive" and "the A/A noise run aa (SD 3.0%, 4 df" in widened["reason"]
+    assert widened["evidence"]["kind"] == "noise run" and widened["evidence"]["df"] == 4  # in place of the band
+    quiet_aa = {("short", "code", "decode_tps"): spread.from_aa(0.001, 4, "aa")}
+    narrow = gates.evaluate([gate], data, ["a", "b"], seed=0, noise=quiet_aa)[0]
     assert narrow["outcome"] == "fail" and narrow["ci_method"] == "noise band"
+    # the A/A's spread is scaled by this run's boots: 1 boot a side widens by σ̂·√2, not by a flat margin
+    lo, hi = narrow["evidence"]["within_ci"]
+    assert narrow["ci_low"] < lo and narrow["ci_high"] > hi
     report: Any = {"deltas": analysis.delta_rows(data, ["a", "b"]), "arms": [], "crossovers": []}
     report["agreement"] = {"rows": [], "notes": []}
     assert report["deltas"][0]["verdict"] == "better"
     assert report["deltas"][0]["provisional"] == "1 boot per arm: within-boot CI only"
-    bands.judge_deltas(report["deltas"], "cpu")  # what build() does: +2% is within the CPU band
+    spread.judge_deltas(report["deltas"], "cpu")  # what build() does: +2% is within the CPU band
     assert report["deltas"][0]["verdict"] == "inconclusive" and "default CPU" in report["deltas"][0]["verdict_note"]
-    judge.apply_noise(report, {("short", "code", "decode_tps"): 0.03}, "aa", SPECS)
+    judge.apply_noise(report, wide_aa, "aa", SPECS)
     assert report["deltas"][0]["verdict"] == "inconclusive"
-    assert report["deltas"][0]["verdict_note"] == "within the A/A noise band ±3.0%"
-    assert "provisional" not in report["deltas"][0]
-    judge.apply_noise(report, {("short", "code", "decode_tps"): 0.001}, "aa", SPECS)
+    assert report["deltas"][0]["verdict_note"].startswith("within the A/A noise run aa (SD 3.0%, 4 df")
+    assert "provisional" not in report["deltas"][0] and report["bands"]["spreads"].keys() == {"noise run"}
+    judge.apply_noise(report, quiet_aa, "aa", SPECS)
     assert report["deltas"][0]["verdict"] == "better"  # judged again from the within-boot CI, not from the band's
 
 

@@ -36,6 +36,12 @@ def within_boot(**extra: Any) -> DeltaRow:
         "verdict": "better",
         "band_pct": 12.3,
         "judged_ci": [1.020, 1.619],
+        "spread": {
+            "kind": "default band",
+            "sd_pct": 12.3,
+            "df": None,
+            "text": "the default GPU decode rate band (boot-to-boot SD 12.3%)",
+        },
         "provisional": "1 boot per arm: within-boot CI widened by the default GPU decode rate band",
     }
     return cast(DeltaRow, {**row, **extra})
@@ -86,21 +92,30 @@ def test_a_boots_delta_prints_its_own_ci_unlabelled() -> None:
     assert fmt_delta(over_boots()) == "+5.0% [+2.0, +8.0] better"
 
 
-def test_a_within_boot_delta_widened_by_the_noise_band_prints_the_ci_plus_the_band() -> None:
-    row = within_boot(ci_low=1.02, ci_high=1.08, delta_pct=5.0, ratio=1.05, noise_pct=10.0, verdict="inconclusive")
-    for key in ("judged_ci", "band_pct", "provisional"):
-        row.pop(key)  # type: ignore[misc]
+def test_a_within_boot_delta_widened_by_the_noise_run_prints_its_widened_interval() -> None:
+    noise = {"kind": "noise run", "sd_pct": 3.0, "df": 4.0, "text": "the A/A noise run aa (SD 3.0%, 4 df; --kv-noise)"}
+    row = within_boot(
+        ci_low=1.02,
+        ci_high=1.08,
+        delta_pct=5.0,
+        ratio=1.05,
+        judged_ci=[0.92, 1.18],
+        spread=noise,
+        verdict="inconclusive",
+    )
+    row.pop("provisional")  # type: ignore[misc]
     lo, hi, basis = deciding.deciding(row)
-    assert (round(lo or 0, 9), round(hi or 0, 9)) == (0.92, 1.18)
-    assert basis == "within-boot widened by the A/A noise band ±10.0%"
+    assert (lo, hi) == (0.92, 1.18)
+    assert basis == "within-boot widened by the A/A noise run aa (SD 3.0%, 4 df; --kv-noise)"
     assert fmt_delta(row) == "+5.0% [-8.0, +18.0] (inconclusive); within-boot [+2.0, +8.0]"
+    assert deciding.which([row]) == "its within-boot CI widened by the A/A noise run's spread"
 
 
 def test_report_json_stores_the_deciding_interval_and_its_basis() -> None:
     report = cast(Report, {"deltas": [within_boot(), over_boots(), over_boots(ci_low=None, ci_high=None)]})
     rows = json.loads(jsonfile.render(report))["deltas"]
     assert rows[0]["decided_ci"] == [1.020, 1.619]
-    assert rows[0]["ci_basis"] == "within-boot widened by the default boot-to-boot band (SD 12.3%)"
+    assert rows[0]["ci_basis"] == "within-boot widened by the default GPU decode rate band (boot-to-boot SD 12.3%)"
     assert [rows[0]["ci_low"], rows[0]["ci_high"]] == [1.240, 1.327]  # kept as they were
     assert rows[1]["decided_ci"] == [1.02, 1.08] and rows[1]["ci_basis"] == "boots"
     assert rows[2]["decided_ci"] is None

@@ -15,7 +15,7 @@ import pytest
 from pytest_kvcache import stats
 from pytest_kvcache.model import CrossoverRow, DeltaRow
 from pytest_kvcache.probes import registry
-from pytest_kvcache.report import cost, multiplicity
+from pytest_kvcache.report import cost, multiplicity, spread
 from pytest_kvcache.report.verdicts import judge_crossovers, verdict_sentences
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ def test_a_point_that_passes_raw_but_not_holm_becomes_inconclusive() -> None:
     by = {d["point"]: d for d in deltas}
     assert by["turn13"]["p_value"] < 0.05 <= by["turn13"]["p_holm"]
     assert by["turn13"]["verdict"] == "inconclusive"
-    assert by["turn13"]["verdict_note"].startswith("not beyond Holm over 14 points")
+    assert by["turn13"]["verdict_note"].startswith("not beyond Holm over 14 comparisons")
     assert by["turn9"]["verdict"] == "worse" and by["turn9"]["p_holm"] < 0.05
     assert all(d["family_size"] == 14 for d in deltas)
     multiplicity.apply_holm(deltas)  # idempotent
@@ -125,10 +125,15 @@ def test_a_point_that_passes_raw_but_not_holm_becomes_inconclusive() -> None:
 
 
 def test_families_are_separate_and_a_family_of_one_is_not_adjusted() -> None:
-    deltas = [_delta("code", 0.66, 0.46, 0.94, metric="ttft_s"), *_family({})]
+    """A family is one arm and probe: another probe's delta is not adjusted for the agentic turns; another metric
+    of the same probe is (its requests are the same)."""
+    deltas = [_delta("code", 0.66, 0.46, 0.94, metric="ttft_s", probe="short"), *_family({})]
     multiplicity.apply_holm(deltas)
     assert deltas[0]["family_size"] == 1 and deltas[0]["verdict"] == "better"  # ttft_s down: better
     assert deltas[0]["p_holm"] == deltas[0]["p_value"]
+    same_probe = [_delta("turn2", 0.66, 0.46, 0.94, metric="ttft_s"), *_family({})]
+    multiplicity.apply_holm(same_probe)
+    assert same_probe[0]["family_size"] == 15 and same_probe[0]["p_holm"] > same_probe[0]["p_value"]
 
 
 def test_within_boot_p_comes_from_the_widened_interval() -> None:
@@ -139,9 +144,11 @@ def test_within_boot_p_comes_from_the_widened_interval() -> None:
     multiplicity.apply_holm([d])
     assert d["p_value"] == pytest.approx(stats.interval_p_value(1.1, 0.95, 1.27))
     assert d["p_value"] >= 0.05
-    noisy = _delta("turn2", 1.1, 1.05, 1.15, ci_method="within-boot", noise_pct=10.0)
+    # judged with Student's t (a spread estimated from few boots): the p-value is that t-test's
+    spread = {"kind": "run's boots", "sd_pct": 10.0, "df": 2.0, "text": "this run's boot-to-boot spread"}
+    noisy = _delta("turn2", 1.1, 1.05, 1.15, ci_method="within-boot", judged_ci=[0.95, 1.27], spread=spread)
     multiplicity.apply_holm([noisy])
-    assert noisy["p_value"] == pytest.approx(stats.interval_p_value(1.1, 0.95, 1.25))
+    assert noisy["p_value"] == pytest.approx(stats.interval_p_value(1.1, 0.95, 1.27, df=2.0))
 
 
 def _crossover(names: list[str], xs: list[float], **extra: Any) -> CrossoverRow:
@@ -205,7 +212,7 @@ def test_one_session_names_the_turns_not_a_crossover_in_tokens() -> None:
 def test_the_first_screen_counts_comparisons_and_families() -> None:
     deltas = [
         *_family({}, points=4),
-        *[_delta(f"turn{k}", 1.0, 0.9, 1.1, metric="ttft_s") for k in (2, 3)],
+        *[_delta(f"{k}k", 1.0, 0.9, 1.1, metric="ttft_s", probe="prefill") for k in (2, 3)],
         _delta("turn4", 1.0, None, None),  # type: ignore[arg-type]  # no CI: no comparison
     ]
     multiplicity.apply_holm(deltas)
@@ -255,10 +262,11 @@ def test_the_a_a_noise_band_rejudges_and_holm_runs_again() -> None:
     report = cast(
         Any, {"deltas": deltas, "crossovers": [], "arms": [{"name": "a"}, {"name": "b"}], "agreement": {"rows": []}}
     )
-    bands = {("agentic", d["point"], "decode_tps"): 0.02 for d in deltas}
+    bands = {("agentic", d["point"], "decode_tps"): spread.from_aa(0.02, 8, "aa") for d in deltas}
     apply_noise(report, bands, "aa", SPECS)
     (turn13,) = [d for d in deltas if d["point"] == "turn13"]
-    assert stats.verdict("decode_tps", 0.50 - 0.02, 0.88 + 0.02) == "worse"  # beyond the band …
-    assert turn13["p_value"] == pytest.approx(stats.interval_p_value(0.66, 0.48, 0.90))
-    assert turn13["verdict"] == "inconclusive"  # … not beyond Holm over 14 points
-    assert turn13["verdict_note"].startswith("not beyond Holm over 14 points")
+    lo, hi = turn13["judged_ci"]
+    assert stats.verdict("decode_tps", lo, hi) == "worse"  # beyond the A/A's spread …
+    assert turn13["p_value"] == pytest.approx(stats.interval_p_value(0.66, lo, hi, df=8.0))
+    assert turn13["verdict"] == "inconclusive"  # … not beyond Holm over 14 comparisons
+    assert turn13["verdict_note"].startswith("not beyond Holm over 14 comparisons")

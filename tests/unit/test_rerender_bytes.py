@@ -29,3 +29,15 @@ def test_the_manifest_covers_every_committed_run_folder() -> None:
 @pytest.mark.parametrize("folder", sorted(STORED))
 def test_a_committed_run_rerenders_byte_for_byte(folder: str) -> None:
     assert rerender.render(ROOT / folder) == STORED[folder]
+
+
+@pytest.mark.parametrize("folder", sorted(STORED))
+def test_the_committed_report_md_is_what_the_code_renders(folder: str) -> None:
+    """The committed report.md of each run folder is the re-rendered one (with the manifest test above: what this
+    checkout's code writes): a change to the report rules re-renders and commits the docs' reports with it."""
+    import hashlib
+
+    committed = ROOT / folder / "report.md"
+    assert hashlib.sha256(committed.read_bytes()).hexdigest() == STORED[folder]["report.md"], (
+        f"{folder}/report.md is stale: kvcache-report {folder}"
+    )

@@ -59,6 +59,8 @@ def test_a_committed_run_folder_rerenders_to_the_same_report(name: str, tmp_path
         d.pop("provisional", None)
         d.pop("verdict_note", None)
         d.pop("band_pct", None)
+        # issue 41: the spread each within-boot delta was judged with (one boot, no busy host: the default band)
+        assert d.pop("spread")["kind"] == "default band" and d.pop("host_busy") == 0
         lo, hi = d.pop("judged_ci")
         assert lo < d["ci_low"] <= d["ci_high"] < hi
         # issue 41: report.json stores the interval that decided, and what it is

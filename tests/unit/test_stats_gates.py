@@ -9,7 +9,7 @@ import pytest
 
 from pytest_kvcache import stats
 from pytest_kvcache.probes import registry
-from pytest_kvcache.report import bands, gates
+from pytest_kvcache.report import bands, gates, spread
 from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.frame import compare, point_of
 from tests.factories import measured_records
@@ -298,7 +298,7 @@ def _crossings(recs: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
     data = frame(recs)
     data["unit"], data["block"] = data["boot"], 0
     deltas = report_build.delta_rows(data, ["a", "b"], specs, 0)
-    bands.judge_deltas(deltas, "cpu")
+    spread.judge_deltas(deltas, "cpu")
     rows = report_build.crossover_rows(data, ["a", "b"], specs, 0, "cpu")
     report_build.judge_crossovers(rows, deltas)
     return rows, deltas

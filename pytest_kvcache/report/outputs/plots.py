@@ -13,7 +13,7 @@ import pandas as pd
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import FidelityRow, Report
 from pytest_kvcache.probes.registry import ProbeSpec
-from pytest_kvcache.report import capacity
+from pytest_kvcache.report import capacity, deciding
 from pytest_kvcache.report.frame import point_sort
 from pytest_kvcache.report.outputs.markdown import probe_specs
 
@@ -98,7 +98,7 @@ def render(report: Report) -> dict[str, bytes]:
                     vals.append(mean)
                     d = deltas.get((probe, p, metric, arm))
                     base = at[(at["point"] == p) & (at["arm"] == arms[0])]
-                    lo, hi = (d.get("ci_low"), d.get("ci_high")) if d else (None, None)
+                    lo, hi, _ = deciding.deciding(d) if d else (None, None, "")  # the interval that decided
                     if lo is not None and hi is not None and not base.empty:
                         b = float(base["mean"].iloc[0])
                         errs[0].append(max(0.0, mean - b * lo))
@@ -159,8 +159,8 @@ def _pct(ratio: float | None, fallback: float) -> float:
 
 
 def delta_figure(report: Report, spec: ProbeSpec, plt: Any) -> Figure | None:
-    """Each arm against the baseline along the probe's curve: ratio − 1 (%) with its 95% CI as a band, the
-    zero line, and a crossover (with its interval) where the report found a significant one."""
+    """Each arm against the baseline along the probe's curve: ratio − 1 (%) with its deciding 95% interval as a
+    band, the zero line, and a crossover (with its interval) where the report found a significant one."""
     arms = [a["name"] for a in report["arms"]]
     deltas = [d for d in report["deltas"] if d["probe"] == spec.name and d["metric"] in spec.curve]
     metrics = [m for m in spec.curve if any(d["metric"] == m and d.get("delta_pct") is not None for d in deltas)]
@@ -188,8 +188,9 @@ def delta_figure(report: Report, spec: ProbeSpec, plt: Any) -> Figure | None:
             xs = [x_of(d["point"]) for d in mine]
             ys = [float(d["delta_pct"] or 0.0) for d in mine]
             (line,) = ax.plot(xs, ys, marker="o", label=f"{arm} / {arms[0]}")
-            lo = [_pct(d.get("ci_low"), y) for d, y in zip(mine, ys, strict=True)]
-            hi = [_pct(d.get("ci_high"), y) for d, y in zip(mine, ys, strict=True)]
+            decided = [deciding.deciding(d) for d in mine]  # the interval each verdict was taken on
+            lo = [_pct(found[0], y) for found, y in zip(decided, ys, strict=True)]
+            hi = [_pct(found[1], y) for found, y in zip(decided, ys, strict=True)]
             ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.18, linewidth=0)
             for c in crossings:
                 if (

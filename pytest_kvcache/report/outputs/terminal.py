@@ -3,9 +3,10 @@ same thing and everything shown here is in ``report.md``/``report.json`` too."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
@@ -309,6 +310,17 @@ def report_lines(report: Report) -> list[Line]:
     return [line for section in SECTIONS for line in section(report)]
 
 
+def _failed_words(failed: Sequence[Mapping[str, Any]]) -> str:
+    """What made the gates fail the run, by outcome: "1 gate(s) failed, 1 could not be evaluated"."""
+    count = Counter(str(g.get("outcome")) for g in failed)
+    parts = [f"{count['fail']} gate(s) failed"] if count["fail"] else []
+    if count["error"]:
+        parts.append(f"{count['error']} {'gate(s) ' if not parts else ''}could not be evaluated")
+    if count["inconclusive"]:
+        parts.append(f"{count['inconclusive']} {'gate(s) ' if not parts else ''}undecided (--kv-inconclusive=fail)")
+    return ", ".join(parts) or f"{len(failed)} gate(s) failed"
+
+
 def outcome_lines(outcome: Outcome, *, rerender: bool = False) -> list[Line]:
     """What the end of a run (or a re-render) prints: the report, the judgement and the exit code's reason."""
     out: list[Line] = []
@@ -317,8 +329,8 @@ def outcome_lines(outcome: Outcome, *, rerender: bool = False) -> list[Line]:
     out += [Line(m, "yellow") for m in outcome.messages]
     if outcome.report is not None:
         out += report_lines(outcome.report)
-    if outcome.failed_gates:
-        out.append(Line(f"{outcome.failed_gates} gate(s) failed: exit code 1", "red"))
+    if outcome.failed_gates and outcome.judgement is not None:
+        out.append(Line(f"{_failed_words(outcome.judgement.failed_gates)}: exit code 1", "red"))
     if outcome.confounded:
         out.append(Line("the A/B is CONFOUNDED (see above): exit code 1", "red"))
     if outcome.error is not None:

@@ -1,12 +1,13 @@
-"""``report["bands"]``: the default boot-to-boot bands within-boot verdicts were judged with (``report.bands``)."""
+"""``report["bands"]``: the boot-to-boot spreads within-boot verdicts were judged with (``report.spread``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pytest_kvcache.report.frame import host_busy
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext
 
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
-    return {"bands": {"platform": ctx.platform, "families": ctx.used_bands}}
+    return {"bands": {"platform": ctx.platform, **ctx.used_bands, "host_busy": host_busy(ctx.data)}}

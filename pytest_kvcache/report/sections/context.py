@@ -12,8 +12,8 @@ from typing import Any, cast
 import pandas as pd
 
 from pytest_kvcache.model import ArmEntry, BlockEntry, BootEntry, CrossoverRow, DeltaRow
-from pytest_kvcache.report import bands
-from pytest_kvcache.report.frame import Specs
+from pytest_kvcache.report import bands, spread
+from pytest_kvcache.report.frame import Specs, host_busy
 from pytest_kvcache.report.load import RunData
 
 #: A report section: the keys it adds to the report, from the loaded run and the build's context.
@@ -65,24 +65,25 @@ class BuildContext:
         return bands.platform_of(self.run.evidence)
 
     @cached_property
-    def _judged(self) -> tuple[list[DeltaRow], dict[str, float]]:
+    def _judged(self) -> tuple[list[DeltaRow], dict[str, dict[str, Any]]]:
         from pytest_kvcache.report.comparison import delta_rows
         from pytest_kvcache.report.multiplicity import apply_holm
 
         deltas = delta_rows(self.data, self.arms, self.specs, self.seed)
-        used = bands.judge_deltas(deltas, self.platform)
+        used = spread.judge_deltas(deltas, self.platform, run_busy=host_busy(self.data))
         apply_holm(deltas)  # after the verdicts are set, before the crossovers and sentences read them
         return deltas, used
 
     @property
     def deltas(self) -> list[DeltaRow]:
         """Every arm against the baseline, judged (within boots, widened by the platform's default bands), then
-        Holm within each (arm, probe, metric) family."""
+        Holm within each (arm, probe) family."""
         return self._judged[0]
 
     @property
-    def used_bands(self) -> dict[str, float]:
-        """The default boot-to-boot bands the deltas were judged with: family → SD percent."""
+    def used_bands(self) -> dict[str, dict[str, Any]]:
+        """The spreads the within-boot deltas were judged with (``report.spread.judge_deltas``): ``families``
+        (default band family → SD percent) and ``spreads`` (kind → its source in words)."""
         return self._judged[1]
 
     @cached_property
