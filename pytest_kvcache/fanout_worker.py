@@ -300,7 +300,11 @@ class _Trial:
                 if now - s.send_perf_s > limits.request_timeout_s:
                     s.fail("timeout")
                 elif not s.token_seen and now - s.send_perf_s > s.first_limit_s:
-                    s.fail("first_token_timeout")
+                    # both limits passed while the loop was late: no headers at all is a hung server, as the
+                    # headers timer (due as early or earlier) would have said had it run first
+                    limit = s.headers_limit_s
+                    hung = limit is not None and not s.headers_seen and now - s.send_perf_s >= limit
+                    s.fail("no_response" if hung else "first_token_timeout")
                 elif s.token_seen and now - s.last_rx > limits.read_timeout_s:
                     s.fail("stall")
 

@@ -85,9 +85,8 @@ class DeltaRow(Comparison, total=False):
     p_holm: float
     family_size: int
     #: written to ``report.json`` only (``report.deciding``): the ratio interval the verdict was taken on
-    #: (``judged_ci``, the CI ± the A/A noise band, else ``ci_low``/``ci_high``; None without a CI) and what it
-    #: is: "boots", "blocks", "within-boot", "within-boot widened by the default boot-to-boot band (SD x%)" or
-    #: "within-boot widened by the A/A noise band ±x%"
+    #: (``judged_ci`` where the within-boot CI was widened by a spread, else ``ci_low``/``ci_high``; None without a
+    #: CI) and what it is: "boots", "blocks", "within-boot" or "within-boot widened by " and the spread's words
     decided_ci: list[float] | None
     ci_basis: str
 

@@ -71,8 +71,9 @@ def note_lines(report: Report) -> list[str]:
     notes = list(report.get("notes") or [])
     if noise:
         notes.append(
-            f"verdicts and ratio gates are judged against the A/A noise band of stored run {noise['run']} "
-            f"(a CI must clear 1 ± band); {noise['missing']} delta(s) had no band there"
+            f"within-boot verdicts and gates are judged with the spread of the A/A noise run {noise['run']} (its "
+            f"σ̂ of log boot means, scaled by this run's boots; t on its df); {noise['missing']} delta(s) had no "
+            "spread there"
         )
     if check:
         notes.append(check)
@@ -93,9 +94,10 @@ def note_lines(report: Report) -> list[str]:
 DELTA_NOTE = (
     "Deltas: ratio of means arm/baseline − 1, with the 95% interval its verdict was judged on in brackets — the CI "
     "over boots with 3+ boots per arm (a t-interval on the log of the boot means), else the within-boot bootstrap "
-    "CI (paired by request or turn where the probe pairs them) widened by the default boot-to-boot band (or the "
-    'A/A noise band), the within-boot CI itself then shown after it as "within-boot [..]"; verdict '
-    "direction-aware, inconclusive when the bracketed interval contains 0."
+    "CI (paired by request or turn where the probe pairs them) widened by a boot-to-boot spread (the default band, "
+    "this run's boots, the A/A noise run or the widest spread measured on any host: the first screen says which), "
+    'the within-boot CI itself then shown after it as "within-boot [..]"; verdict direction-aware, inconclusive '
+    "when the bracketed interval contains 0."
 )
 
 
