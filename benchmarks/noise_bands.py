@@ -48,6 +48,26 @@ DEFAULT_RUNS = (
 #: A/A of commit 4d4bc49, on this project's 2-core machine at load average 17–24 (tests/data/aa/cpu-loaded).
 WIDE_RUNS = ("tests/data/aa/cpu-loaded/run",)
 OUT = ROOT / "pytest_kvcache" / "data" / bands.FILE
+#: The estimated parameter count of each committed run's model, for runs made before ``run.json`` recorded
+#: ``model_size`` (``config.model_files.parameters`` on each model's config): the SmolLM2-135M of the embedded
+#: default and of h200-trained, the seeded-random embedded tiny Qwen3 (4,194,304 without norms), and the
+#: 8B-shaped dummy model fixtures/qwen3-8b-shape (its vocabulary cut to 4,096).
+LEGACY_PARAMETERS = {
+    "docs/results/cpu-aa/run": 134_479_872,
+    "docs/results/h200-replicated/run": 6_979_321_856,
+    "docs/results/h200-agreement/run": 4_194_304,
+    "docs/results/h200-fidelity/run": 4_194_304,
+    "docs/results/h200-trained/run": 134_479_872,
+}
+
+
+def model_class(run_dir: Path) -> str | None:
+    """The size class (``report.bands.size_class``) of a run's model: from its ``run.json``'s ``model_size``,
+    else :data:`LEGACY_PARAMETERS`; None: not known."""
+    size = json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("model_size") or {}
+    found = size.get("parameters") if isinstance(size, dict) else None
+    found = found if isinstance(found, int) else LEGACY_PARAMETERS.get(_rel(run_dir))
+    return bands.size_class(found) if found is not None else None
 
 
 def arm_of(name: str) -> str:
@@ -121,6 +141,10 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+def _class_order(name: str) -> int:
+    return [c for _, c in bands.SIZE_CLASSES].index(name)
+
+
 def derive(runs: list[Path], quantile: float, wide: list[Path] | None = None) -> dict[str, object]:
     wide = [ROOT / w for w in WIDE_RUNS] if wide is None else wide
     by: dict[str, dict[str, list[dict[str, object]]]] = {}
@@ -133,6 +157,10 @@ def derive(runs: list[Path], quantile: float, wide: list[Path] | None = None) ->
             used.setdefault(platform, []).append(
                 str(run_dir.relative_to(ROOT) if run_dir.is_relative_to(ROOT) else run_dir)
             )
+    classes = {
+        platform: sorted({c for r in mine if (c := model_class(ROOT / r)) is not None}, key=_class_order)
+        for platform, mine in used.items()
+    }
     platforms: dict[str, dict[str, object]] = {}
     for platform, families in by.items():
         out: dict[str, object] = {}
@@ -178,6 +206,9 @@ def derive(runs: list[Path], quantile: float, wide: list[Path] | None = None) ->
         "runs": [_rel(r) for r in runs],
         "families": {name: list(metrics) for name, metrics in bands.FAMILIES.items()},
         "platforms": platforms,
+        "model_classes_what": "per platform: the size classes (report.bands.SIZE_CLASSES) of the models its bands "
+        "were measured on; report.spread judges a one-boot comparison with the default band only on a model of one",
+        "model_classes": classes,
     }
 
 

@@ -101,13 +101,16 @@ SMOLLM2 = EmbeddedModel(
     capacity_think_s=2.0,
     capacity_window_s=10.0,
     capacity_max_sessions=16,
-    # the GGUF's llama.block_count, attention.head_count(_kv), embedding_length, context_length, vocabulary
+    # the GGUF's llama.block_count, attention.head_count(_kv), embedding_length, context_length, vocabulary,
+    # feed_forward_length (its output weight is the token embedding: tied)
     kv_config={
         "num_hidden_layers": 30,
         "num_attention_heads": 9,
         "num_key_value_heads": 3,
         "hidden_size": 576,
         "head_dim": 64,
+        "intermediate_size": 1536,
+        "tie_word_embeddings": True,
         "max_position_embeddings": 8192,
         "vocab_size": 49152,
         "torch_dtype": "bfloat16",

@@ -92,6 +92,13 @@ FIELDS: Mapping[str, Mapping[str, Check]] = {
         "bos_token_id": (_optional(_token_ids), "a token id, a list of them or null"),
         "eos_token_id": (_optional(_token_ids), "a token id, a list of them or null"),
         "kv_lora_rank": (_optional(_whole), "a whole number or null"),
+        "q_lora_rank": (_optional(_whole), "a whole number or null"),
+        "qk_rope_head_dim": (_optional(_whole), "a whole number or null"),
+        "qk_nope_head_dim": (_optional(_whole), "a whole number or null"),
+        "v_head_dim": (_optional(_whole), "a whole number or null"),
+        "moe_intermediate_size": (_optional(_whole), "a whole number or null"),
+        "shared_expert_intermediate_size": (_optional(_whole), "a whole number or null"),
+        "tie_word_embeddings": FLAG,
         "use_mla": (_optional(lambda v: isinstance(v, bool)), "true, false or null"),
         "text_config": OBJECT,
     },
@@ -170,3 +177,55 @@ def check_folder(folder: Path, names: tuple[str, ...] = FILES) -> None:
     """Every metadata file of ``folder`` that is there, checked; :class:`ModelFileError` names the first bad one."""
     for name in names:
         read(folder, name)
+
+
+#: Keys naming a mixture of experts' routed expert count (by model family) and its shared experts.
+EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
+SHARED_EXPERT_KEYS = ("n_shared_experts", "num_shared_experts")
+
+
+def parameters(data: Mapping[str, Any]) -> int | None:
+    """An estimate of a model's parameter count from its ``config.json`` contents (``text_config`` for a
+    multimodal model): embeddings (twice unless tied) plus, per layer, the attention projections — grouped-query,
+    or multi-head latent (``kv_lora_rank``) — and a gated MLP, or every routed and shared expert of a mixture. Norms
+    and biases are left out (well under 1%). None when a figure it needs is missing: the model's size is not
+    known here. Within a few percent of the published count for dense models (Qwen3-8B's config: 8.19B; SmolLM2-135M:
+    134.5M); it only places a model in a size class (``report.bands``)."""
+    inner = data.get("text_config")
+    config = inner if isinstance(inner, Mapping) else data
+
+    def whole(key: str, default: int | None = None) -> int | None:
+        value = config.get(key)
+        return value if _positive(value) else default
+
+    hidden, layers, heads, vocab = (whole(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"))
+    if hidden is None or layers is None or heads is None or vocab is None:
+        return None
+    head_dim = whole("head_dim", hidden // heads)
+    kv_heads = whole("num_key_value_heads", heads)
+    assert head_dim is not None and kv_heads is not None
+    latent = whole("kv_lora_rank")
+    if latent is not None:  # MLA: Q (through its own low rank when given), the latent KV and its up-projection, O
+        rope, nope, v_dim = whole("qk_rope_head_dim", 0), whole("qk_nope_head_dim", head_dim), whole("v_head_dim", head_dim)
+        assert rope is not None and nope is not None and v_dim is not None
+        q_rank = whole("q_lora_rank")
+        q = hidden * heads * (nope + rope) if q_rank is None else q_rank * (hidden + heads * (nope + rope))
+        attention = q + hidden * (latent + rope) + latent * heads * (nope + v_dim) + heads * v_dim * hidden
+    else:
+        attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    experts = next((v for k in EXPERT_KEYS if (v := whole(k)) is not None), None)
+    dense = whole("intermediate_size")
+    if experts is not None:
+        width = whole("moe_intermediate_size", dense)
+        if width is None:
+            return None
+        shared = next((v for k in SHARED_EXPERT_KEYS if (v := whole(k)) is not None), 0)
+        shared_width = whole("shared_expert_intermediate_size", 0)  # one shared expert of its own width
+        assert shared is not None and shared_width is not None
+        mlp = 3 * hidden * (width * (experts + shared) + shared_width) + hidden * experts  # experts and the router
+    elif dense is not None:
+        mlp = 3 * hidden * dense
+    else:
+        return None
+    tied = config.get("tie_word_embeddings", data.get("tie_word_embeddings", False)) is True
+    return layers * (attention + mlp) + vocab * hidden * (1 if tied else 2)

@@ -37,16 +37,38 @@ def served_shape(settings: Settings) -> tuple[KvShape | None, str]:
     return (model_shape(folder) if folder.is_dir() else None), folder.name
 
 
-def served_vocab(settings: Settings) -> int | None:
-    """The vocabulary size of the model the arms serve, from the same config as :func:`served_shape` (None: not
-    known here; an engine may report it itself, as llama-server's ``/v1/models`` does)."""
+def served_config(settings: Settings) -> Mapping[str, Any] | None:
+    """The ``config.json`` contents of the model the arms serve, as :func:`served_shape` reads them: an embedded
+    model's declared or packaged config, else ``--kv-model``'s folder's (None: no folder here to read)."""
     if settings.embedded:
         spec = settings.embedded_spec
         data: Any = spec.kv_config or model_files.read(embedded_model())
     else:
-        folder = Path(str(settings.model))
-        data = model_files.read(folder) if folder.is_dir() else None
-    if not isinstance(data, Mapping):
+        folder = Path(str(settings.model)) if settings.model else None
+        data = model_files.read(folder) if folder is not None and folder.is_dir() else None
+    return data if isinstance(data, Mapping) else None
+
+
+def served_parameters(settings: Settings) -> ModelSize:
+    """``run.json``'s ``model_size``: the estimated parameter count of the model the arms serve
+    (``model_files.parameters``), or null with the reason it is not known here — the report places the run in a
+    size class with it, and judges a one-boot comparison with the default band only when that class is one the
+    band was measured on (``report.spread``)."""
+    data = served_config(settings)
+    if data is None:
+        return {"parameters": None, "source": "no config.json here (a hub id or an external server's model)"}
+    found = model_files.parameters(data)
+    source = "the embedded model's config" if settings.embedded else f"{settings.model}/config.json"
+    if found is None:
+        return {"parameters": None, "source": f"{source} lacks a figure the estimate needs"}
+    return {"parameters": found, "source": f"estimated from {source}"}
+
+
+def served_vocab(settings: Settings) -> int | None:
+    """The vocabulary size of the model the arms serve, from the same config as :func:`served_shape` (None: not
+    known here; an engine may report it itself, as llama-server's ``/v1/models`` does)."""
+    data = served_config(settings)
+    if data is None:
         return None
     inner = data.get("text_config")
     vocab = (inner if isinstance(inner, Mapping) else data).get("vocab_size")

@@ -22,6 +22,7 @@ from pytest_kvcache.model.evidence import Evidence as Evidence
 from pytest_kvcache.model.evidence import GpuCard as GpuCard
 from pytest_kvcache.model.evidence import GpuSnapshot as GpuSnapshot
 from pytest_kvcache.model.evidence import LogFacts as LogFacts
+from pytest_kvcache.model.evidence import ModelSize as ModelSize
 from pytest_kvcache.model.evidence import PlanEntry as PlanEntry
 from pytest_kvcache.model.evidence import ProbeSpecData as ProbeSpecData
 from pytest_kvcache.model.evidence import RunMeta as RunMeta

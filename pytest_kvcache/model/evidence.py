@@ -210,7 +210,16 @@ class SettingsData(TypedDict, total=False):
     capacity_max_tokens: int
     capacity_max_sessions: int
     capacity_start: int
+    capacity_trials: int
     cache_bytes: int | None
+
+
+class ModelSize(TypedDict):
+    """``run.json``'s ``model_size``: the served model's estimated parameter count (null: not known here) and where
+    it came from (``config.resolve.served_parameters``). Absent from runs made before it was recorded."""
+
+    parameters: int | None
+    source: str
 
 
 class RunMeta(TypedDict, total=False):
@@ -224,6 +233,7 @@ class RunMeta(TypedDict, total=False):
     invocation: list[str]
     cwd: str
     model: str
+    model_size: ModelSize
     settings: dict[str, Json]
     plan: list[PlanEntry]
     #: The controller's word on each lane of a pytest-xdist run (``Run.lane_report``).

@@ -84,3 +84,42 @@ def band(metric: str, platform: Platform) -> Band | None:
         source = f"{entry['source']}; {metric} has no family of its own: the widest {platform.upper()} band"
         return Band(platform, str(name), float(entry["boot_sd"]), source)
     return Band(platform, str(name), float(entry["boot_sd"]), str(entry["source"]))
+
+
+#: Size classes of a served model by its estimated parameter count (``run.json``'s ``model_size``): a default band
+#: was measured on models of some of them (``noise_bands.json``'s ``model_classes``), and a one-boot comparison is
+#: judged with it only on a model of one of those. Upper bounds, exclusive.
+SIZE_CLASSES: tuple[tuple[float, str], ...] = (
+    (1e9, "under 1B parameters"),
+    (1e10, "1B to 10B parameters"),
+    (1e11, "10B to 100B parameters"),
+    (float("inf"), "100B parameters or more"),
+)
+
+
+def size_class(parameters: int) -> str:
+    """The size class of a model of ``parameters`` (estimated) parameters."""
+    return next(name for bound, name in SIZE_CLASSES if parameters < bound)
+
+
+def source_classes(platform: Platform) -> tuple[str, ...]:
+    """The size classes of the models ``platform``'s default bands were measured on (empty: not recorded)."""
+    found = (table().get("model_classes") or {}).get(platform) or ()
+    return tuple(str(c) for c in found)
+
+
+def unlike_source(platform: Platform, meta: Mapping[str, Any]) -> str | None:
+    """Why the run in ``meta`` (``run.json``) is not the case ``platform``'s default bands were measured on, in
+    words — its model's size class is not one of theirs, or its size is not known — or None: it is (or the run
+    predates ``model_size`` and was judged as then)."""
+    size = meta.get("model_size")
+    classes = source_classes(platform)
+    if not isinstance(size, Mapping) or not classes:
+        return None
+    parameters = size.get("parameters")
+    if not isinstance(parameters, int) or isinstance(parameters, bool):
+        return f"this run's model size is not known ({size.get('source') or 'no estimate'})"
+    mine = size_class(parameters)
+    if mine in classes:
+        return None
+    return f"this run's model ({parameters / 1e9:.2g}B parameters: {mine}) is unlike the band's models ({', '.join(classes)})"

@@ -245,6 +245,7 @@ def evaluate(
     specs: Mapping[str, ProbeSpec] | None = None,
     platform: Platform = "cpu",
     unjudgeable: str | None = None,
+    unlike: str | None = None,
 ) -> list[GateResult]:
     """Evaluate gates on the report's frame (``report.frame.frame``); ``saved`` is a stored run's frame.
 
@@ -316,7 +317,16 @@ def evaluate(
                         ci = capacity_ci(mine, seed)[:3]
                     results.append(
                         _absolute(
-                            gate, f"{label} ({arm})", found, groups, seed, platform, arm=arm, ci=ci, busy=run_busy
+                            gate,
+                            f"{label} ({arm})",
+                            found,
+                            groups,
+                            seed,
+                            platform,
+                            arm=arm,
+                            ci=ci,
+                            busy=run_busy,
+                            unlike=unlike,
                         )
                     )
                 continue
@@ -328,7 +338,7 @@ def evaluate(
                     continue
                 cmp = compare(base, other, gate.metric, seed=seed)
                 band = (noise or {}).get((gate.probe, point, gate.metric))
-                results.append(_ratio(gate, f"{label} ({who})", cmp, band, platform, run_busy))
+                results.append(_ratio(gate, f"{label} ({who})", cmp, band, platform, run_busy, unlike))
     return results
 
 
@@ -357,7 +367,13 @@ def _boots_note(boots_base: int, boots_arm: int) -> str:
 
 
 def _ratio(
-    gate: Gate, name: str, cmp: Comparison, noise: Spread | None, platform: Platform, run_busy: int | None = None
+    gate: Gate,
+    name: str,
+    cmp: Comparison,
+    noise: Spread | None,
+    platform: Platform,
+    run_busy: int | None = None,
+    unlike: str | None = None,
 ) -> GateResult:
     """One ratio gate (between arms, against the baseline, against a saved run) on its deciding evidence:
     over boots its own CI, else the within-boot CI widened by the spread ``report.spread`` chooses."""
@@ -372,7 +388,7 @@ def _ratio(
     elif cmp["ci_method"] == "boots":
         evidence.update({"kind": "boots", "text": f"CI over boots ({_boots_note(boots_base, boots_arm)}: t-interval)"})
     else:
-        found, boots = spread.for_comparison(gate.metric, cmp, platform, noise, run_busy)
+        found, boots = spread.for_comparison(gate.metric, cmp, platform, noise, run_busy, unlike)
         evidence.update(_spread_evidence(found, [lo, hi], platform, gate.metric))
         evidence["text"] = f"within-boot CI ({_boots_note(boots_base, boots_arm)}) widened by {found.text}"
         widest = spread.widest(gate.metric)
@@ -403,6 +419,7 @@ def _absolute(
     arm: str,
     ci: tuple[float | None, float | None, float | None] | None = None,
     busy: int = 0,
+    unlike: str | None = None,
 ) -> GateResult:
     """One absolute gate (one arm's mean against a number) on its deciding evidence. ``ci`` (mean, low, high)
     replaces the CI of the mean where the metric has its own (a capacity search's bootstrap)."""
@@ -420,7 +437,7 @@ def _absolute(
         mean, lo, hi = ci or stats.mean_ci(found, seed=seed)
         if mean is not None and lo is not None and hi is not None:
             run = stats.pooled_log_sd(groups)
-            chosen = spread.choose(gate.metric, platform, (max(boots, 1),) * 2, run=run, host_busy=busy)
+            chosen = spread.choose(gate.metric, platform, (max(boots, 1),) * 2, run=run, host_busy=busy, unlike=unlike)
             evidence.update(_spread_evidence(chosen, [lo, hi], platform, gate.metric))
             evidence["text"] = f"within-boot CI ({boots} boot{'' if boots == 1 else 's'}) widened by {chosen.text}"
             widest = spread.widest(gate.metric)

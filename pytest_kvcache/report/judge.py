@@ -18,7 +18,7 @@ from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import GateResult, Report, SavedRow, SavedSection
 from pytest_kvcache.report import gates as gate_grammar
 from pytest_kvcache.report import judging, spread
-from pytest_kvcache.report.bands import Platform, platform_of
+from pytest_kvcache.report.bands import Platform, platform_of, unlike_source
 from pytest_kvcache.report.build import build
 from pytest_kvcache.report.frame import Specs, compare
 from pytest_kvcache.report.load import RunData
@@ -80,12 +80,14 @@ def apply_noise(report: Report, bands: Bands, name: str, specs: Specs, platform:
         d["noise_pct"] = found.sd * 100 if found is not None else None
         missing += found is None
     busy = (report.get("bands") or {}).get("host_busy")
-    used = spread.judge_deltas(report["deltas"], platform, noise=bands, run_busy=busy)
+    unlike = (report.get("bands") or {}).get("unlike")
+    used = spread.judge_deltas(report["deltas"], platform, noise=bands, run_busy=busy, unlike=unlike)
     report["bands"] = {
         "platform": platform,
         "families": used["families"],
         "spreads": used["spreads"],
         "host_busy": busy or 0,
+        **({"unlike": unlike} if unlike else {}),
     }
     report["noise"] = {
         "run": name,
@@ -183,6 +185,7 @@ def judge(
         specs=specs,
         platform=platform_of(run.evidence),
         unjudgeable=judging.reason(report.get("baseline_check")),
+        unlike=unlike_source(platform_of(run.evidence), run.meta),
     )
     bad = {"fail", "error"} | ({"inconclusive"} if inconclusive == "fail" else set())
     done.failed_gates = [g for g in done.gate_results if g["outcome"] in bad]

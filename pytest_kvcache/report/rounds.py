@@ -33,6 +33,7 @@ def rounds_check(
     noise: Mapping[tuple[str, str, str], Spread] | None = None,
     saved: pd.DataFrame | None = None,
     external: bool = False,
+    unlike: str | None = None,
 ) -> tuple[bool, dict[str, object] | None]:
     """Is another round (block) of boots unnecessary? One rule for every probe — short, prefill, agentic,
     concurrency, a user's — on the same evidence as the report (paired by block under pytest-xdist:
@@ -62,7 +63,9 @@ def rounds_check(
             parsed.append(parse(text, arms=arms))
         except GateError:
             continue
-    results = evaluate(parsed, data, arms, seed=seed, saved=saved, noise=noise, specs=specs, platform=platform)
+    results = evaluate(
+        parsed, data, arms, seed=seed, saved=saved, noise=noise, specs=specs, platform=platform, unlike=unlike
+    )
     open_gates = [r for r in results if _open(r)]
     gated = {(g.probe, g.metric) for g in parsed}
     judged: list[tuple[bool, float | None, DeltaRow]] = []

@@ -11,9 +11,10 @@ boot-to-boot spread σ (the SD of log(one boot's mean)): ``ratio · exp(± q · 
 2. From 2 boots on a side: the larger of the default band and the pooled SD of this run's log boot means, with
    Student's t on the pooled degrees of freedom (the run's own spread can only widen the interval).
 3. One boot per arm: the default band of the metric's family on this platform — when no sample of the run
-   saw the host busy (``host_cpu_busy``), the case the band was measured on; otherwise the widest spread measured
-   on any host (``noise_bands.json`` ``widest``: a loaded 2-core A/A), so only a miss beyond anything an A/A
-   ever showed is claimed.
+   saw the host busy (``host_cpu_busy``) and the served model is of a size class the band was measured on
+   (``bands.unlike_source``), the case the band was measured on; otherwise the widest spread measured on any
+   host (``noise_bands.json`` ``widest``: a loaded 2-core A/A), so only a miss beyond anything an A/A ever
+   showed is claimed.
 4. No band for the platform and no run spread: no claim (the interval is unbounded, the outcome inconclusive).
 
 Plain Python: no pytest.
@@ -82,10 +83,12 @@ def choose(
     run: tuple[float, int] | None = None,
     host_busy: int = 0,
     noise: Spread | None = None,
+    unlike: str | None = None,
 ) -> Spread:
     """The spread a within-boot comparison of ``metric`` is judged with (the module's rules 1–4): ``boots``
     per side, ``run`` this run's pooled SD of log boot means and its df, ``host_busy`` the compared samples
-    that saw the host busy, ``noise`` the stored A/A's spread."""
+    that saw the host busy, ``noise`` the stored A/A's spread, ``unlike`` why the run's model is not the kind
+    the default band was measured on (``bands.unlike_source``; None: it is)."""
     if noise is not None:
         return noise
     band = bands.band(metric, platform)
@@ -95,13 +98,13 @@ def choose(
             text = f"{band.describe()}, wider than this run's boots (SD {sd * 100:.1f}%); t on {df} df"
             return Spread("default band", band.boot_sd, float(df), text)
         return Spread("run's boots", sd, float(df), f"this run's boot-to-boot spread (SD {sd * 100:.1f}%, {df} df)")
-    if band is not None and not host_busy:
+    if band is not None and not host_busy and unlike is None:
         return Spread("default band", band.boot_sd, math.inf, band.describe())
     if band is not None or host_busy:
         wide = widest(metric)
         if wide is not None:
-            busy = f"{host_busy} compared sample(s) saw the host busy" if host_busy else "no band"
-            return Spread(wide.kind, wide.sd, wide.df, f"{wide.text}: {busy}")
+            why = f"{host_busy} compared sample(s) saw the host busy" if host_busy else unlike or "no band"
+            return Spread(wide.kind, wide.sd, wide.df, f"{wide.text}: {why}")
     return NO_SPREAD
 
 
@@ -125,16 +128,17 @@ def for_comparison(
     platform: bands.Platform,
     noise: Spread | None = None,
     run_busy: int | None = None,
+    unlike: str | None = None,
 ) -> tuple[Spread, tuple[int, int]]:
     """:func:`choose` for a ``report.frame.compare`` result (a delta row or a gate's comparison). ``run_busy``:
     the samples of the whole run that saw the host busy — a host busy at any point of a run is a loaded host,
     and a one-boot comparison elsewhere in it is no more the case the band was measured on (the comparison's
-    own count where not given)."""
+    own count where not given); ``unlike``: as :func:`choose` takes it."""
     boots = (max(int(cmp.get("boots_baseline") or 1), 1), max(int(cmp.get("boots_arm") or 1), 1))
     sd, df = cmp.get("boot_sd"), cmp.get("boot_df")
     run = (float(sd), int(df)) if sd is not None and df is not None else None
     busy = int(cmp.get("host_busy") or 0) if run_busy is None else run_busy
-    return choose(metric, platform, boots, run=run, host_busy=busy, noise=noise), boots
+    return choose(metric, platform, boots, run=run, host_busy=busy, noise=noise, unlike=unlike), boots
 
 
 def from_aa(sd: float, df: int, name: str) -> Spread:
@@ -148,7 +152,11 @@ NoiseSpreads = Mapping[tuple[str, str, str], Spread]
 
 
 def judge_deltas(
-    deltas: list[Any], platform: bands.Platform, noise: NoiseSpreads | None = None, run_busy: int | None = None
+    deltas: list[Any],
+    platform: bands.Platform,
+    noise: NoiseSpreads | None = None,
+    run_busy: int | None = None,
+    unlike: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Judge every within-boot delta's verdict on its CI widened by its spread (in place), as a gate on it is
     judged: better or worse only beyond boot-to-boot variation. A delta over boots keeps its verdict (its CI
@@ -164,7 +172,7 @@ def judge_deltas(
         if d.get("ci_method") != "within-boot" or lo is None or hi is None or ratio is None or ratio <= 0:
             continue
         mine = (noise or {}).get((str(d["probe"]), str(d["point"]), str(d["metric"])))
-        found, boots = for_comparison(str(d["metric"]), d, platform, mine, run_busy)
+        found, boots = for_comparison(str(d["metric"]), d, platform, mine, run_busy, unlike)
         wide_lo, wide_hi = ratio_interval(float(ratio), float(lo), float(hi), found, boots)
         was = stats.verdict(str(d["metric"]), lo, hi)
         judged = stats.verdict(str(d["metric"]), wide_lo, wide_hi)

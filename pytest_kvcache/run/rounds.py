@@ -58,7 +58,7 @@ def judging_inputs(run: Run) -> tuple[dict[tuple[str, str, str], Any], Any]:
 
 
 def decide_round(run: Run, round_: int, target: float | None) -> str | None:
-    from pytest_kvcache.report.bands import platform_of
+    from pytest_kvcache.report.bands import platform_of, unlike_source
     from pytest_kvcache.report.build import rounds_check
 
     arms = [a.name for a in run.settings.arms]
@@ -77,6 +77,7 @@ def decide_round(run: Run, round_: int, target: float | None) -> str | None:
         noise=bands,
         saved=saved,
         external=run.settings.launcher == "external",
+        unlike=unlike_source(platform_of(run.evidence), {"model_size": run.model_size}),
     )
     done = round_ - 1
     width = widest.get("half_width_pct") if widest else None

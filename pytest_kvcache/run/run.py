@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
@@ -29,6 +30,7 @@ from typing import Any, Literal, Protocol, cast
 
 from pytest_kvcache.client import Sample
 from pytest_kvcache.config.plan import BootPlan
+from pytest_kvcache.config.resolve import served_parameters
 from pytest_kvcache.config.settings import Boot, Settings
 from pytest_kvcache.engines import embedded_name, engine_profile, visible_devices
 from pytest_kvcache.engines.base import Engine, EngineError
@@ -39,6 +41,7 @@ from pytest_kvcache.model import (
     Evidence,
     FidelityRecord,
     Json,
+    ModelSize,
     PlanEntry,
     Record,
 )
@@ -228,6 +231,7 @@ class Run:
                 "invocation": self.invocation,
                 "cwd": os.getcwd(),
                 "model": self.model_name(),
+                "model_size": self.model_size,
                 "settings": self.settings.to_dict(),
                 "plan": self.plan,
                 "probes": self._probes(),
@@ -269,6 +273,11 @@ class Run:
             if meta.get("probes"):
                 return list(meta["probes"])
         return [spec.to_dict() for spec in probe_registry.specs()]
+
+    @cached_property
+    def model_size(self) -> ModelSize:
+        """The served model's estimated parameter count (``run.json``'s ``model_size``): the report's size class."""
+        return served_parameters(self.settings)
 
     def model_name(self) -> str:
         """What the run serves: ``--kv-model``, the external endpoints' served model, or the embedded one."""

@@ -225,6 +225,8 @@ def test_self_check_is_in_every_runs_evidence(pytester: pytest.Pytester, args: l
     meta = json.loads((run / "run.json").read_text())
     assert meta["self_check"]["overhead_per_chunk_s"] == check["overhead_per_chunk_s"]
     assert "requests" not in meta["self_check"]
+    # the served model's size, for the report's size class (report.bands.unlike_source): here the tiny embedded one
+    assert meta["model_size"] == {"parameters": 4_194_304, "source": "estimated from the embedded model's config"}
     report = report_of(pytester)
     assert report["self_check"]["measured_itl_s"] > 0
     share = check["overhead_per_chunk_s"] / report["self_check"]["measured_itl_s"]

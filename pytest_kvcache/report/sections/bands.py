@@ -10,4 +10,5 @@ from pytest_kvcache.report.sections.context import BuildContext
 
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
-    return {"bands": {"platform": ctx.platform, **ctx.used_bands, "host_busy": host_busy(ctx.data)}}
+    found = {"platform": ctx.platform, **ctx.used_bands, "host_busy": host_busy(ctx.data)}
+    return {"bands": {**found, **({"unlike": ctx.unlike} if ctx.unlike else {})}}

@@ -65,12 +65,18 @@ class BuildContext:
         return bands.platform_of(self.run.evidence)
 
     @cached_property
+    def unlike(self) -> str | None:
+        """Why this run is not the case the platform's default bands were measured on (``bands.unlike_source``):
+        its model's size class; None: it is."""
+        return bands.unlike_source(self.platform, self.run.meta)
+
+    @cached_property
     def _judged(self) -> tuple[list[DeltaRow], dict[str, dict[str, Any]]]:
         from pytest_kvcache.report.comparison import delta_rows
         from pytest_kvcache.report.multiplicity import apply_holm
 
         deltas = delta_rows(self.data, self.arms, self.specs, self.seed)
-        used = spread.judge_deltas(deltas, self.platform, run_busy=host_busy(self.data))
+        used = spread.judge_deltas(deltas, self.platform, run_busy=host_busy(self.data), unlike=self.unlike)
         apply_holm(deltas)  # after the verdicts are set, before the crossovers and sentences read them
         return deltas, used
 
