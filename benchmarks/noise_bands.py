@@ -14,6 +14,11 @@ low (``benchmarks/gate_power.py`` measures them), and an undecided gate gets mor
 longer matters (3+ boots: the CI is over boots). A family without points on a platform takes the other
 platform's band.
 
+The capacity family is a search's knee, one whole number of sessions per boot with no within-boot samples to
+take out: per configuration and depth of a capacity A/A (``CAPACITY_RUNS``, and any run given with one), the
+SD of log(knee) between the boots, floored at one search step at the smallest knee k, log((k + 1) / k) — two
+boots that agree on a knee of 6 show no spread, but one session's step there is 15%.
+
     python benchmarks/noise_bands.py                      # the committed runs, written to the package
     python benchmarks/noise_bands.py RUN_DIR ... --out FILE --print
 """
@@ -48,6 +53,10 @@ DEFAULT_RUNS = (
 #: A/A of commit 4d4bc49, on this project's 2-core machine at load average 17–24 (tests/data/aa/cpu-loaded).
 WIDE_RUNS = ("tests/data/aa/cpu-loaded/run",)
 OUT = ROOT / "pytest_kvcache" / "data" / bands.FILE
+#: Committed runs with a capacity A/A (two or more boots of one configuration: ``auto`` and ``auto.2``), for the
+#: capacity family only (:func:`capacity_points`): the CPU capacity run of docs/results/cpu-capacity.
+CAPACITY_RUNS = ("docs/results/cpu-capacity/run",)
+CAPACITY = "capacity"
 #: The estimated parameter count of each committed run's model, for runs made before ``run.json`` recorded
 #: ``model_size`` (``config.model_files.parameters`` on each model's config): the SmolLM2-135M of the embedded
 #: default and of h200-trained, the seeded-random embedded tiny Qwen3 (4,194,304 without norms), and the
@@ -112,7 +121,7 @@ def points(run_dir: Path, keep_busy: bool = False) -> tuple[str, list[dict[str, 
         measured = spec_of(str(probe), run.specs).metrics  # the probe's metrics, not the frame's other columns
         for metric in group.columns:
             name = bands.family(str(metric))
-            if name is None or metric not in measured:
+            if name is None or name == CAPACITY or metric not in measured:  # a knee: capacity_points
                 continue
             per_boot = group.groupby("boot")[metric].agg(lambda v: [float(x) for x in v if x is not None and x == x])
             stats = [(np.mean(v), np.var(v, ddof=1) / len(v)) for v in per_boot if len(v) >= 2]
@@ -137,6 +146,59 @@ def points(run_dir: Path, keep_busy: bool = False) -> tuple[str, list[dict[str, 
     return platform, found
 
 
+def capacity_points(run_dir: Path) -> tuple[str, list[dict[str, object]]]:
+    """The run's platform and one entry per configuration and depth of the capacity probe with 2+ boots: σ of
+    log(knee) between the boots, at least one search step at the knee, log((k + 1) / k) with k the smallest knee
+    — a knee is a whole number of sessions, so two boots that agree show no spread a step could not hide (the
+    ``floor`` the entry says it took)."""
+    run = load(run_dir)
+    platform = bands.platform_of(run.evidence)
+    data = run.frame
+    if data.empty or "probe" not in data:
+        return platform, []
+    data = data[(data["probe"] == CAPACITY) & data["valid"]].copy()
+    data["config"] = [arm_of(str(a)) for a in data["arm"]]
+    found: list[dict[str, object]] = []
+    for (config, point), group in data.groupby(["config", "point"]):
+        knees = [float(k) for k in group[CAPACITY] if k is not None and k == k and k > 0]
+        if len(knees) < 2:
+            continue
+        sd = float(np.std(np.log(knees), ddof=1))
+        step = math.log((min(knees) + 1) / min(knees))
+        found.append(
+            {
+                "run": _rel(run_dir),
+                "config": config,
+                "probe": CAPACITY,
+                "point": point,
+                "metric": CAPACITY,
+                "family": CAPACITY,
+                "boots": len(knees),
+                "knees": knees,
+                "sd": sd,
+                "floor": sd < step,
+                "boot_sd": max(sd, step),
+            }
+        )
+    return platform, found
+
+
+def _capacity_source(found: list[dict[str, object]], quantile: float) -> str:
+    runs = ", ".join(dict.fromkeys(str(p["run"]) for p in found))
+    said = "; ".join(
+        f"{p['config']} capacity@{p['point']}: knees {', '.join(f'{float(k):.0f}' for k in p['knees'])}"  # type: ignore[attr-defined]
+        + (
+            f", SD of log knee {float(str(p['sd'])) * 100:.1f}% under one session's step at the knee "
+            f"(log({min(p['knees']) + 1:.0f}/{min(p['knees']):.0f}) = {float(str(p['boot_sd'])) * 100:.1f}%)"  # type: ignore[call-overload]
+            if p["floor"]
+            else f", SD of log knee {float(str(p['sd'])) * 100:.1f}%"
+        )
+        for p in found
+    )
+    share = "" if len(found) == 1 else f"{quantile:.0%} quantile over {len(found)} points: "
+    return f"{share}the capacity A/A of {runs} ({said})"
+
+
 def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
@@ -145,7 +207,9 @@ def _class_order(name: str) -> int:
     return [c for _, c in bands.SIZE_CLASSES].index(name)
 
 
-def derive(runs: list[Path], quantile: float, wide: list[Path] | None = None) -> dict[str, object]:
+def derive(
+    runs: list[Path], quantile: float, wide: list[Path] | None = None, capacity: list[Path] | None = None
+) -> dict[str, object]:
     wide = [ROOT / w for w in WIDE_RUNS] if wide is None else wide
     by: dict[str, dict[str, list[dict[str, object]]]] = {}
     used: dict[str, list[str]] = {}
@@ -177,6 +241,23 @@ def derive(runs: list[Path], quantile: float, wide: list[Path] | None = None) ->
                 "source": f"{quantile:.0%} quantile of σ_b over {len(found)} points of {', '.join(used[platform])}",
             }
         platforms[platform] = out
+    knees: dict[str, list[dict[str, object]]] = {}
+    for run_dir in dict.fromkeys([*runs, *(capacity or [ROOT / r for r in CAPACITY_RUNS])]):
+        platform, found = capacity_points(run_dir)
+        knees.setdefault(platform, []).extend(found)
+    for platform, found in knees.items():
+        if not found:
+            continue
+        sds = np.asarray([float(str(p["boot_sd"])) for p in found])
+        worst = max(found, key=lambda p: float(str(p["boot_sd"])))
+        platforms.setdefault(platform, {})[CAPACITY] = {
+            "boot_sd": round(float(np.quantile(sds, quantile)), 4),
+            "points": len(found),
+            "median": round(float(np.median(sds)), 4),
+            "max": round(float(sds.max()), 4),
+            "max_at": f"{worst['config']} capacity@{worst['point']} capacity ({worst['run']})",
+            "source": _capacity_source(found, quantile),
+        }
     for platform, other in (("cpu", "gpu"), ("gpu", "cpu")):
         mine = platforms.setdefault(platform, {})
         for name, entry in (platforms.get(other) or {}).items():
@@ -192,6 +273,13 @@ def derive(runs: list[Path], quantile: float, wide: list[Path] | None = None) ->
             if sd > float(str(widest.get(name, {}).get("boot_sd", -1.0))):
                 at = f"{p['config']} {p['probe']}@{p['point']} {p['metric']} ({p['run']})"
                 widest[name] = {"boot_sd": round(sd, 4), "at": at}
+    for found in knees.values():  # a knee's spread: its search excluded and re-tried the trials of a busy host
+        for p in found:
+            if float(str(p["boot_sd"])) > float(str(widest.get(CAPACITY, {}).get("boot_sd", -1.0))):
+                widest[CAPACITY] = {
+                    "boot_sd": round(float(str(p["boot_sd"])), 4),
+                    "at": f"{p['config']} capacity@{p['point']} capacity ({p['run']})",
+                }
     return {
         "version": 1,
         "widest_what": "per family: the largest σ_b of any point of any run listed or in wide_runs, busy-host samples "
@@ -204,6 +292,10 @@ def derive(runs: list[Path], quantile: float, wide: list[Path] | None = None) ->
         "command": "python benchmarks/noise_bands.py " + " ".join(str(r) for r in runs if str(r) not in DEFAULT_RUNS),
         "quantile": quantile,
         "runs": [_rel(r) for r in runs],
+        "capacity_runs": [_rel(r) for r in (capacity or [ROOT / r for r in CAPACITY_RUNS])],
+        "capacity_what": "the capacity family: per configuration and depth of a capacity A/A, the SD of log(knee) "
+        "between its boots, at least log((k + 1) / k) at the smallest knee k (one search step: a whole number of "
+        "sessions cannot show less); from capacity_runs and any listed run with a capacity A/A",
         "families": {name: list(metrics) for name, metrics in bands.FAMILIES.items()},
         "platforms": platforms,
         "model_classes_what": "per platform: the size classes (report.bands.SIZE_CLASSES) of the models its bands "
@@ -231,6 +323,14 @@ def main() -> int:
                 print(
                     f"{platform} {p['family']:>12} {float(str(p['boot_sd'])) * 100:6.2f}%  {p['boots']} boots  "
                     f"{p['config']} {p['probe']}@{p['point']} {p['metric']}  ({run_dir.name})"
+                )
+        for run_dir in dict.fromkeys([*runs, *(ROOT / r for r in CAPACITY_RUNS)]):
+            platform, found = capacity_points(run_dir)
+            for p in found:
+                print(
+                    f"{platform} {CAPACITY:>12} {float(str(p['boot_sd'])) * 100:6.2f}%  {p['boots']} boots  "
+                    f"{p['config']} capacity@{p['point']} knees {p['knees']}{' (floor)' if p['floor'] else ''}  "
+                    f"({run_dir.name})"
                 )
     table = derive(runs, args.quantile)
     table["command"] = "python benchmarks/noise_bands.py" + (

@@ -288,6 +288,31 @@ def mean_ci_boots(
     return mean, mean - half, mean + half
 
 
+#: The fewest clusters (texts, prompts) a CI over clusters is computed from: a t-interval over 2 has 1 degree of
+#: freedom (±12.7 standard errors), and 2 texts or prompts say little of a third.
+MIN_CLUSTERS = 3
+
+
+def mean_ci_clusters(
+    means: Sequence[float], *, confidence: float = CONFIDENCE, min_clusters: int = MIN_CLUSTERS
+) -> tuple[float | None, float | None, float | None]:
+    """Mean of cluster means and Student's t-interval over them (``clusters − 1`` df): the CI of a measure that
+    is deterministic across boots (fidelity, speculative acceptance), replicated over the texts or prompts it
+    was measured on instead. No interval with fewer than ``min_clusters``; cluster means that are all equal give
+    a zero-width interval at that value (exactly: their float mean may differ from each in the last bit)."""
+    values = np.asarray(means, dtype=float)
+    if values.size == 0:
+        return None, None, None
+    if values.min() == values.max():
+        mean = float(values[0])
+        return (mean, mean, mean) if values.size >= min_clusters else (mean, None, None)
+    mean = float(values.mean())
+    if values.size < min_clusters:
+        return mean, None, None
+    half = t_quantile(values.size - 1, confidence) * float(values.std(ddof=1)) / math.sqrt(values.size)
+    return mean, mean - half, mean + half
+
+
 def widen_ratio(
     ratio: float,
     lo: float,

@@ -1,6 +1,7 @@
 """The KV budget: the bytes of KV cache each vLLM arm gets (``--kv-cache-bytes``, vLLM's
 ``--kv-cache-memory-bytes``), and the rule that a budget holds at least one request of ``max_model_len``
-tokens at the arm's bytes per token — computed from the model's ``config.json`` and the arm's KV dtype.
+tokens — computed from the model's ``config.json`` (its layout, layer by layer: ``config.kv_layout``), the arm's
+KV dtype and the engine's own arithmetic (``Kind.kv_plan``: vLLM's groups, blocks and windows).
 
 With one budget for every arm, a capacity difference between arms comes from their KV dtype, not from how
 much memory each engine grabbed. An arm may carry its own ``--kv-cache-memory-bytes`` in its args (a named
@@ -10,13 +11,13 @@ arm), which then is its budget. Plain Python: no pytest; settings call :func:`ch
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from pytest_kvcache.config import model_files
+from pytest_kvcache.config.kv_layout import DTYPE_BYTES, KvLayout, KvPlan
 
 FLAG = "--kv-cache-memory-bytes"
 #: The environment variable vLLM's CPU build sizes its KV cache from (whole GiB); it overrides ``FLAG``.
@@ -98,62 +99,11 @@ def embedded_model() -> Path:
     return Path(str(resources.files("pytest_kvcache") / "data" / "tiny-qwen3"))
 
 
-DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0, "fp16": 2.0, "bf16": 2.0}
-
-
-@dataclass(frozen=True)
-class KvShape:
-    """What a model's ``config.json`` says about its KV cache: layers, KV heads, head size, its own weights dtype
-    and context."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    max_position: int | None
-
-    @property
-    def model_bytes(self) -> float:
-        return DTYPE_BYTES.get(self.dtype, 2.0)
-
-    def bytes_per_token(self, element_bytes: float) -> float:
-        return 2 * self.layers * self.kv_heads * self.head_dim * element_bytes
-
-    def describe(self) -> str:
-        """``30 layers × 3 KV heads × 64``: the figures the arithmetic used."""
-        return f"{self.layers} layers × {self.kv_heads} KV heads × {self.head_dim}"
-
-    @classmethod
-    def from_config(cls, data: Mapping[str, Any]) -> KvShape | None:
-        """The KV shape of a ``config.json``'s contents (its ``text_config`` for a multimodal model); None when it
-        describes another attention (MLA's latent cache, no KV heads) or lacks a figure."""
-        config = data.get("text_config") if isinstance(data.get("text_config"), Mapping) else data
-        assert isinstance(config, Mapping)
-        if config.get("kv_lora_rank") or config.get("use_mla"):
-            return None
-        layers, heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
-        kv_heads = config.get("num_key_value_heads") or heads
-        hidden = config.get("hidden_size")
-        head_dim = config.get("head_dim") or (
-            hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
-        )
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (layers, kv_heads, head_dim)):
-            return None
-        position = config.get("max_position_embeddings")
-        return cls(
-            layers=int(layers),  # type: ignore[arg-type]
-            kv_heads=int(kv_heads),  # type: ignore[arg-type]
-            head_dim=int(head_dim),  # type: ignore[arg-type]
-            dtype=str(config.get("torch_dtype") or config.get("dtype") or data.get("torch_dtype") or "bfloat16"),
-            max_position=position if isinstance(position, int) and not isinstance(position, bool) else None,
-        )
-
-
-def model_shape(folder: Path) -> KvShape | None:
-    """The KV shape of a model folder's ``config.json`` (read by the one checked reader, ``config.model_files``);
-    None when there is no such file or it describes an attention this arithmetic does not model."""
+def model_shape(folder: Path) -> KvLayout | None:
+    """The KV layout of a model folder's ``config.json`` (read by the one checked reader, ``config.model_files``);
+    None when there is no such file or it lacks a figure the arithmetic needs."""
     data = model_files.read(folder)
-    return KvShape.from_config(data) if data is not None else None
+    return KvLayout.from_config(data) if data is not None else None
 
 
 def element_bytes(kv_dtype: str | None, model_bytes: float, head_dim: int) -> float | None:
@@ -177,17 +127,23 @@ def element_bytes(kv_dtype: str | None, model_bytes: float, head_dim: int) -> fl
 
 @dataclass(frozen=True)
 class Need:
-    """What an arm's budget must hold: ``max_model_len`` tokens at ``bytes_per_token``, and the figures behind it
-    (the model's shape, the weights dtype it is served in, the KV dtype)."""
+    """What an arm's KV holds per token: ``bytes_per_token`` over every layer that keeps KV (as if each kept every
+    token: full attention's figure), at ``element`` bytes a K/V element, for ``max_model_len`` tokens; and the
+    figures behind it (the model's layout, the weights dtype it is served in, the KV dtype, the engine arguments
+    an engine kind's own arithmetic reads — ``Kind.kv_plan``)."""
 
     max_model_len: int
     bytes_per_token: float
-    shape: KvShape | None = None
+    shape: KvLayout | None = None
     served_dtype: str = ""
     model: str = ""
+    element: float = 0.0
+    kv_dtype: str | None = None
+    args: tuple[str, ...] = ()
 
     @property
     def bytes(self) -> int:
+        """``max_model_len`` tokens at ``bytes_per_token``: one request's KV when every layer is full attention."""
         return int(self.max_model_len * self.bytes_per_token + 0.5)
 
     def basis(self, kv_dtype: str | None) -> str:
@@ -202,7 +158,7 @@ class Need:
 
 
 def need(
-    shape: KvShape | None,
+    shape: KvLayout | None,
     kv_dtype: str | None,
     engine_args: Sequence[str],
     arm_args: Sequence[str],
@@ -210,10 +166,10 @@ def need(
     served_dtype: str | None = None,
     model: str = "",
 ) -> Need | None:
-    """What one request of the arm's ``max_model_len`` takes in KV, from the model's shape. The weights dtype is
-    ``--dtype`` in the arguments, else ``served_dtype`` (what the plugin passes itself: the embedded trained
+    """What one request of the arm's ``max_model_len`` holds per token, from the model's layout. The weights dtype
+    is ``--dtype`` in the arguments, else ``served_dtype`` (what the plugin passes itself: the embedded trained
     model's), else the config's; ``--max-model-len`` in the arguments overrides the config's context. None when it
-    cannot be computed here."""
+    cannot be computed here (a KV dtype whose layout is not modelled, no context)."""
     if shape is None:
         return None
     args = [*engine_args, *arm_args]
@@ -236,25 +192,50 @@ def need(
         shape=shape,
         served_dtype=dtype,
         model=model,
+        element=per_element,
+        kv_dtype=kv_dtype,
+        args=tuple(args),
     )
 
 
-def refusal(arm: str, budget: int, found: Need, kv_dtype: str | None) -> str | None:
-    """Why ``budget`` cannot serve ``arm`` (a usage error's text), or None when it holds ``max_model_len``."""
-    if budget >= found.bytes:
+def refusal(arm: str, budget: int, found: Need, kv_dtype: str | None, plan: KvPlan | None = None) -> str | None:
+    """Why ``budget`` cannot serve ``arm`` (a usage error's text), or None when one request of ``max_model_len``
+    fits. With the engine's ``plan`` (its own arithmetic: blocks, windows), the plan decides: refused below one
+    request's blocks, and the smallest budget named is one block more (vLLM 0.32 holds a null block aside; a budget
+    in between is left to the engine, which may refuse it itself). Without a plan, only a layout of full attention
+    throughout is judged (at ``bytes_per_token``). A layout or setting the arithmetic does not model is never
+    refused: the engine decides for itself."""
+    if plan is not None:
+        if plan.request_bytes is None or plan.tokens is None or budget >= plan.request_bytes:
+            return None
+        smallest = plan.request_bytes + (plan.block_bytes or 0)  # the engine holds one block aside
+    elif found.shape is not None and found.shape.all_full:
+        if budget >= found.bytes:
+            return None
+        smallest = found.bytes
+    else:
         return None
-    tokens = int(budget // found.bytes_per_token)
+    windowed = found.shape is not None and any(layer.window for layer in found.shape.attention)
+    if windowed and plan is not None and plan.tokens is not None:
+        holds = (
+            f"holds {plan.tokens:,} tokens ({found.basis(kv_dtype)}; vLLM keeps a window's worth a request in the "
+            f"windowed layers: {plan.groups})"
+        )
+    else:
+        holds = (
+            f"holds {int(budget // found.bytes_per_token):,} tokens at {found.bytes_per_token:,g} bytes a token "
+            f"({found.basis(kv_dtype)})"
+        )
     return (
-        f"arm {arm}: a KV budget of {fmt_bytes(budget)} holds {tokens:,} tokens at {found.bytes_per_token:,g} bytes "
-        f"a token ({found.basis(kv_dtype)}), fewer than max_model_len {found.max_model_len:,}: give at least "
-        f"{fmt_bytes(found.bytes)} ({found.bytes} bytes), or a smaller --max-model-len in --kv-engine-args"
+        f"arm {arm}: a KV budget of {fmt_bytes(budget)} {holds}, fewer than max_model_len {found.max_model_len:,}: "
+        f"give at least {fmt_bytes(smallest)} ({smallest} bytes), or a smaller --max-model-len in --kv-engine-args"
     )
 
 
 __all__ = [
     "CPU_SPACE_ENV",
     "FLAG",
-    "KvShape",
+    "KvLayout",
     "Need",
     "arm_budget",
     "element_bytes",

@@ -66,7 +66,9 @@ SEED_DEPTHS = (10_000, 90_000)
 #: The fidelity probe's depths (GPU). An embedded model's CPU sizes, depths included, are its own
 #: (``config/embedded.py``).
 FIDELITY_DEPTHS = (1_000, 8_000, 32_000)
-FIDELITY_TEXTS = ("prose", "code")
+#: The fidelity probe's committed texts (``probes.fidelity.TEXTS``): all four by default, on a GPU and on the CPU
+#: default alike — its CIs replicate over texts, and fewer than 3 give none.
+FIDELITY_TEXTS = ("prose", "code", "data", "markup")
 #: The capacity probe's defaults (docs/probes/capacity.md): depths, mean think time, measured window per
 #: trial, tokens per turn, most sessions tried — on a GPU, and on the embedded CPU default (2 cores).
 CAPACITY_DEPTHS = (16_000, 32_000)

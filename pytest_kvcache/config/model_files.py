@@ -42,6 +42,10 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _positives(value: Any) -> bool:  # one count, or one a layer
+    return _positive(value) or (isinstance(value, list) and bool(value) and all(_positive(v) for v in value))
+
+
 def _token_ids(value: Any) -> bool:
     return _whole(value) or (isinstance(value, list) and all(_whole(v) for v in value))
 
@@ -75,7 +79,7 @@ FIELDS: Mapping[str, Mapping[str, Check]] = {
         "model_type": TEXT,
         "num_hidden_layers": POSITIVE,
         "num_attention_heads": POSITIVE,
-        "num_key_value_heads": POSITIVE,
+        "num_key_value_heads": (_positives, "a positive whole number"),  # or one a layer
         "hidden_size": POSITIVE,
         "head_dim": POSITIVE,
         "intermediate_size": POSITIVE,
@@ -101,6 +105,25 @@ FIELDS: Mapping[str, Mapping[str, Check]] = {
         "tie_word_embeddings": FLAG,
         "use_mla": (_optional(lambda v: isinstance(v, bool)), "true, false or null"),
         "text_config": OBJECT,
+        # the KV layout, layer by layer (config.kv_layout): which layers keep a window, a chunk, or a state
+        "layer_types": (lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v), "a list of strings"),
+        "sliding_window": (_optional(_whole), "a whole number or null"),
+        "sliding_window_pattern": POSITIVE,
+        "use_sliding_window": FLAG,
+        "max_window_layers": WHOLE,
+        "attention_chunk_size": (_optional(_positive), "a positive whole number or null"),
+        "no_rope_layers": (lambda v: isinstance(v, list) and all(_whole(f) for f in v), "a list of whole numbers"),
+        "no_rope_layer_interval": POSITIVE,
+        "full_attention_interval": POSITIVE,
+        "attn_layer_period": POSITIVE,
+        "attn_layer_offset": WHOLE,
+        "hybrid_override_pattern": TEXT,
+        "num_kv_shared_layers": (_optional(_whole), "a whole number or null"),
+        "global_head_dim": (_optional(_positive), "a positive whole number or null"),
+        "num_global_key_value_heads": (_optional(_positive), "a positive whole number or null"),
+        "attention_k_eq_v": (_optional(lambda v: isinstance(v, bool)), "true, false or null"),
+        "index_topk": (_optional(_whole), "a whole number or null"),
+        "block_configs": (lambda v: isinstance(v, list), "a list"),
     },
     TOKENIZER_CONFIG: {
         "bos_token": (_token, "a token (a string or an object) or null"),
@@ -198,7 +221,8 @@ def parameters(data: Mapping[str, Any]) -> int | None:
         value = config.get(key)
         return value if _positive(value) else default
 
-    hidden, layers, heads, vocab = (whole(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"))
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    hidden, layers, heads, vocab = (whole(k) for k in keys)
     if hidden is None or layers is None or heads is None or vocab is None:
         return None
     head_dim = whole("head_dim", hidden // heads)
@@ -206,7 +230,8 @@ def parameters(data: Mapping[str, Any]) -> int | None:
     assert head_dim is not None and kv_heads is not None
     latent = whole("kv_lora_rank")
     if latent is not None:  # MLA: Q (through its own low rank when given), the latent KV and its up-projection, O
-        rope, nope, v_dim = whole("qk_rope_head_dim", 0), whole("qk_nope_head_dim", head_dim), whole("v_head_dim", head_dim)
+        rope, nope = whole("qk_rope_head_dim", 0), whole("qk_nope_head_dim", head_dim)
+        v_dim = whole("v_head_dim", head_dim)
         assert rope is not None and nope is not None and v_dim is not None
         q_rank = whole("q_lora_rank")
         q = hidden * heads * (nope + rope) if q_rank is None else q_rank * (hidden + heads * (nope + rope))

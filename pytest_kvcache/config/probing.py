@@ -252,7 +252,10 @@ class ProbeOptions:
         cpu_default=lambda m: m.fidelity_depths,
     )
     fidelity_texts: tuple[str, ...] = option(
-        help="the fidelity probe's committed texts (default prose,code).",
+        help=(
+            "the fidelity probe's committed texts, from prose, code, data, markup (default all four: its CIs are "
+            "over texts, none with fewer than 3)."
+        ),
         metavar="T1,T2",
         parse=v.texts,
         default=FIDELITY_TEXTS,
@@ -332,6 +335,15 @@ class ProbeOptions:
         metavar="N",
         parse=v.count(1, v.MAX_CAPACITY_SESSIONS),
         default=1,
+    )
+    capacity_trials: int = option(
+        help=(
+            "trials of the capacity's knee and of the levels either side of it, each judged over all its trials' "
+            "turns, before the report prints an interval (default 2; 1: the search alone, no interval at one boot)."
+        ),
+        metavar="N",
+        parse=v.count(1, v.MAX_CAPACITY_TRIALS),
+        default=2,
     )
     agentic_depth: str = option(
         help=(

@@ -10,29 +10,33 @@ it names are checked, but the run store is opened and stored runs are loaded aft
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pytest_kvcache.config import embedded as embedded_models
 from pytest_kvcache.config import model_files
 from pytest_kvcache.config import values as v
 from pytest_kvcache.config.arms import Arm, engine_kind, looks_like_path, resolve_arms
-from pytest_kvcache.config.budget import KvShape, Need, embedded_model, model_shape, need, refusal
+from pytest_kvcache.config.budget import Need, embedded_model, model_shape, need, refusal
 from pytest_kvcache.config.constants import CPU_KV_CACHE_DTYPES, SettingsError
+from pytest_kvcache.config.kv_layout import KvLayout, KvPlan
 from pytest_kvcache.config.options import options_of, parse_as, pick
 from pytest_kvcache.config.plan import boot_budget
 from pytest_kvcache.config.settings import OPTION_BY_NAME, Settings
 from pytest_kvcache.config.values import unwritable_folder as unwritable_folder
+from pytest_kvcache.model import KvPlanData, ModelSize
 
 
-def served_shape(settings: Settings) -> tuple[KvShape | None, str]:
-    """The KV shape of the model the arms will serve, and its name: an embedded model's declared or packaged config,
-    else ``--kv-model``'s folder (None: no folder here to read, e.g. a hub id or an external server's model)."""
+def served_shape(settings: Settings) -> tuple[KvLayout | None, str]:
+    """The KV layout of the model the arms will serve, and its name: an embedded model's declared or packaged
+    config, else ``--kv-model``'s folder (None: no folder here to read, e.g. a hub id or an external server's
+    model)."""
     if settings.embedded:
         spec = settings.embedded_spec
         name = spec.title.split(" (")[0]
-        return (KvShape.from_config(spec.kv_config) if spec.kv_config else model_shape(embedded_model())), name
+        return (KvLayout.from_config(spec.kv_config) if spec.kv_config else model_shape(embedded_model())), name
     folder = Path(str(settings.model))
     return (model_shape(folder) if folder.is_dir() else None), folder.name
 
@@ -83,9 +87,28 @@ def arm_need(settings: Settings, arm: Arm) -> Need | None:
     return need(shape, arm.kv_cache_dtype, settings.engine_args, arm.args, served_dtype=served, model=name)
 
 
+def arm_plan(settings: Settings, arm: Arm, found: Need | None = None) -> KvPlan | None:
+    """What ``arm``'s engine will make of its KV budget, by the engine kind's own arithmetic (``Kind.kv_plan``:
+    vLLM's groups, blocks and windows): the KV tokens and the concurrency it will report, and the bytes one
+    request of ``max_model_len`` takes. None: no budget known before the boot, or the kind computes none; a
+    plan without figures says what is not modelled."""
+    found = found if found is not None else arm_need(settings, arm)
+    if found is None:
+        return None
+    return engine_kind(settings.engine).kv_plan(settings, arm, found, settings.kv_budget(arm))
+
+
+def kv_plan_data(settings: Settings, arm: Arm) -> KvPlanData | None:
+    """``run.json``'s ``plan[].kv_plan``: :func:`arm_plan` as data (None: nothing planned for this arm)."""
+    plan = arm_plan(settings, arm)
+    return cast(KvPlanData, dataclasses.asdict(plan)) if plan is not None else None
+
+
 def check_budgets(settings: Settings) -> None:
-    """Every arm's KV budget holds one request of its ``max_model_len`` at its bytes per token (computed from the
-    served model's config and the arm's KV dtype); a budget only where the plugin can apply one (vLLM it boots)."""
+    """Every arm's KV budget holds one request of its ``max_model_len`` — by the engine's own arithmetic where its
+    kind has one (``arm_plan``), else at its bytes per token for a model of full attention throughout; a layout the
+    arithmetic does not model is left to the engine. A budget only where the plugin can apply one (vLLM it
+    boots)."""
     budgets = {a.name: settings.kv_budget(a) for a in settings.arms}
     if settings.cache_bytes is not None and not engine_kind(settings.engine).kv_budget:
         raise SettingsError(
@@ -99,7 +122,10 @@ def check_budgets(settings: Settings) -> None:
         if budget is None:
             continue
         found = arm_need(settings, arm)
-        if found is not None and (why := refusal(arm.name, budget, found, arm.kv_cache_dtype)):
+        if found is None:
+            continue
+        plan = arm_plan(settings, arm, found)
+        if why := refusal(arm.name, budget, found, arm.kv_cache_dtype, plan):
             raise SettingsError(why)
 
 

@@ -59,6 +59,8 @@ MAX_SESSIONS = 100
 MAX_TURNS = 1_000
 #: Concurrent sessions of the capacity search: beyond any one engine's batch (vLLM's --max-num-seqs is 256-1024).
 MAX_CAPACITY_SESSIONS = 4096
+#: Trials of each level next to the capacity's knee: each is a measured window of every session.
+MAX_CAPACITY_TRIALS = 20
 #: Simultaneous streams of one concurrency level.
 MAX_STREAMS = 1024
 #: Top-k logprobs per scored position (vLLM's --max-logprobs is 20 by default).

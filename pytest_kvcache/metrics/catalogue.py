@@ -32,9 +32,11 @@ Format = Literal["seconds", "count", "joules", "decimal"]
 #: ``user`` (declared by a user, or read from a name).
 Group = Literal["client", "engine", "spec", "energy", "fidelity", "count", "trial", "capacity", "boot", "user"]
 
-#: The band families, in ``noise_bands.json``'s order. A metric of none of them (token counts, capacity) gets
-#: the widest timing band when a band is needed (``report.bands``).
-FAMILIES = ("decode rate", "latency", "queueing", "prefill rate", "acceptance", "fidelity")
+#: The band families, in ``noise_bands.json``'s order. A metric of none of them (token counts) gets the widest
+#: timing band when a band is needed (``report.bands``). ``capacity``: a search's knee, one whole number of
+#: sessions per boot — its spread between boots is no timing's (``benchmarks/noise_bands.py`` derives it from a
+#: capacity A/A, floored at one session's step at the knee).
+FAMILIES = ("decode rate", "latency", "queueing", "prefill rate", "acceptance", "fidelity", "capacity")
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ STOCK: tuple[Metric, ...] = (
     Metric("stream_tps_median", "decode rate", _TPS, "higher", group="trial"),
     Metric("ttft_p95_s", "latency", "s", "lower", format="seconds", group="trial"),
     # ---- the capacity probe: sessions an arm sustains under the SLO
-    Metric("capacity", None, "sessions", "higher", group="capacity"),
+    Metric("capacity", "capacity", "sessions", "higher", group="capacity"),
     # ---- a boot's evidence, shown beside the metrics
     Metric("kv_cache_size_tokens", None, "tokens", "higher", compared=False, format="count", group="boot"),
 )

@@ -21,6 +21,7 @@ from pytest_kvcache.model.evidence import CacheConfig as CacheConfig
 from pytest_kvcache.model.evidence import Evidence as Evidence
 from pytest_kvcache.model.evidence import GpuCard as GpuCard
 from pytest_kvcache.model.evidence import GpuSnapshot as GpuSnapshot
+from pytest_kvcache.model.evidence import KvPlanData as KvPlanData
 from pytest_kvcache.model.evidence import LogFacts as LogFacts
 from pytest_kvcache.model.evidence import ModelSize as ModelSize
 from pytest_kvcache.model.evidence import PlanEntry as PlanEntry
@@ -28,6 +29,7 @@ from pytest_kvcache.model.evidence import ProbeSpecData as ProbeSpecData
 from pytest_kvcache.model.evidence import RunMeta as RunMeta
 from pytest_kvcache.model.evidence import SettingsData as SettingsData
 from pytest_kvcache.model.evidence import kv_capacity_tokens as kv_capacity_tokens
+from pytest_kvcache.model.evidence import kv_max_concurrency as kv_max_concurrency
 from pytest_kvcache.model.evidence import resolved_cache_dtype as resolved_cache_dtype
 from pytest_kvcache.model.evidence import speculative as speculative
 from pytest_kvcache.model.records import AgreementRecord as AgreementRecord
@@ -70,6 +72,7 @@ from pytest_kvcache.model.report import GateResult as GateResult
 from pytest_kvcache.model.report import GpuCardSummary as GpuCardSummary
 from pytest_kvcache.model.report import GpuSummary as GpuSummary
 from pytest_kvcache.model.report import GrowthVerdict as GrowthVerdict
+from pytest_kvcache.model.report import KvPlanRow as KvPlanRow
 from pytest_kvcache.model.report import NoiseBand as NoiseBand
 from pytest_kvcache.model.report import NoiseSection as NoiseSection
 from pytest_kvcache.model.report import Report as Report

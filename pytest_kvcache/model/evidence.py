@@ -25,6 +25,9 @@ class LogFacts(TypedDict, total=False):
     kv_cache_dtype: str
     kv_cache_size_tokens: int
     kv_cache_device: str
+    #: "Maximum concurrency for L tokens per request: X" (vLLM): X, and L (its max_model_len)
+    kv_max_concurrency: float
+    kv_concurrency_len: int
     attention_backend: str
     attention_candidates: list[str]
     non_default_args: dict[str, Json]
@@ -138,6 +141,27 @@ class ArmData(TypedDict, total=False):
     knobs: list[str] | None
 
 
+class KvPlanData(TypedDict, total=False):
+    """What the engine kind's arithmetic planned for one boot's KV budget, before it booted (``config.kv_layout``'s
+    ``KvPlan``): the figures the engine will report, or why there are none."""
+
+    #: the served model's KV layout in words (``13 layers: 11 sliding-window (512) + 2 full, 1 KV head × 64``)
+    layout: str
+    budget_bytes: int
+    max_model_len: int
+    #: "KV cache size: N tokens" as the engine will report it; null: not modelled
+    tokens: int | None
+    #: its maximum concurrency at max_model_len
+    concurrency: float | None
+    #: what one request of max_model_len takes: the smallest budget the engine accepts
+    request_bytes: int | None
+    #: the engine's grouping in words, and the engine settings the figures rest on
+    groups: str
+    assumptions: str
+    #: why there is no figure ("" when modelled)
+    not_modelled: str
+
+
 class PlanEntry(TypedDict, total=False):
     """One planned boot in ``run.json``'s ``plan``, in run order."""
 
@@ -151,6 +175,8 @@ class PlanEntry(TypedDict, total=False):
     skipped: str
     #: The arm's KV budget in bytes (``--kv-cache-bytes`` or its own ``--kv-cache-memory-bytes``), when it has one.
     kv_cache_bytes: int
+    #: What the engine kind's arithmetic planned for that budget (or the CPU build's VLLM_CPU_KVCACHE_SPACE).
+    kv_plan: KvPlanData
     #: Under pytest-xdist: the lane (worker, GPU group, host) and block (one boot of every arm) it runs in.
     lane: int
     block: int
@@ -291,6 +317,12 @@ def resolved_cache_dtype(evidence: Evidence) -> str | None:
     log = evidence.get("log") or {}
     value = log.get("kv_cache_dtype")
     return str(value) if value else None
+
+
+def kv_max_concurrency(evidence: Evidence) -> float | None:
+    """The engine's "Maximum concurrency for L tokens per request: X" (its startup log), or None."""
+    value = (evidence.get("log") or {}).get("kv_max_concurrency")
+    return float(value) if value is not None else None
 
 
 def kv_capacity_tokens(evidence: Evidence) -> int | None:

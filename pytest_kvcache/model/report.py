@@ -50,6 +50,12 @@ class Comparison(TypedDict, total=False):
     provisional: str
     #: a capacity search that never broke the SLO on a side: its capacity is a lower bound (report.capacity)
     censored: bool
+    #: a metric deterministic across boots and repeats (acceptance): the prompts its CI is over (``ci_method``
+    #: "prompts", report.frame.compare_over_prompts; why it has none is in ``ci_note``)
+    prompts: int
+    #: why a comparison has no CI although both sides have a value: a capacity whose one-boot search did not try
+    #: the knee and the levels either side of it twice each (report.capacity.unmeasured)
+    ci_note: str
     #: the pooled SD of log(boot mean) within each side and its degrees of freedom (2+ boots on a side)
     boot_sd: float
     boot_df: int
@@ -122,6 +128,32 @@ class CrossoverRow(TypedDict, total=False):
     #: where points on each side exclude parity: the nearest such points on either side of the crossing
     #: (``ci_low``/``ci_high`` then hold them too)
     bracket: list[float]
+
+
+class KvPlanRow(TypedDict):
+    """One arm's KV cache as planned before its boot (the engine kind's arithmetic, ``run.json``'s
+    ``plan[].kv_plan``) beside what the engine reported at its first boot (``report.kv_plan``)."""
+
+    arm: str
+    boot: str | None
+    #: the served model's KV layout in words
+    layout: str
+    max_model_len: int | None
+    budget_bytes: int | None
+    #: "KV cache size: N tokens": planned (null: not modelled) and reported (null: not reported)
+    planned_tokens: int | None
+    reported_tokens: int | None
+    #: reported / planned − 1, in percent
+    diff_pct: float | None
+    #: "Maximum concurrency for max_model_len tokens per request": planned and reported
+    planned_concurrency: float | None
+    reported_concurrency: float | None
+    #: the engine's grouping, the settings the plan rests on, and why there is no planned figure
+    groups: str
+    assumptions: str
+    not_modelled: str
+    #: the flagged line when plan and engine differ by more than 2% (None: within it, or nothing to compare)
+    flag: str | None
 
 
 class ResolvedArm(TypedDict):
@@ -324,9 +356,13 @@ class SpecDecodeRow(TypedDict):
     accepted: int  # draft tokens accepted
     acceptance_pct: float  # 100 · accepted / drafted
     acceptance_length: float  # 1 + accepted / drafts (pooled)
-    acceptance_length_mean: float | None  # mean of per-request acceptance lengths, with its CI
-    ci_low: float | None
+    acceptance_length_mean: float | None  # mean over prompts of each prompt's per-request acceptance lengths
+    ci_low: float | None  # its CI: Student's t over the per-prompt means (acceptance is deterministic across boots)
     ci_high: float | None
+    prompts: int  # the distinct prompts (a short shape: one; prefill: depth × index; agentic: session × turn)
+    ci_basis: str  # "over prompts"
+    ci_df: int | None  # prompts − 1; None without a CI
+    no_ci: str | None  # why there is no CI: fewer than 3 prompts
     per_position: list[float]  # accepted at draft position i / drafts (pooled), i = 1 … k
 
 
@@ -349,7 +385,16 @@ class FidelityRow(TypedDict, total=False):
     boots: int
     positions: int
     blocks: int
+    #: "texts": the CIs are over texts (each text's mean of its blocks, averaged over its boots; Student's t)
     ci_method: str
+    #: what the CIs are over, in words: "over texts"
+    ci_basis: str
+    #: the t-interval's degrees of freedom (texts − 1); absent without a CI
+    ci_df: int
+    #: why there is no CI (fewer than 3 texts), absent when there is one
+    no_ci: str
+    #: each text's mean |Δ logprob| (its blocks' mean, averaged over its boots): what the CI is over
+    per_text: dict[str, float]
     baseline_nll: float | None
     logprob_drift: float | None
     logprob_drift_ci: list[float | None]
@@ -394,6 +439,14 @@ class CapacityRow(TypedDict, total=False):
     ratio: float | None
     ratio_ci: list[float | None]
     ci_method: str
+    #: per boot: the last level that met the SLO, the first that broke it (None: none did) and the judged trials
+    #: of each (level as text → trials)
+    brackets: list[dict[str, Json]]
+    #: the brackets in words: "met at 6, broke at 7; 2 trials each"
+    bracket: str
+    #: why the capacity (and its ratio) has no interval: a one-boot search whose knee or a level either side of
+    #: it was tried fewer than 2 times; absent: it has one
+    interval_note: str
     kv_tokens: int | None
     kv_budget_bytes: int | None
     trials: int
@@ -482,11 +535,15 @@ class GateEvidence(TypedDict, total=False):
     #: "boots" (3+ boots a side: the CI over boots), else the spread the within-boot CI was widened with
     #: (``report.spread``): "noise run" (a stored A/A, --kv-noise), "run's boots" (this run's, from 2 boots on a
     #: side), "default band" (the metric family's), "widest" (the widest spread measured on any host: a compared
-    #: sample saw the host busy), "no band" (none: no interval); or "none" (no CI: no or too few samples)
+    #: sample saw the host busy), "no band" (none: no interval); "prompts" (acceptance: the CI over prompts, none
+    #: with fewer than 3, ``report.frame.compare_over_prompts``); "texts" (a fidelity gate: the CI over texts, none
+    #: with fewer than 3, ``report.fidelity``); or "none" (no CI: no or too few samples)
     kind: str
     text: str
     boots_baseline: int
     boots_arm: int
+    #: a fidelity gate: the texts its CI is over (``df`` = texts − 1 with 3 or more)
+    texts: int
     #: the within-boot CI before it was widened (noise run, default band)
     within_ci: list[float | None]
     band_pct: float
@@ -580,6 +637,9 @@ class BandsUsed(TypedDict, total=False):
     #: valid measured samples of the run that saw the host busy (``host_cpu_busy``): one-boot comparisons of a run
     #: with any are judged with the widest spread
     host_busy: int
+    #: why the run is not the case the default bands were measured on (its model's size class, or an unknown
+    #: size): one-boot comparisons of it are judged with the widest spread (absent: it is)
+    unlike: str
 
 
 class FailureRow(TypedDict):
@@ -666,3 +726,5 @@ class Report(TypedDict, total=False):
     bands: BandsUsed
     #: every failed or excluded measured request, per arm × probe × kind (``report.failures``)
     failures: FailuresSection
+    #: each arm's KV tokens and concurrency, planned before the boot and reported by the engine (``report.kv_plan``)
+    kv_plan: list[KvPlanRow]

@@ -5,7 +5,9 @@ own tokenizer, as the prefill probe's) and then sends turn after turn, each its 
 new user message, a think time after the previous turn ended. Its prefix stays cached only while the KV cache
 holds it: once N sessions' contexts no longer fit, turns are evicted between turns, their prompts are prefilled
 from scratch and TTFT climbs. The probe steps N up (doubling) until the SLO breaks, then bisects between the
-last level that met it and the first that did not: the **capacity** is the largest N that met it.
+last level that met it and the first that did not, then tries that knee and the levels either side of it again
+(2 trials each by default): the **capacity** is the largest N that met it, each level judged over all its
+trials' turns.
 
 Everything here is plain Python (no pytest): the SLO and its judgement of a trial, the search, the knee and
 its bootstrap, the requests of a session. ``suite/test_capacity.py`` runs the trials through the many-stream
@@ -219,22 +221,43 @@ def goodput_many(ttft: np.ndarray, itl: np.ndarray, tokens: np.ndarray, slo: Slo
 
 # ------------------------------------------------------------------------------------------ the search
 
-Step = Literal["up", "bisect"]
+Step = Literal["up", "bisect", "confirm"]
+
+#: Trials each level next to the knee (knee − 1, knee, knee + 1) gets before the capacity's interval is printed
+#: (``--kv-capacity-trials``): a level tried once shows no spread of its own verdict.
+TRIALS = 2
+#: How many times the re-trials may move the knee and have the neighbourhood re-centred on the new one; past
+#: that the search stops where it is (the report says whether the final knee's neighbours were tried enough).
+RECENTRES = 1
 
 
 @dataclass
 class Search:
     """Step the number of sessions up (doubling from ``start``) until a level breaks the SLO, then bisect
-    between the last level that met it and the first that did not, to one session; never above ``limit``.
+    between the last level that met it and the first that did not, to one session; never above ``limit``. Then
+    **confirm**: try the knee k and its neighbours k + 1 and k − 1 (those from 1 to ``limit``) again until each
+    has ``trials`` trials; when the re-trials move the knee, bisect any gap that opens below the new knee (as the
+    search did), then re-centre on it (``RECENTRES`` times at most) and confirm there; a knee that moves again
+    after that ends the search. ``trials`` 1: the search alone.
 
-    ``next()`` is the next level to try (None: done); ``record(n, meets)`` its verdict. Assumes that more
-    sessions never do better (a level above a broken one is not tried)."""
+    ``next()`` is the next level to try (None: done); ``record(n, meets)`` one more trial at ``n`` and the
+    level's verdict over all its trials so far (``judge`` over their measured turns pooled: the SLO's percentile
+    over every measured turn at that level). Assumes that more sessions never do better (a level above a
+    broken one is not tried). At most about 2·log2(limit) search trials, then (1 + ``RECENTRES``) × (3 ×
+    ``trials`` + log2(limit)) confirming ones: a search cannot run away."""
 
     start: int = 1
     limit: int = 64
+    trials: int = TRIALS
+    #: each level's verdict over every trial there (pooled)
     verdicts: dict[int, bool] = field(default_factory=dict)
+    #: how many trials each level has had (excluded trials not counted)
+    counts: dict[int, int] = field(default_factory=dict)
+    #: the knee the confirming trials are around (None: still searching)
+    centre: int | None = None
+    recentred: int = 0
 
-    def next(self) -> int | None:
+    def _searching(self) -> int | None:
         passed, failed = knee(self.verdicts)
         if failed is None:  # still stepping up
             if not self.verdicts:
@@ -245,13 +268,36 @@ class Search:
             return None
         return (passed + failed) // 2
 
+    def next(self) -> int | None:
+        if self.centre is None:
+            found = self._searching()
+            if found is not None or self.trials <= 1 or not self.verdicts:
+                return found
+            self.centre = self.capacity
+        if self.capacity != self.centre:  # the re-trials moved the knee
+            if self.recentred >= RECENTRES:
+                return None
+            found = self._searching()  # a gap the move opened (levels never tried below the new knee): bisected
+            if found is not None:
+                return found
+            self.recentred += 1
+            self.centre = self.capacity
+        return next((n for n in self.neighbours(self.centre) if self.counts.get(n, 0) < self.trials), None)
+
+    def neighbours(self, level: int) -> list[int]:
+        """The levels a knee at ``level`` is confirmed on: itself, the one above, the one below (1 to limit)."""
+        return neighbours(level, self.limit)
+
     @property
     def step(self) -> Step:
-        """Where the search is: stepping up, or bisecting below a level that broke the SLO."""
+        """Where the search is: stepping up, bisecting below a level that broke the SLO, or confirming the knee."""
+        if self.centre is not None:
+            return "confirm"
         return "bisect" if any(not ok for ok in self.verdicts.values()) else "up"
 
     def record(self, n: int, meets: bool) -> None:
         self.verdicts[n] = meets
+        self.counts[n] = self.counts.get(n, 0) + 1
 
     @property
     def capacity(self) -> int:
@@ -261,6 +307,11 @@ class Search:
     def censored(self) -> bool:
         """No level broke the SLO: the capacity is at least the highest level tried (the limit)."""
         return bool(self.verdicts) and knee(self.verdicts)[1] is None
+
+
+def neighbours(level: int, limit: int | None = None) -> list[int]:
+    """A knee's level, the one above and the one below, those from 1 to ``limit`` (None: no limit known)."""
+    return [n for n in (level, level + 1, level - 1) if n >= 1 and (limit is None or n <= limit)]
 
 
 def knee(verdicts: Mapping[int, bool]) -> tuple[int, int | None]:
@@ -274,23 +325,17 @@ def knee(verdicts: Mapping[int, bool]) -> tuple[int, int | None]:
     return passed, None
 
 
-def knee_draws(levels: Sequence[int], meets: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def knee_draws(levels: Sequence[int], meets: np.ndarray) -> np.ndarray:
     """Bootstrap replicates of the knee from resampled verdicts (``meets``: replicates × levels, levels sorted):
-    (the capacity of each replicate, as :func:`knee`; its continuous knee, drawn uniformly between that capacity
-    and the next level tried, where the search cannot tell where the SLO broke — the capacity itself when no
-    level broke it)."""
+    each replicate's capacity read as :func:`knee` reads it — always a level that was tried (or 0), never a
+    value between two levels: where the SLO broke between them is not measured."""
     count = meets.shape[0]
     passed = np.zeros(count)
-    upper = np.full(count, np.nan)
     alive = np.ones(count, dtype=bool)
     for j, n in enumerate(levels):
-        broke = alive & ~meets[:, j]
-        upper[broke] = n
         alive &= meets[:, j]
         passed[alive] = n
-    jitter = rng.random(count)
-    continuous = np.where(np.isnan(upper), passed, passed + jitter * (np.nan_to_num(upper) - passed))
-    return passed, continuous
+    return passed
 
 
 # ------------------------------------------------------------------------------------------ the engine
@@ -339,7 +384,7 @@ class EngineWatch:
         }
 
 
-#: How many times a level whose trial was excluded (a saturated client, a busy host) is tried again.
+#: How many times in a row a trial that was excluded (a saturated client, a busy host) is tried again.
 RETRIES = 2
 
 #: Failures that an overloaded engine causes: they count as turns that missed the SLO. Any other failure (an
@@ -401,7 +446,9 @@ def context(salt: str, repeats: int, pad_words: int) -> str:
 __all__ = [
     "ASSISTANT",
     "OVERLOAD",
+    "RECENTRES",
     "RETRIES",
+    "TRIALS",
     "USER",
     "WARM_CONCURRENCY",
     "EngineWatch",
@@ -417,6 +464,7 @@ __all__ = [
     "knee_draws",
     "meets_many",
     "nearest_rank",
+    "neighbours",
     "parse_slo",
     "session_plan",
     "session_salt",

@@ -15,8 +15,10 @@ Per position the baseline arm and another arm are compared:
 - ``kl_topk``: KL(baseline ‖ arm) over the partition {tokens both sides returned} ∪ {everything else},
   a lower bound of the true KL (coarsening a distribution can only shrink a KL divergence).
 
-Positions are averaged in blocks of ``BLOCK`` (neighbouring positions are correlated): the block is the
-unit of the report's CIs. Plain Python: no pytest, no server access (the probe test posts the payload).
+Positions are averaged in blocks of ``BLOCK`` (neighbouring positions are correlated). The report's CIs
+replicate over texts (``report.fidelity``): scores are deterministic across boots, so four texts of different
+kinds are committed — prose, code, JSON Lines data and HTML markup. Plain Python: no pytest, no server access
+(the probe test posts the payload).
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ __all__ = [
     "windows",
 ]
 
-#: The committed texts (``pytest_kvcache/data/fidelity/NAME-v1.txt``).
-TEXTS = ("prose", "code")
+#: The committed texts (``pytest_kvcache/data/fidelity/NAME-v1.txt``): English prose, Python code, JSON Lines
+#: records (the Unicode character database) and HTML (pydoc's pages of standard-library modules).
+TEXTS = ("prose", "code", "data", "markup")
 TEXT_VERSION = "v1"
-#: Positions per block: the unit of the CIs.
+#: Positions per block (the report averages each text's blocks; its CIs are over texts).
 BLOCK = 32
 #: Decimals kept of each stored logprob (1e-6 nats is far below any drift worth reporting).
 DECIMALS = 6

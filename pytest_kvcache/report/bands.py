@@ -122,4 +122,5 @@ def unlike_source(platform: Platform, meta: Mapping[str, Any]) -> str | None:
     mine = size_class(parameters)
     if mine in classes:
         return None
-    return f"this run's model ({parameters / 1e9:.2g}B parameters: {mine}) is unlike the band's models ({', '.join(classes)})"
+    size = f"{parameters / 1e9:.2g}B parameters: {mine}"
+    return f"this run's model ({size}) is unlike the band's models ({', '.join(classes)})"

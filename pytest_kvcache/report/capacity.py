@@ -2,12 +2,18 @@
 capacity's bootstrap CI, the section (a capacity table, every trial, notes), one sentence per arm and a
 goodput-vs-sessions plot per depth.
 
+A level's verdict is taken over all its trials: the SLO's terms over every measured turn of the trials at that
+level, pooled (the search judged it so when it tried the level again). The capacity is the knee the search
+reads from those verdicts; its bracket is the last level that met the SLO and the first that broke it.
+
 How the CI is built (docs/probes/capacity.md): a replicate resamples every trial's measured turns (with
-replacement, as many as it had), judges each trial against its SLO again and reads the knee from the
-resampled verdicts as the search did (the largest level such that it and every level below it met the SLO).
-Where the SLO broke between that level and the next one tried is not measured: the replicate draws its
-continuous knee uniformly in between. The capacity's CI is the percentiles of the replicates' whole capacities;
-a ratio between arms is the ratio of their continuous knees, so a one-session step of the search shows in it.
+replacement, as many as it had), judges each level over its resampled trials again and reads the knee from
+those verdicts as the search did (the largest level such that it and every level below it met the SLO). A
+replicate's knee is always a level that was tried (or 0): where the SLO broke between two levels is not
+measured, and no replicate draws a value in between. The capacity's CI is the percentiles (nearest rank) of
+the replicates' knees; a ratio between arms is the ratio of their knees in the same replicates. At one boot
+the interval is printed only when the knee and the levels either side of it were tried at least
+``MIN_TRIALS`` times each (``--kv-capacity-trials``): an older run's search, one trial a level, has no interval.
 With several boots a replicate also resamples the boots (whole blocks, paired between arms, under
 pytest-xdist), and the arm's knee is the mean over its boots.
 
@@ -40,6 +46,7 @@ from pytest_kvcache.model import (
 )
 from pytest_kvcache.probes import capacity as probe
 from pytest_kvcache.probes.registry import depth_label
+from pytest_kvcache.report import deciding
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -50,6 +57,8 @@ METRIC = "capacity"
 #: to the first that broke it (or whose engine preempted requests there) is "kv"-bound; else "compute"-bound. A
 #: p95 bound breaks once ~5% of turns are prefilled from scratch: a drop of 5 points can break it.
 KV_BOUND_DROP = 0.05
+#: Trials the knee and each level either side of it need before a one-boot interval is printed.
+MIN_TRIALS = 2
 
 
 @dataclass
@@ -72,11 +81,7 @@ class Trial:
 
     @cached_property
     def figures(self) -> probe.TrialFigures:
-        turns = [
-            probe.TurnTimes(float(t), float(i), int(n), bool(math.isfinite(t)))
-            for t, i, n in zip(self.ttft, self.itl, self.tokens, strict=True)
-        ]
-        return probe.judge(turns, self.slo, self.window_s)
+        return _judge(self.ttft, self.itl, self.tokens, self.slo, self.window_s)
 
     @property
     def hit_rate(self) -> tuple[float | None, str | None]:
@@ -89,13 +94,9 @@ class Trial:
             return self.client_cached / self.client_prompt, "usage"
         return None, None
 
-    def meets_many(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        """The trial's verdict over ``count`` resamples of its measured turns."""
-        n = self.ttft.size
-        if n == 0:
-            return np.zeros(count, dtype=bool)
-        idx = rng.integers(0, n, size=(count, n))
-        return probe.meets_many(self.ttft[idx], self.itl[idx], self.slo)
+    def resample(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """``count`` resamples of the trial's measured turns (indices, replicates × turns)."""
+        return rng.integers(0, self.ttft.size, size=(count, self.ttft.size))
 
     def goodput_ci(self, seed: int, count: int = 1000) -> tuple[float | None, float | None]:
         n = self.ttft.size
@@ -107,6 +108,74 @@ class Trial:
         tail = 100 * (1 - stats.CONFIDENCE) / 2
         lo, hi = np.percentile(found, [tail, 100 - tail])
         return float(lo), float(hi)
+
+
+def _judge(
+    ttft: np.ndarray, itl: np.ndarray, tokens: np.ndarray, slo: probe.Slo, window_s: float
+) -> probe.TrialFigures:
+    turns = [
+        probe.TurnTimes(float(t), float(i), int(n), bool(math.isfinite(t)))
+        for t, i, n in zip(ttft, itl, tokens, strict=True)
+    ]
+    return probe.judge(turns, slo, window_s)
+
+
+@dataclass
+class Level:
+    """One level of a search and its judged trials: its verdict and figures over all their measured turns."""
+
+    sessions: int
+    trials: list[Trial]
+
+    @cached_property
+    def figures(self) -> probe.TrialFigures:
+        """The SLO's terms over every measured turn of the level's trials (the goodput over their windows)."""
+        return _judge(
+            np.concatenate([t.ttft for t in self.trials]),
+            np.concatenate([t.itl for t in self.trials]),
+            np.concatenate([t.tokens for t in self.trials]),
+            self.trials[0].slo,
+            sum(t.window_s for t in self.trials),
+        )
+
+    @property
+    def hit_rate(self) -> tuple[float | None, str | None]:
+        """The prefix-cache hit rate over the level's windows: the engine's counters, else the turns' usage."""
+        queries = hits = 0.0
+        for t in self.trials:
+            engine = t.info.get("engine") or {}
+            q, h = engine.get("prefix_cache_queries"), engine.get("prefix_cache_hits")
+            if not (isinstance(q, int | float) and isinstance(h, int | float)):
+                break
+            queries, hits = queries + float(q), hits + float(h)
+        else:
+            if queries > 0:
+                return hits / queries, "/metrics"
+        prompt = sum(t.client_prompt for t in self.trials)
+        if prompt > 0:
+            return sum(t.client_cached for t in self.trials) / prompt, "usage"
+        return None, None
+
+    @property
+    def kv_usage_max(self) -> float | None:
+        found = [x for t in self.trials if (x := _num(t.info.get("kv_usage_max"))) is not None]
+        return max(found) if found else None
+
+    @property
+    def preemptions(self) -> float | None:
+        """Preemptions over the level's windows (None: no trial had the counter)."""
+        found = [x for t in self.trials if (x := _num((t.info.get("engine") or {}).get("preemptions"))) is not None]
+        return float(sum(found)) if found else None
+
+    def meets_many(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """The level's verdict over ``count`` replicates: each trial's measured turns resampled (as many as it
+        had), the level judged over them together."""
+        if not sum(t.ttft.size for t in self.trials):
+            return np.zeros(count, dtype=bool)
+        picks = [(t, t.resample(rng, count)) for t in self.trials if t.ttft.size]
+        ttft = np.concatenate([t.ttft[idx] for t, idx in picks], axis=1)
+        itl = np.concatenate([t.itl[idx] for t, idx in picks], axis=1)
+        return probe.meets_many(ttft, itl, self.trials[0].slo)
 
 
 @dataclass
@@ -121,16 +190,26 @@ class Search:
 
     @property
     def judged(self) -> list[Trial]:
-        """The trials that have a verdict (not excluded), the last one of a level that was tried again."""
-        found: dict[int, Trial] = {}
-        for trial in sorted(self.trials, key=lambda t: t.index):
-            if trial.excluded_reason is None:
-                found[trial.sessions] = trial
-        return [found[n] for n in sorted(found)]
+        """The trials that have a verdict (not excluded), in order."""
+        return [t for t in sorted(self.trials, key=lambda t: t.index) if t.excluded_reason is None]
+
+    @property
+    def levels(self) -> list[Level]:
+        """Every level with a judged trial, smallest first: each judged over all its trials."""
+        found: dict[int, list[Trial]] = {}
+        for trial in self.judged:
+            found.setdefault(trial.sessions, []).append(trial)
+        return [Level(n, found[n]) for n in sorted(found)]
 
     @property
     def verdicts(self) -> dict[int, bool]:
-        return {t.sessions: t.figures.meets for t in self.judged}
+        """Each level's verdict over all its trials."""
+        return {level.sessions: level.figures.meets for level in self.levels}
+
+    @property
+    def counts(self) -> dict[int, int]:
+        """Judged trials per level."""
+        return {level.sessions: len(level.trials) for level in self.levels}
 
     @property
     def capacity(self) -> int:
@@ -144,19 +223,58 @@ class Search:
     def censored(self) -> bool:
         return bool(self.judged) and self.first_broken is None
 
-    def trial_at(self, sessions: int | None) -> Trial | None:
-        return next((t for t in self.judged if t.sessions == sessions), None)
+    @property
+    def limit(self) -> int | None:
+        """The search's most sessions (``--kv-capacity-max-sessions``), as its trials recorded it (None: a run
+        made before they did)."""
+        found = [t.info.get("max_sessions") for t in self.trials]
+        return next((int(x) for x in found if isinstance(x, int | float) and not isinstance(x, bool)), None)
 
-    def draws(self, seed: int, count: int = stats.BOOTSTRAP_SAMPLES) -> tuple[np.ndarray, np.ndarray]:
-        """(whole capacity, continuous knee) of ``count`` bootstrap replicates (see the module docstring);
-        seeded by the run seed, the boot and the point, so the same folder gives the same CI."""
+    def level_at(self, sessions: int | None) -> Level | None:
+        return next((level for level in self.levels if level.sessions == sessions), None)
+
+    def unmeasured(self) -> str | None:
+        """Why this search alone gives the capacity no interval: the knee or a level either side of it (from 1 to
+        the limit) was tried fewer than ``MIN_TRIALS`` times; None: each was tried enough."""
+        counts = self.counts
+        short = [n for n in probe.neighbours(self.capacity, self.limit) if counts.get(n, 0) < MIN_TRIALS]
+        if not short:
+            return None
+        parts: dict[int, list[int]] = {}
+        for n in sorted(short):
+            parts.setdefault(counts.get(n, 0), []).append(n)
+        said = "; ".join(
+            f"{_levels(ns)} {'never tried' if k == 0 else 'tried once' if k == 1 else f'tried {k} times'}"
+            for k, ns in sorted(parts.items())
+        )
+        return f"the knee and the levels either side of it need {MIN_TRIALS} trials each ({said})"
+
+    def bracket(self) -> dict[str, Any]:
+        """The last level that met the SLO and the first that broke it, with their trials."""
+        counts = self.counts
+        met, broke = self.capacity, self.first_broken
+        return {
+            "boot": self.boot,
+            "met": met,
+            "broke": broke,
+            "trials": {str(n): counts.get(n, 0) for n in sorted({met, *([broke] if broke else [])}) if n},
+        }
+
+    def draws(self, seed: int, count: int = stats.BOOTSTRAP_SAMPLES) -> np.ndarray:
+        """The knee of ``count`` bootstrap replicates, each a level that was tried (or 0; see the module
+        docstring); seeded by the run seed, the boot and the point, so the same folder gives the same CI."""
         rng = np.random.default_rng([seed, zlib.crc32(f"{self.boot}@{self.point}".encode())])
-        judged = self.judged
-        if not judged:
-            empty = np.zeros(count)
-            return empty, empty
-        meets = np.stack([t.meets_many(rng, count) for t in judged], axis=1)
-        return probe.knee_draws([t.sessions for t in judged], meets, rng)
+        levels = self.levels
+        if not levels:
+            return np.zeros(count)
+        meets = np.stack([level.meets_many(rng, count) for level in levels], axis=1)
+        return probe.knee_draws([level.sessions for level in levels], meets)
+
+
+def _levels(found: Sequence[int]) -> str:
+    """``[5]`` → "5", ``[5, 7]`` → "5 and 7"."""
+    text = [str(n) for n in found]
+    return text[0] if len(text) == 1 else f"{', '.join(text[:-1])} and {text[-1]}"
 
 
 def searches(records: Sequence[Record]) -> list[Search]:
@@ -271,17 +389,30 @@ def _resample(
 
 
 def _percentiles(values: np.ndarray) -> tuple[float | None, float | None]:
+    """The 2.5% and 97.5% percentiles by nearest rank: each a replicate's value (a tried level, a ratio of two,
+    or a mean of them over boots), never one interpolated between two."""
     values = values[np.isfinite(values)]
     if values.size == 0:
         return None, None
     tail = 100 * (1 - stats.CONFIDENCE) / 2
-    lo, hi = np.percentile(values, [tail, 100 - tail])
+    lo, hi = np.percentile(values, [tail, 100 - tail], method="inverted_cdf")
     return float(lo), float(hi)
 
 
+def unmeasured(units: Sequence[tuple[object, Search]]) -> str | None:
+    """Why an arm's capacity has no interval: one boot whose search did not try the knee and the levels either
+    side of it ``MIN_TRIALS`` times each (``Search.unmeasured``); None: it has one (several boots: over them)."""
+    if len(units) != 1:
+        return None
+    return units[0][1].unmeasured()
+
+
 def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) -> Comparison:
-    """``report.frame.compare`` for the capacity: the ratio of the arms' capacities (means over boots) and its
-    bootstrap CI over turns, the search's resolution and boots (see the module docstring)."""
+    """``report.frame.compare`` for the capacity: the ratio of the arms' knees (means over boots) and its
+    bootstrap CI: the ratio of the two arms' knees in each replicate (turns resampled in every trial, each a
+    tried level; boots resampled too). No CI where a one-boot side's knee was not tried enough
+    (:func:`unmeasured`; ``ci_note`` says why). From 2 boots on a side, the pooled SD of the log knees
+    (``boot_sd``: the run's own spread, ``report.spread``)."""
     from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI, provisional_note
 
     bu, au = _units(base), _units(other)
@@ -289,10 +420,15 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
     arm_value = float(np.mean([s.capacity for _, s in au])) if au else None
     ratio = arm_value / base_value if base_value and arm_value is not None else None
     lo = hi = None
+    note = None
     if ratio is not None:
-        rng = np.random.default_rng(seed)
-        replicates = _resample([(b, s.draws(seed)[1]) for b, s in bu], [(b, s.draws(seed)[1]) for b, s in au], rng)
-        lo, hi = _percentiles(replicates)
+        why = [f"{s.arm}: {said}" for side in (bu, au) if (said := unmeasured(side)) for _, s in side]
+        if why:
+            note = "no interval: " + "; ".join(why)
+        else:
+            rng = np.random.default_rng(seed)
+            replicates = _resample([(b, s.draws(seed)) for b, s in bu], [(b, s.draws(seed)) for b, s in au], rng)
+            lo, hi = _percentiles(replicates)
     method = "boots" if len(bu) >= MIN_BOOTS_FOR_BOOT_CI and len(au) >= MIN_BOOTS_FOR_BOOT_CI else "within-boot"
     verdict = stats.verdict(metric, lo, hi)
     found: Comparison = {
@@ -312,27 +448,36 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
         "verdict": verdict,
         "censored": any(s.censored for _, s in [*bu, *au]),
     }
+    if note:
+        found["ci_note"] = note
+    spread = stats.pooled_log_sd([[float(s.capacity)] for _, s in bu], [[float(s.capacity)] for _, s in au])
+    if spread is not None:  # the run's own boot-to-boot spread of the knee (report.spread), from 2 boots on a side
+        found["boot_sd"], found["boot_df"] = spread
     if method == "within-boot" and verdict != "inconclusive":
         found["provisional"] = provisional_note(max(1, min(len(bu), len(au))))
     return found
 
 
 def capacity_ci(group: pd.DataFrame, seed: int) -> tuple[float | None, float | None, float | None, str]:
-    """An arm's capacity (mean over its boots), its CI (percentiles of the replicates' whole capacities, boots
-    resampled too) and the CI's method, for the section and absolute gates (``capacity[capacity@2k]: >= 6``)."""
+    """An arm's capacity (mean over its boots), its CI (nearest-rank percentiles of the replicates' knees, boots
+    resampled too; none where :func:`unmeasured` says why) and the CI's method, for the section and absolute
+    gates (``capacity[capacity@2k]: >= 6``)."""
     from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI
 
     units = _units(group)
     if not units:
         return None, None, None, "within-boot"
     value = float(np.mean([s.capacity for _, s in units]))
-    table = np.stack([s.draws(seed)[0] for _, s in units])
+    method = "boots" if len(units) >= MIN_BOOTS_FOR_BOOT_CI else "within-boot"
+    if unmeasured(units):
+        return value, None, None, method
+    table = np.stack([s.draws(seed) for _, s in units])
     if len(units) > 1:
         rng = np.random.default_rng(seed)
         picks = rng.integers(0, len(units), size=(table.shape[1], len(units)))
         table = table[picks, np.arange(table.shape[1])[:, None]].T
     lo, hi = _percentiles(table.mean(axis=0))
-    return value, lo, hi, "boots" if len(units) >= MIN_BOOTS_FOR_BOOT_CI else "within-boot"
+    return value, lo, hi, method
 
 
 # ------------------------------------------------------------------------------------------ the section
@@ -382,14 +527,18 @@ def trial_row(s: Search, t: Trial, seed: int) -> CapacityTrialRow:
     }
 
 
-def _knee_cause(at: Trial | None, broke: Trial | None) -> str:
+def _knee_cause(at: Level | None, broke: Level | None) -> str:
     if at is None or broke is None:
         return "unknown"
     before, after = at.hit_rate[0], broke.hit_rate[0]
     if before is None or after is None:
         return "unknown"
-    preempted = [(t.info.get("engine") or {}).get("preemptions") for t in (at, broke)]
-    more = all(isinstance(p, int | float) for p in preempted) and float(preempted[1] or 0) > float(preempted[0] or 0)
+    preempted = [level.preemptions for level in (at, broke)]
+    more = (
+        preempted[0] is not None
+        and preempted[1] is not None
+        and preempted[1] / len(broke.trials) > preempted[0] / len(at.trials)  # per trial: levels differ in trials
+    )
     return "kv" if before - after > KV_BOUND_DROP or more else "compute"
 
 
@@ -401,8 +550,8 @@ def section(
     settings: Mapping[str, Json],
     seed: int,
 ) -> CapacitySection:
-    """The report's capacity section: per arm and depth the capacity and its CI, the ratio to the baseline (the
-    delta the gates judge), the KV each arm had, the figures at the knee; every trial; notes."""
+    """The report's capacity section: per arm and depth the capacity, its bracket and its CI, the ratio to the
+    baseline (the delta the gates judge), the KV each arm had, the figures at the knee; every trial; notes."""
     from pytest_kvcache.model.evidence import kv_capacity_tokens
 
     config: dict[str, Json] = {
@@ -415,6 +564,7 @@ def section(
             "capacity_max_tokens",
             "capacity_max_sessions",
             "capacity_start",
+            "capacity_trials",
             "cache_bytes",
         )
     }
@@ -428,7 +578,8 @@ def section(
     for point in sorted(sub["point"].unique(), key=point_sort):
         for arm in arms:
             group = sub[(sub["point"] == point) & (sub["arm"] == arm)]
-            units = [s for _, s in _units(group)]
+            found = _units(group)
+            units = [s for _, s in found]
             all_searches = [s for s in group["search"] if isinstance(s, Search)] if "search" in group else []
             for s in all_searches:
                 out["trials"] += [trial_row(s, t, seed) for t in sorted(s.trials, key=lambda t: t.index)]
@@ -442,9 +593,10 @@ def section(
                 if s.boot in evidence
             ]
             first = units[0] if units else None
-            at = first.trial_at(first.capacity) if first else None
-            broke = first.trial_at(first.first_broken) if first else None
+            at = first.level_at(first.capacity) if first else None
+            broke = first.level_at(first.first_broken) if first else None
             delta = ratios.get((arm, point))
+            brackets = [cast("dict[str, Json]", s.bracket()) for s in units]
             row: CapacityRow = {
                 "arm": arm,
                 "point": str(point),
@@ -456,6 +608,8 @@ def section(
                 "ratio": delta.get("ratio") if delta else None,
                 "ratio_ci": [delta.get("ci_low"), delta.get("ci_high")] if delta else [None, None],
                 "ci_method": method,
+                "brackets": brackets,
+                "bracket": bracket_text(brackets),
                 "kv_tokens": int(np.mean([t for t in tokens if t])) if any(tokens) else None,
                 "kv_budget_bytes": int(b) if (b := next((x for x in budgets if x), None)) else None,
                 "trials": sum(len(s.trials) for s in all_searches),
@@ -463,6 +617,8 @@ def section(
                 "at_capacity": _figures(at),
                 "first_broken": {"sessions": broke.sessions if broke else None, **_figures(broke)},
             }
+            if (why := unmeasured(found)) is not None:
+                row["interval_note"] = why
             if broke is not None:
                 row["first_broken"]["broken"] = cast(Json, broke.figures.broken)
             out["rows"].append(row)
@@ -470,17 +626,19 @@ def section(
     return out
 
 
-def _figures(trial: Trial | None) -> dict[str, float | None]:
-    if trial is None:
+def _figures(level: Level | None) -> dict[str, float | None]:
+    """A level's figures over all its trials: the SLO's percentiles and goodput over their turns, the hit rate
+    over their windows, the largest KV usage seen, the preemptions summed."""
+    if level is None:
         return {}
-    fig = trial.figures
+    fig = level.figures
     return {
         "ttft_p95_s": fig.ttft_p95_s,
         "itl_p95_s": fig.itl_p95_s,
         "goodput_tps": fig.goodput_tps,
-        "hit_rate": trial.hit_rate[0],
-        "kv_usage_max": _num(trial.info.get("kv_usage_max")),
-        "preemptions": _num((trial.info.get("engine") or {}).get("preemptions")),
+        "hit_rate": level.hit_rate[0],
+        "kv_usage_max": level.kv_usage_max,
+        "preemptions": level.preemptions,
     }
 
 
@@ -493,6 +651,10 @@ def _notes(rows: Sequence[CapacityRow], trials: Sequence[CapacityTrialRow]) -> l
         )
         notes.append(f"{len(excluded)} capacity trial(s) excluded and tried again: {named}")
     for r in rows:
+        if r.get("interval_note"):
+            notes.append(
+                f"{r['arm']} at {r['point']}: no interval for its capacity or its ratio — {r['interval_note']}"
+            )
         if r.get("censored"):
             notes.append(
                 f"{r['arm']} at {r['point']}: no level tried broke the SLO; its capacity is at least "
@@ -524,18 +686,74 @@ def _ci(lo: float | None, hi: float | None, digits: str = ".0f") -> str:
     return f" [{lo:{digits}}, {hi:{digits}}]" if lo is not None and hi is not None else ""
 
 
+def _span(values: Sequence[Any]) -> str:
+    """``[6, 7, 6]`` → "6–7"; ``[6, 6]`` → "6"."""
+    found = sorted({int(v) for v in values})
+    return str(found[0]) if len(found) == 1 else f"{found[0]}–{found[-1]}"
+
+
+def bracket_text(brackets: Sequence[Mapping[str, Any]]) -> str:
+    """The last level that met the SLO and the first that broke it, in words: one boot "met at 6, broke at 7; 2
+    trials each" (or "2 and 3 trials"; "none met" when the first level broke, "none broke" when none did),
+    several boots "met at 6–7, broke at 7–8 over 3 boots"."""
+    if not brackets:
+        return ""
+    if len(brackets) > 1:
+        mets = [b.get("met") or 0 for b in brackets]
+        brokes = [b["broke"] for b in brackets if b.get("broke")]
+        first = f"met at {_span(mets)}" if any(mets) else "none met"
+        if any(not m for m in mets) and any(mets):
+            first = f"met at {_span([m for m in mets if m])} (none in {sum(not m for m in mets)})"
+        over = f"broke at {_span(brokes)}" if brokes else "none broke"
+        if brokes and len(brokes) < len(brackets):
+            over += f" (none in {len(brackets) - len(brokes)})"
+        return f"{first}, {over} over {len(brackets)} boots"
+    b = brackets[0]
+    met, broke = b.get("met") or 0, b.get("broke")
+    trials = {int(k): int(v) for k, v in (b.get("trials") or {}).items()}
+    words = [f"met at {met}" if met else "none met", f"broke at {broke}" if broke else "none broke"]
+    counts = [trials.get(n, 0) for n in (met, broke) if n]
+    if len(counts) == 2 and counts[0] != counts[1]:
+        tried = f"{counts[0]} and {counts[1]} trials"
+    elif counts:
+        tried = f"{counts[0]} trial{'' if counts[0] == 1 else 's'}{' each' if len(counts) == 2 else ''}"
+    else:
+        tried = ""
+    return ", ".join(words) + (f"; {tried}" if tried else "")
+
+
+def _ratio_text(r: CapacityRow, delta: Mapping[str, Any] | None) -> str:
+    """The ratio of the knees with the interval that judged it: within boots widened by the capacity's spread
+    (``report.spread``), else its own CI; "no interval" where a side's knee was not tried enough."""
+    ratio = r.get("ratio")
+    if ratio is None:
+        return "no ratio (0 sessions)"
+    lo, hi = r.get("ratio_ci") or [None, None]
+    if lo is None or hi is None:
+        return f"{ratio:.2f}× (no interval)"
+    if delta is not None and deciding.widened(delta):
+        dlo, dhi, _ = deciding.deciding(delta)
+        short = str((delta.get("spread") or {}).get("text") or "a boot-to-boot spread").split(" (", 1)[0]
+        within = f"[{lo:.2f}, {hi:.2f}] within boots"
+        return f"{ratio:.2f}× [{dlo:.2f}, {dhi:.2f}] (the knees' ratio, {within}, widened by {short})"
+    return f"{ratio:.2f}×{_ci(lo, hi, '.2f')}"
+
+
 def sentences(section: CapacitySection, arms: Sequence[str], deltas: Sequence[DeltaRow]) -> list[str]:
-    """One sentence per arm: ``fp8 sustains 7 [6, 8] sessions at 16k vs auto's 3 [3, 4]: 2.33× [1.75, 2.67]``
-    (each depth, under the SLO; provisional when the CI is within one boot per arm)."""
+    """One sentence per arm: ``fp8 sustains 7 [6, 8] sessions at 16k (met at 7, broke at 8; 2 trials each) vs
+    auto's 3 [3, 4] (met at 3, broke at 4; 2 trials each): 2.33× [1.75, 3.10] (…)`` (each depth, under the SLO;
+    the ratio with the interval that judged it; provisional when that is within one boot per arm)."""
     rows = section["rows"]
     slo = section["config"].get("slo")
     out = []
     by = {(r["arm"], r["point"]): r for r in rows}
 
-    def sessions(r: CapacityRow) -> str:
+    def sessions(r: CapacityRow, unit: str = "") -> str:
         lo, hi = r.get("capacity_ci") or [None, None]
         at_least = "≥ " if r.get("censored") else ""
-        return f"{at_least}{count(r.get('capacity'))}{_ci(lo, hi)}"
+        said = [str(r.get("bracket") or "")] + (["no interval"] if r.get("interval_note") else [])
+        bracket = "; ".join(x for x in said if x)
+        return f"{at_least}{count(r.get('capacity'))}{_ci(lo, hi)}{unit}" + (f" ({bracket})" if bracket else "")
 
     base = arms[0] if arms else None
     for arm in arms:
@@ -545,16 +763,13 @@ def sentences(section: CapacitySection, arms: Sequence[str], deltas: Sequence[De
         parts = []
         notes = set()
         for r in mine:
-            text = f"{sessions(r)} session{'s' if r.get('capacity') != 1 else ''} at {r['point']}"
+            text = sessions(r, f" session{'s' if r.get('capacity') != 1 else ''} at {r['point']}")
             other = by.get((base, r["point"])) if base and arm != base else None
             if other is not None:
-                ratio = r.get("ratio")
-                lo, hi = r.get("ratio_ci") or [None, None]
-                shown = f"{ratio:.2f}×{_ci(lo, hi, '.2f')}" if ratio is not None else "no ratio (0 sessions)"
-                text += f" vs {base}'s {sessions(other)}: {shown}"
                 delta = next(
                     (d for d in deltas if d["probe"] == PROBE and d["arm"] == arm and d["point"] == r["point"]), None
                 )
+                text += f" vs {base}'s {sessions(other)}: {_ratio_text(r, delta)}"
                 if delta and delta.get("provisional"):
                     notes.add(str(delta["provisional"]))
             parts.append(text)
@@ -567,13 +782,15 @@ def sentences(section: CapacitySection, arms: Sequence[str], deltas: Sequence[De
 
 
 def table(section: CapacitySection | None) -> tuple[list[str], list[list[str]]]:
-    """The capacity table: per depth and arm, sessions [CI], the ratio to the baseline, the KV each arm had, the
-    figures at the knee and past it."""
+    """The capacity table: per depth and arm, sessions [CI], its bracket (the last level met, the first broken,
+    their trials), the ratio of the knees to the baseline's, the KV each arm had, the figures at the knee (over
+    its trials) and past it."""
     header = [
         "Depth",
         "Arm",
         "Sessions [95% CI]",
-        "vs baseline [95% CI]",
+        "Met – broke (trials)",
+        "vs baseline: knees' ratio [95% CI]",
         "KV tokens (budget)",
         "At capacity: TTFT p95 / ITL p95 / goodput / hit rate",
         "First level over: sessions, TTFT p95, hit rate, preemptions",
@@ -595,8 +812,13 @@ def table(section: CapacitySection | None) -> tuple[list[str], list[list[str]]]:
             [
                 r["point"],
                 r["arm"],
-                ("≥ " if r.get("censored") else "") + count(r.get("capacity")) + _ci(lo, hi),
-                f"{ratio:.2f}×{_ci(rlo, rhi, '.2f')}" if ratio is not None else "–",
+                ("≥ " if r.get("censored") else "")
+                + count(r.get("capacity"))
+                + (_ci(lo, hi) if lo is not None else " (no interval)" if r.get("interval_note") else ""),
+                str(r.get("bracket") or "–"),
+                (f"{ratio:.2f}×" + (_ci(rlo, rhi, ".2f") if rlo is not None else " (no interval)"))
+                if ratio is not None
+                else "–",
                 kv,
                 " / ".join(
                     [
@@ -682,9 +904,13 @@ def setup_line(section: CapacitySection | None) -> str:
         from pytest_kvcache.config.budget import fmt_bytes
 
         kv = f"a KV budget of {fmt_bytes(budget)} per arm"
+    trials = c.get("capacity_trials")
+    confirm = ""
+    if isinstance(trials, int) and trials > 1:  # a run made before --kv-capacity-trials had no re-trials
+        confirm = f", then the knee and the levels either side of it tried {trials} times each"
     return (
-        f"SLO {c.get('slo')} over each trial's measured turns; sessions stepped up from {c.get('capacity_start')} "
-        f"(doubling, at most {c.get('capacity_max_sessions')}) then bisected; each trial measured for "
+        f"SLO {c.get('slo')} over each level's measured turns; sessions stepped up from {c.get('capacity_start')} "
+        f"(doubling, at most {c.get('capacity_max_sessions')}) then bisected{confirm}; each trial measured for "
         f"{c.get('capacity_window_s')} s after its sessions are warm, think time {c.get('capacity_think_s')} s "
         f"(uniform ±50%), {c.get('capacity_max_tokens')} tokens a turn; {kv}."
     )
@@ -692,9 +918,12 @@ def setup_line(section: CapacitySection | None) -> str:
 
 NOTE = (
     "Capacity: the largest number of concurrent sessions whose measured turns met every term of the SLO, at that "
-    "number and every smaller one tried. CI: turns resampled within each trial (and boots), each trial judged "
-    "again, the knee read as the search did; a ratio uses the knee drawn between the last level that met the SLO "
-    "and the first that broke it (docs/probes/capacity.md). Goodput: tokens/s of the turns that met the SLO."
+    "number and every smaller one tried; a level tried more than once is judged over all its trials' turns. "
+    "Met – broke: the last level that met the SLO and the first that broke it — where between them it broke is "
+    "not measured. CI: turns resampled within each trial (and boots), each level judged again, the knee read as "
+    "the search did: always a level that was tried; at one boot only when the knee and the levels either side of "
+    "it were tried twice each. A ratio is the ratio of the two arms' knees in the same replicates "
+    "(docs/probes/capacity.md). Goodput: tokens/s of the turns that met the SLO."
 )
 
 
@@ -791,10 +1020,13 @@ def caption(name: str) -> str | None:
 
 __all__ = [
     "METRIC",
+    "MIN_TRIALS",
     "NOTE",
     "PROBE",
+    "Level",
     "Search",
     "Trial",
+    "bracket_text",
     "capacity_ci",
     "caption",
     "compare",
@@ -808,4 +1040,5 @@ __all__ = [
     "setup_line",
     "table",
     "trials_table",
+    "unmeasured",
 ]

@@ -60,8 +60,13 @@ def which(rows: Sequence[Mapping[str, Any]]) -> str:
         if basis.startswith(WIDENED):
             kinds.add(str((r.get("spread") or {}).get("kind") or "default band"))
         else:
-            kinds.add("within" if basis == "within-boot" else "boots")
-    words = {**_KIND_WORDS, "boots": "its CI over boots", "within": "its within-boot CI (no spread)"}
+            kinds.add("within" if basis == "within-boot" else "prompts" if basis == "prompts" else "boots")
+    words = {
+        **_KIND_WORDS,
+        "boots": "its CI over boots",
+        "within": "its within-boot CI (no spread)",
+        "prompts": "its CI over prompts",
+    }
     if len(kinds) == 1:
         return words.get(kinds.pop(), "its deciding CI")
     if not kinds:

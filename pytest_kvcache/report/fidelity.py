@@ -7,15 +7,30 @@ Two kinds of comparison, each per text and depth:
 - "across boots": every arm's later boots against its first (the same configuration booted again: the
   measure's own noise floor, ~0 on a deterministic engine).
 
-Only records over the same token ids (``ids_sha256``), both scored and proven cold, are compared. Blocks
-of ``probes.fidelity.BLOCK`` positions are the unit of the CIs: pooled over texts with fewer than
-``MIN_BOOTS_FOR_BOOT_CI`` boots per arm, else hierarchical (boots, then blocks). Plain Python: no pytest.
+Only records over the same token ids (``ids_sha256``), both scored and proven cold, are compared. Positions
+are averaged in blocks of ``probes.fidelity.BLOCK``.
+
+The CIs replicate over texts, not boots. A deterministic engine scores the same ids with the same logprobs
+on every boot, so boots add no information: a CI over boots (or over blocks pooled across boots) is
+zero-width or covers only the positions of the texts that were scored, and says nothing of how an arm
+drifts on another kind of text. So for each row (kind, arm, depth) each text gets one value — the mean of
+its blocks in each boot, averaged over its boots — and the CI is Student's t-interval over those per-text
+means, ``texts − 1`` degrees of freedom (the row's value is their mean: each text counts once). Student's t,
+not a bootstrap with texts as clusters: with the 3–4 texts a run has, a cluster bootstrap has a handful of
+distinct resamples and its percentile interval is too narrow (at 4 texts it is the normal interval shrunk
+by √(3/4), against the t quantile's 3.18); the t-interval is exact for normal per-text means and honest
+about how few there are. With fewer than ``MIN_TEXTS`` texts there is no CI (``NO_CI``): the row says so,
+its sentence says so, and a gate on it is inconclusive with that reason (:func:`gate_results`) — more boots
+cannot decide it, more texts can. A ratio gate between two arms (``int8 <= fp8 * 0.5``) is judged on
+Fieller's interval for the ratio of the two arms' per-text means (paired by text, the same t quantile):
+exactly the ratios a paired t-test over texts does not reject. Plain Python: no pytest.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
@@ -24,10 +39,21 @@ from pytest_kvcache import stats
 from pytest_kvcache.model import DeltaRow, FidelityRecord, FidelityRow, FidelitySection, Json
 from pytest_kvcache.probes import fidelity
 from pytest_kvcache.probes.registry import FIDELITY_METRICS
-from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI, point_sort
+from pytest_kvcache.report.frame import point_sort
+
+if TYPE_CHECKING:
+    from pytest_kvcache.model import GateEvidence, GateResult
+    from pytest_kvcache.report.gates import Gate
 
 PROBE = "fidelity"
 KINDS = ("between arms", "across boots")
+#: The fewest texts a fidelity CI is computed from (a t-interval over 2 texts has 1 degree of freedom, ±12.7
+#: standard errors, and two kinds of text say little of a third).
+MIN_TEXTS = stats.MIN_CLUSTERS
+#: Why a row or a gate over fewer texts has no CI.
+NO_CI = f"fewer than {MIN_TEXTS} texts"
+#: What a row's CI is over (``ci_basis``).
+CI_BASIS = "over texts"
 
 
 def _usable(r: FidelityRecord) -> bool:
@@ -138,16 +164,120 @@ def frame_rows(found: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def _ci(group: pd.DataFrame, metric: str, hierarchical: bool, seed: int) -> tuple[float | None, list[float | None]]:
-    values = group[metric].dropna()
-    if values.empty:
-        return None, [None, None]
-    if hierarchical:
-        per_boot = [g[metric].dropna().astype(float).tolist() for _, g in group.groupby("boot", sort=False)]
-        mean, lo, hi = stats.mean_ci_boots(per_boot, seed=seed)
-    else:
-        mean, lo, hi = stats.mean_ci(values.astype(float).tolist(), seed=seed)
-    return mean, [lo, hi]
+def text_means(group: pd.DataFrame, metric: str, text: str = "text") -> dict[str, float]:
+    """Each text's value of ``metric`` in a slice of blocks (one kind, arm and depth): per boot the mean of
+    the text's blocks, then the mean over its boots (a text counts once, however many boots scored it).
+    ``text``: the column naming the text (``session`` in the report frame's rows)."""
+    found: dict[str, float] = {}
+    if group.empty or metric not in group:
+        return found
+    for name, of_text in group.groupby(text, sort=False):
+        per_boot = []
+        for _, of_boot in of_text.groupby("boot", sort=False):
+            values = pd.to_numeric(of_boot[metric], errors="coerce").dropna()
+            if not values.empty:
+                per_boot.append(float(values.mean()))
+        if per_boot:
+            found[str(name)] = float(np.mean(per_boot))
+    return found
+
+
+def over_texts(means: Mapping[str, float]) -> tuple[float | None, float | None, float | None]:
+    """Mean of the per-text means and its Student t-interval (``texts − 1`` df); no interval with fewer than
+    ``MIN_TEXTS`` texts. Per-text means that are all equal give a zero-width interval at that value."""
+    return stats.mean_ci_clusters(list(means.values()), min_clusters=MIN_TEXTS)
+
+
+def ratio_over_texts(
+    arm: Mapping[str, float], other: Mapping[str, float]
+) -> tuple[float | None, float | None, float | None, int]:
+    """The ratio of two arms' means over the texts both have (``arm / other``), Fieller's interval for it
+    (paired by text, Student's t on ``texts − 1`` df: the ratios r a paired t-test of ``arm − r·other`` over
+    the texts does not reject), and how many texts were paired. No interval with fewer than ``MIN_TEXTS``
+    texts, or when ``other``'s mean is not distinguishable from 0 (the set is then unbounded)."""
+    shared = [t for t in arm if t in other]
+    n = len(shared)
+    x = np.asarray([arm[t] for t in shared], dtype=float)
+    y = np.asarray([other[t] for t in shared], dtype=float)
+    if n == 0 or float(y.mean()) == 0.0:
+        return None, None, None, n
+    mx, my = float(x.mean()), float(y.mean())
+    ratio = mx / my
+    if n < MIN_TEXTS:
+        return ratio, None, None, n
+    q = stats.t_quantile(n - 1) ** 2
+    vx, vy = float(x.var(ddof=1)) / n, float(y.var(ddof=1)) / n
+    cxy = float(np.cov(x, y, ddof=1)[0, 1]) / n
+    a = my * my - q * vy
+    if a <= 0:
+        return ratio, None, None, n
+    b = mx * my - q * cxy
+    c = mx * mx - q * vx
+    root = math.sqrt(max(0.0, b * b - a * c))
+    return ratio, (b - root) / a, (b + root) / a, n
+
+
+def _texts_words(means: Mapping[str, float]) -> str:
+    return f"{len(means)}: {', '.join(sorted(means))}" if means else "0"
+
+
+def no_ci(means: Mapping[str, float]) -> str:
+    """Why there is no CI over these texts, in words."""
+    return (
+        f"{NO_CI} ({_texts_words(means)}): fidelity is deterministic across boots, so only texts replicate it; "
+        f"give {MIN_TEXTS}+ (--kv-fidelity-texts)"
+    )
+
+
+def gate_results(gate: Gate, label: str, at: pd.DataFrame, arms: Sequence[str]) -> list[GateResult]:
+    """A fidelity gate at one point (``at``: the report frame's fidelity rows there), judged over texts: an
+    absolute one on :func:`over_texts` per arm (every arm but the baseline when it names none), one between
+    two arms on :func:`ratio_over_texts`. Evidence ``texts``; with fewer than ``MIN_TEXTS`` texts the gate
+    is inconclusive and says why (:func:`no_ci`). No ``boots_to_decide``: boots cannot decide it."""
+    from pytest_kvcache.report.gates import _result, judge
+
+    def of(arm: str | None) -> dict[str, float]:
+        mine = at[at["arm"] == arm] if not at.empty else at
+        return text_means(mine, gate.metric, text="session")
+
+    def one(
+        name: str, value: float | None, lo: float | None, hi: float | None, means: Mapping[str, float]
+    ) -> GateResult:
+        ratio = gate.kind == "between"
+        if not means or value is None:
+            why = f"{gate.other}'s {gate.metric} averages 0 over the texts: no ratio" if means else "no valid samples"
+            result = _result(gate, name, "inconclusive", value, None, None, why, ratio=ratio)
+            result["evidence"] = {"kind": "none"}
+            return result
+        n = len(means)
+        evidence: GateEvidence = {"kind": "texts", "texts": n}
+        if n < MIN_TEXTS:
+            evidence["text"] = no_ci(means)
+        elif lo is None or hi is None:
+            evidence["text"] = (
+                f"no CI over texts ({n} texts): {gate.other}'s {gate.metric} is not distinguishable from 0, so the "
+                "ratio's interval is unbounded"
+            )
+        else:
+            evidence["df"] = n - 1
+            how = "Fieller's interval for the ratio, paired by text" if ratio else "t-interval"
+            evidence["text"] = f"CI over texts ({_texts_words(means)}: {how}, {n - 1} df)"
+        result = _result(gate, name, judge(gate.op, lo, hi, gate.threshold), value, lo, hi, evidence["text"], ratio)
+        result["ci_method"] = "texts"
+        result["evidence"] = evidence
+        return result
+
+    if gate.kind == "between":
+        mine, other = of(gate.arm), of(gate.other)
+        value, lo, hi, _ = ratio_over_texts(mine, other)
+        paired = {t: v for t, v in mine.items() if t in other}
+        return [one(f"{label} ({gate.arm}/{gate.other})", value, lo, hi, paired)]
+    found = []
+    for arm in [gate.arm] if gate.arm else list(arms[1:]):
+        means = of(arm)
+        mean, lo, hi = over_texts(means)
+        found.append(one(f"{label} ({arm})", mean, lo, hi, means))
+    return found
 
 
 def section(
@@ -172,8 +302,6 @@ def section(
             at_arm = mine[mine["arm"] == arm]
             for point in sorted(at_arm["point"].unique(), key=point_sort):
                 group = at_arm[at_arm["point"] == point]
-                boots = int(group["boot"].nunique())
-                hierarchical = boots >= MIN_BOOTS_FOR_BOOT_CI
                 row: FidelityRow = {
                     "kind": kind,
                     "arm": arm,
@@ -181,16 +309,24 @@ def section(
                     "point": str(point),
                     "depth": int(group["depth"].iloc[0]),
                     "texts": int(group["text"].nunique()),
-                    "boots": boots,
+                    "boots": int(group["boot"].nunique()),
                     "positions": int(group["positions"].sum()),
                     "blocks": len(group),
-                    "ci_method": "boots" if hierarchical else "blocks",
+                    "ci_method": "texts",
+                    "ci_basis": CI_BASIS,
                     "baseline_nll": float(group["baseline_nll"].mean()),
                 }
                 for metric in FIDELITY_METRICS:
-                    mean, ci = _ci(group, metric, hierarchical, seed)
+                    means = text_means(group, metric)
+                    mean, lo, hi = over_texts(means)
                     row[metric] = mean  # type: ignore[literal-required]
-                    row[f"{metric}_ci"] = ci  # type: ignore[literal-required]
+                    row[f"{metric}_ci"] = [lo, hi]  # type: ignore[literal-required]
+                    if metric == "logprob_drift":
+                        row["per_text"] = {name: round(value, 6) for name, value in means.items()}
+                        if lo is not None:
+                            row["ci_df"] = len(means) - 1
+                        elif means:
+                            row["no_ci"] = no_ci(means)
                 rows.append(row)
     if found["kl_topk"].isna().all():
         notes.append("no top-k logprobs (--kv-fidelity-topk=0 or the engine returned none): KL not estimated")
@@ -261,7 +397,9 @@ def sentences(rows: Sequence[FidelityRow], deltas: Sequence[DeltaRow], arms: Seq
         if drift is not None:
             text = f"|Δ logprob| {nats(drift, 3)} nats/token at {deepest['point']}"
         if lo is not None and hi is not None:
-            text += f" (95% CI {nats(lo, 3)}–{nats(hi, 3)})"
+            text += f" (95% CI over {deepest.get('texts')} texts {nats(lo, 3)}–{nats(hi, 3)})"
+        elif drift is not None:
+            text += f" (no CI: {NO_CI}, undecided)"
         kl = deepest.get("kl_topk")
         if kl is not None:
             text += f", KL ≥ {nats(kl, small=True)}"

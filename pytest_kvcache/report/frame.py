@@ -6,6 +6,7 @@ validity, axis point and pairing key, all taken from the probe's :class:`ProbeSp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -210,6 +211,8 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
         from pytest_kvcache.report import capacity
 
         return capacity.compare(base, other, metric, seed=seed)
+    if catalogue.family(metric) in OVER_PROMPTS:
+        return compare_over_prompts(base, other, metric)
     bv, av = values(base, metric), values(other, metric)
     (base_boots, base_strata), (arm_boots, arm_strata) = by_boot_strata(base, metric), by_boot_strata(other, metric)
     paired = False
@@ -261,6 +264,78 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
         found["ci_df"] = df  # the t-interval's degrees of freedom: the p-value of the same test (report.multiplicity)
     if method == "within-boot" and verdict != "inconclusive":
         found["provisional"] = provisional_note(max(1, min(len(base_boots), len(arm_boots))))
+    return found
+
+
+#: Metric families deterministic across boots and repeats of one prompt (greedy decoding, the same drafts):
+#: replicated over prompts, not boots or requests (:func:`compare_over_prompts`).
+OVER_PROMPTS = ("acceptance",)
+
+
+def prompt_means(group: pd.DataFrame, metric: str) -> dict[object, float]:
+    """``metric``'s mean per prompt of a frame slice, over its valid samples of every boot and repeat. A prompt is
+    what pairs requests across arms without the replicate (``pair_key``: prefill's depth and index, an agentic
+    replay's session and turn); where a probe pairs nothing (a short shape, repeated) the point holds one."""
+    if group.empty or metric not in group:
+        return {}
+    rows = group[group["valid"] & group[metric].notna()] if "valid" in group else group[group[metric].notna()]
+    keys = [str(pair[1:]) if isinstance(pair, tuple) else "one" for pair in rows.get("pair", [None] * len(rows))]
+    return {k: float(v) for k, v in rows[metric].astype(float).groupby(keys).mean().items()}
+
+
+def too_few_prompts(metric: str, prompts: int) -> str:
+    """Why a metric deterministic across boots has no CI over ``prompts`` prompts."""
+    return (
+        f"fewer than {stats.MIN_CLUSTERS} prompts ({prompts}): {metric} is deterministic across boots and repeats, "
+        "so only prompts replicate it"
+    )
+
+
+def compare_over_prompts(base: pd.DataFrame, other: pd.DataFrame, metric: str) -> Comparison:
+    """Ratio other/base of a metric deterministic across boots and repeats (speculative acceptance): a boot or a
+    repeat of the same prompt gives the same value again, so neither replicates it — prompts do. Each prompt's
+    value is the mean over its boots and repeats (a prompt: one agentic session; one per point elsewhere); the CI
+    is Student's t over the prompts' log ratios, paired by prompt (``ci_method`` "prompts", ``ci_df`` = prompts −
+    1), none with fewer than ``stats.MIN_CLUSTERS`` prompts or a prompt without a positive value (``ci_note``
+    says why; the verdict is then inconclusive)."""
+
+    b, a = prompt_means(base, metric), prompt_means(other, metric)
+    shared = sorted(set(b) & set(a), key=str)
+    base_value = float(np.mean(list(b.values()))) if b else None
+    arm_value = float(np.mean(list(a.values()))) if a else None
+    ratio = arm_value / base_value if base_value and arm_value is not None else None
+    lo = hi = None
+    note = None
+    if len(shared) < stats.MIN_CLUSTERS:
+        note = too_few_prompts(metric, len(shared))
+    elif any(b[k] <= 0 or a[k] <= 0 for k in shared):
+        note = f"a prompt without a positive {metric}: no ratio interval"
+    else:
+        centre, low, high = stats.mean_ci_clusters([math.log(a[k] / b[k]) for k in shared])
+        if centre is not None and low is not None and high is not None:
+            ratio, lo, hi = math.exp(centre), math.exp(low), math.exp(high)
+    found: Comparison = {
+        "baseline_value": base_value,
+        "arm_value": arm_value,
+        "ratio": ratio,
+        "delta_pct": (ratio - 1) * 100 if ratio is not None else None,
+        "ci_low": lo,
+        "ci_high": hi,
+        "paired": True,
+        "ci_method": "prompts",
+        "n_baseline": len(values(base, metric)),
+        "n_arm": len(values(other, metric)),
+        "boots_baseline": int(base["boot"].nunique()) if "boot" in base and not base.empty else 0,
+        "boots_arm": int(other["boot"].nunique()) if "boot" in other and not other.empty else 0,
+        "direction": catalogue.direction(metric),
+        "verdict": stats.verdict(metric, lo, hi),
+        "host_busy": host_busy(base) + host_busy(other),
+        "prompts": len(shared),
+    }
+    if lo is not None:
+        found["ci_df"] = len(shared) - 1
+    if note is not None:
+        found["ci_note"] = note
     return found
 
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import Comparison, GateEvidence, GateResult, Outcome
 from pytest_kvcache.probes import registry
 from pytest_kvcache.report.judging import QUALITY_PROBES
@@ -261,9 +262,11 @@ def evaluate(
     A gate fails only when that CI lies wholly on the wrong side of the threshold, passes when it lies
     wholly on the right side, and is otherwise inconclusive (with ``boots_to_decide``: how many more boots
     per arm would likely decide it). ``specs`` (the run's) tell which probes measure against the baseline
-    already (fidelity): their absolute gates without an arm judge every arm but the baseline.
+    already (fidelity): their absolute gates without an arm judge every arm but the baseline. Fidelity scores
+    are deterministic across boots, so its absolute and between-arm gates are decided over texts instead
+    (evidence ``texts``: ``report.fidelity.gate_results``), inconclusive with fewer than 3 texts.
     """
-    from pytest_kvcache.report.frame import by_boot, compare, host_busy, point_sort, values
+    from pytest_kvcache.report.frame import OVER_PROMPTS, by_boot, compare, host_busy, point_sort, values
 
     results: list[GateResult] = []
     run_busy = host_busy(data) if not data.empty else 0  # a host busy anywhere in the run is a loaded host
@@ -289,6 +292,12 @@ def evaluate(
         for point in points:
             at = sub[sub["point"] == point] if not sub.empty else sub
             label = f"{gate.metric}[{gate.probe}@{point}]: {gate.text.split(':', 1)[1].strip()}"
+            if gate.probe == "fidelity" and gate.kind in ("absolute", "between"):
+                # deterministic across boots: judged over texts, never boots (report.fidelity)
+                from pytest_kvcache.report.fidelity import gate_results
+
+                results += gate_results(gate, label, at, arms)
+                continue
             pairs: list[tuple[str, pd.DataFrame, pd.DataFrame]] = []  # (who, base frame, other frame)
             if gate.kind == "between":
                 pairs.append((f"{gate.arm}/{gate.other}", at[at["arm"] == gate.other], at[at["arm"] == gate.arm]))
@@ -308,6 +317,9 @@ def evaluate(
                 relative = specs is not None and (spec := specs.get(gate.probe)) is not None and spec.own_section
                 for arm in [gate.arm] if gate.arm else list(arms[1:] if relative else arms):
                     mine = at[at["arm"] == arm] if not at.empty else at
+                    if catalogue.family(gate.metric) in OVER_PROMPTS:
+                        results.append(_over_prompts(gate, f"{label} ({arm})", mine))
+                        continue
                     found = values(mine, gate.metric) if not mine.empty else []
                     groups = by_boot(mine, gate.metric) if not mine.empty else []
                     ci = None
@@ -384,9 +396,13 @@ def _ratio(
     evidence: GateEvidence = {"kind": "none", "boots_baseline": cmp["boots_baseline"], "boots_arm": cmp["boots_arm"]}
     reason = ""
     if lo is None or hi is None or ratio is None:
-        reason = "too few samples for a CI" if ratio is not None else "no valid samples"
+        reason = str(cmp.get("ci_note") or "too few samples for a CI") if ratio is not None else "no valid samples"
+        if cmp["ci_method"] == "prompts":
+            evidence["kind"] = "prompts"
     elif cmp["ci_method"] == "boots":
         evidence.update({"kind": "boots", "text": f"CI over boots ({_boots_note(boots_base, boots_arm)}: t-interval)"})
+    elif cmp["ci_method"] == "prompts":  # deterministic across boots (acceptance): replicated over prompts only
+        evidence.update({"kind": "prompts", "text": f"CI over {cmp.get('prompts', 0)} prompts (t-interval)"})
     else:
         found, boots = spread.for_comparison(gate.metric, cmp, platform, noise, run_busy, unlike)
         evidence.update(_spread_evidence(found, [lo, hi], platform, gate.metric))
@@ -401,7 +417,7 @@ def _ratio(
     result = _result(gate, name, outcome, ratio, lo, hi, reason, ratio=True)
     result["ci_method"] = cmp["ci_method"] if evidence["kind"] != "noise run" else "noise band"
     result["evidence"] = evidence
-    if outcome == "inconclusive" and evidence["kind"] != "none":
+    if outcome == "inconclusive" and evidence["kind"] not in ("none", "prompts"):  # a boot cannot decide prompts
         result["boots_to_decide"] = boots_to_decide(
             ratio, lo, hi, gate.threshold, min(boots_base, boots_arm), ratio=True
         )
@@ -451,8 +467,28 @@ def _absolute(
     if found:
         result["ci_method"] = "boots" if evidence["kind"] == "boots" else "within-boot"
     result["evidence"] = evidence
-    if outcome == "inconclusive" and evidence["kind"] != "none":
+    if outcome == "inconclusive" and evidence["kind"] not in ("none", "prompts"):  # a boot cannot decide prompts
         result["boots_to_decide"] = boots_to_decide(mean, lo, hi, gate.threshold, max(boots, 1), ratio=False)
+    return result
+
+
+def _over_prompts(gate: Gate, name: str, mine: pd.DataFrame) -> GateResult:
+    """An absolute gate on a metric deterministic across boots and repeats (acceptance): Student's t over its
+    prompts' means (``report.frame.compare_over_prompts``), none with fewer than 3 prompts; a boot decides nothing."""
+    from pytest_kvcache import stats
+    from pytest_kvcache.report.frame import prompt_means, too_few_prompts
+
+    means = list(prompt_means(mine, gate.metric).values())
+    mean, lo, hi = stats.mean_ci_clusters(means)
+    if mean is None:
+        reason = "no valid samples"
+    elif lo is None:
+        reason = too_few_prompts(gate.metric, len(means))
+    else:
+        reason = f"CI over {len(means)} prompts (t-interval)"
+    result = _result(gate, name, judge(gate.op, lo, hi, gate.threshold), mean, lo, hi, reason)
+    result["ci_method"] = "prompts"
+    result["evidence"] = {"kind": "prompts", "text": reason}
     return result
 
 

@@ -46,7 +46,13 @@ def apply_holm(deltas: Sequence[DeltaRow], alpha: float = stats.FAMILY_ALPHA) ->
                 d.pop(key, None)  # type: ignore[misc]
             continue
         info: Mapping[str, Any] = d.get("spread") or {}
-        df = d.get("ci_df") if d.get("ci_method") == "boots" else info.get("df") if d.get("judged_ci") else None
+        df = (
+            d.get("ci_df")
+            if d.get("ci_method") in ("boots", "prompts")
+            else info.get("df")
+            if d.get("judged_ci")
+            else None
+        )
         d["p_value"] = stats.interval_p_value(float(ratio), *found, df=df)
         families.setdefault(family_of(d), []).append(d)
     for rows in families.values():

@@ -177,7 +177,8 @@ def judge_deltas(
         was = stats.verdict(str(d["metric"]), lo, hi)
         judged = stats.verdict(str(d["metric"]), wide_lo, wide_hi)
         d["spread"] = found.info()
-        used.setdefault(found.kind, found.text)
+        family = bands.family(str(d["metric"])) if found.kind == "default band" else None
+        used.setdefault(f"{found.kind}: {family}" if family else found.kind, found.text)  # each family's band named
         if found.kind == "default band" and (name := bands.family(str(d["metric"]))) is not None:
             families[name] = found.sd * 100
         if math.isfinite(found.sd):

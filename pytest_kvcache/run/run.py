@@ -30,7 +30,7 @@ from typing import Any, Literal, Protocol, cast
 
 from pytest_kvcache.client import Sample
 from pytest_kvcache.config.plan import BootPlan
-from pytest_kvcache.config.resolve import served_parameters
+from pytest_kvcache.config.resolve import kv_plan_data, served_parameters
 from pytest_kvcache.config.settings import Boot, Settings
 from pytest_kvcache.engines import embedded_name, engine_profile, visible_devices
 from pytest_kvcache.engines.base import Engine, EngineError
@@ -289,6 +289,7 @@ class Run:
         return embedded_name(self.settings)
 
     def set_plan(self, tests_per_boot: Mapping[str, int]) -> None:
+        plans = {arm.name: kv_plan_data(self.settings, arm) for arm in self.settings.arms}
         self.plan = [
             {
                 "boot": b.boot_id,
@@ -299,6 +300,7 @@ class Run:
                 "args": list(b.arm.args),
                 "tests": tests_per_boot.get(b.boot_id, 0),
                 **({"kv_cache_bytes": budget} if (budget := self.settings.kv_budget(b.arm)) is not None else {}),
+                **({"kv_plan": planned} if (planned := plans.get(b.arm.name)) is not None else {}),
                 **(
                     {"lane": b.lane, "block": b.block, "gpus": self.settings.lane_cards(b.lane)}
                     if self.settings.lanes > 1

@@ -57,7 +57,7 @@ def test_capacity(
         chat_payload(kv_server.model, [], "greedy", st.capacity_max_tokens)
     )
     payload.pop("messages")
-    search = capacity.Search(start=st.capacity_start, limit=st.capacity_max_sessions)
+    search = capacity.Search(start=st.capacity_start, limit=st.capacity_max_sessions, trials=st.capacity_trials)
     fanout = Fanout(
         kv_server.url,
         processes=st.client_procs or default_processes(st.capacity_max_sessions),
@@ -70,7 +70,8 @@ def test_capacity(
         **st.client_kwargs(),
     )
     problems: list[str] = []
-    retried: dict[int, int] = {}
+    retried: dict[int, int] = {}  # excluded trials in a row per level (reset by a trial judged there)
+    pooled: dict[int, list[capacity.TurnTimes]] = {}  # every judged trial's measured turns per level
     stopped = ""
     trial = 0
 
@@ -112,9 +113,8 @@ def test_capacity(
             step = search.step
             result, watch = run(sessions)
             measured = [t for t in result.turns if t.turn > 0]
-            figures = capacity.judge(
-                [capacity.turn_times(t.sample.to_dict()) for t in measured], slo, st.capacity_window_s
-            )
+            times = [capacity.turn_times(t.sample.to_dict()) for t in measured]
+            figures = capacity.judge(times, slo, st.capacity_window_s)
             excluded = excluded_reason(result.load)
             if result.window_unix_s is None:
                 excluded = excluded or "the sessions never all finished their warmup"
@@ -123,8 +123,10 @@ def test_capacity(
                 "sessions": sessions,
                 "trial": trial,
                 "step": step,
-                "retry": sessions in retried,
+                "retry": retried.get(sessions, 0) > 0,
                 "slo": slo.text(),
+                "max_sessions": st.capacity_max_sessions,
+                "trials_per_level": st.capacity_trials,
                 "window_s": st.capacity_window_s,
                 "think_s": st.capacity_think_s,
                 "max_tokens": st.capacity_max_tokens,
@@ -141,9 +143,14 @@ def test_capacity(
             rate = ""
             if isinstance(hits, int) and isinstance(queries, int) and queries:
                 rate = f", hit rate {100 * hits / queries:.0f}%"
+            level = ""
+            if not excluded and pooled.get(sessions):  # tried before: the level's verdict is over all its trials
+                over = capacity.judge(pooled[sessions] + times, slo, st.capacity_window_s)
+                level = f"; over its {search.counts.get(sessions, 0) + 1} trials {'meets' if over.meets else 'breaks'}"
             summary = (
                 f"{sessions} sessions ({step}): {verdict}{' — ' + '; '.join(figures.broken) if figures.broken else ''}"
                 f" — {figures.turns} turns, TTFT p95 {_ms(figures.ttft_p95_s)}, ITL p95 {_ms(figures.itl_p95_s)}{rate}"
+                f"{level}"
             )
             host_excluded = False
             for k, turn in enumerate(result.turns):
@@ -177,9 +184,16 @@ def test_capacity(
                     stopped = f"{sessions} sessions excluded {retried[sessions]} times ({excluded or 'host CPU busy'})"
                     break
                 continue
-            search.record(sessions, figures.meets)
+            retried.pop(sessions, None)
+            # the level's verdict over every trial there: its SLO terms over all their measured turns
+            pooled.setdefault(sessions, []).extend(times)
+            search.record(sessions, capacity.judge(pooled[sessions], slo, st.capacity_window_s).meets)
     censored = " (no level broke the SLO: at least)" if search.censored else ""
     reason = stopped or f"capacity {search.capacity}{censored} after {trial} trial(s)"
-    kv_record.sampling({"reason": reason, "n": trial, "verdicts": search.verdicts}, probe="capacity", point=point)
+    kv_record.sampling(
+        {"reason": reason, "n": trial, "verdicts": search.verdicts, "trials": search.counts},
+        probe="capacity",
+        point=point,
+    )
     if problems:
         pytest.fail(f"{label}: " + "; ".join(problems[:5]), pytrace=False)

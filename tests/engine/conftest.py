@@ -169,10 +169,12 @@ def capacity_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """The capacity probe on real vLLM, 3 boots: ``auto`` and its A/A copy with 40 MiB of KV (20,480 tokens at
     the tiny model's 2,048 bytes a token), ``big`` with 80 MiB; sessions of 3K tokens, whose first turn misses
     the cache at ~0.45 s and later turns hit it at ~0.05–0.2 s (2 cores), so the KV cache sets the knee at
-    about 6 and 12 sessions. The search starts at 4 (after an unmeasured trial there) and stops at 16. A think
-    time of 0.5 s and 8 tokens a turn give a trial of 4 sessions ~18 turns in its 3 s (at 1 s, 8–12 turns:
-    one slow turn of a busy host was its p90), for the decode work of 1 s and 16 tokens; ttft_p90 (not p95)
-    so that one slow turn does not decide a trial."""
+    about 6 and 12 sessions. The search starts at 5 (after an unmeasured trial there; from 4 it would step
+    4, 8, 6, 7 and then re-try 6, 7 and 5 twice — from 5 it has tried 5 once already, one trial fewer per arm
+    for the re-trials' cost) and stops at 16; then the knee and the levels either side of it are tried twice each
+    (--kv-capacity-trials' default). A think time of 0.5 s and 8 tokens a turn give a trial of 4 sessions ~18
+    turns in its 3 s (at 1 s, 8–12 turns: one slow turn of a busy host was its p90), for the decode work of 1 s
+    and 16 tokens; ttft_p90 (not p95) so that one slow turn does not decide a trial."""
     workdir = tmp_path_factory.mktemp("capacity")
     (workdir / "pyproject.toml").write_text(CAPACITY_ARMS)
     tiny = Path(__file__).resolve().parents[2] / "pytest_kvcache" / "data" / "tiny-qwen3"
@@ -188,7 +190,7 @@ def capacity_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         "--kv-capacity-think=0.5",
         "--kv-capacity-window=3",
         "--kv-capacity-max-tokens=8",
-        "--kv-capacity-start=4",
+        "--kv-capacity-start=5",
         "--kv-capacity-max-sessions=16",
         "--kv-no-self-check",
         "--kv-fail=capacity[capacity@3k]: big >= auto * 1.5",
@@ -228,7 +230,9 @@ def replicates_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     counterbalanced order (A B on lane 0, B A on lane 1, side by side), on the embedded trained model in
     bf16 (auto: a bf16 KV cache) against the other KV type vLLM's CPU build serves right on it (fp8 where
     the CPU has AVX-512/AMX, else float16): short probes, a user's ``kv_openai`` probe, and the fidelity
-    probe at 1k and 2k (the same arm booted twice is its A/A)."""
+    probe on its four default texts at 500 and 1k, 256 positions each (the same arm booted twice is its A/A;
+    the CI is over the texts). 4 texts × 1,000 tokens scored a boot: no more than 2 texts × 2,000 were (an
+    AVX2-only CI host prefills bf16 at ~39 tokens/s)."""
     workdir = tmp_path_factory.mktemp("abba")
     (workdir / "test_answers.py").write_text(ANSWER_PROBE)
     (workdir / "pyproject.toml").write_text(ANSWER_PYPROJECT)
@@ -246,7 +250,8 @@ def replicates_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         "--kv-warmups=1",
         "--kv-runs=3",
         "--kv-max-tokens=32",
-        "--kv-fidelity-depths=1k,2k",
+        "--kv-fidelity-depths=500,1k",
+        "--kv-fidelity-window=256",
         # float16 KV serves the trained model in bf16 by default; fp8 is asked for in bf16 here too
         engine_args="--dtype bfloat16" if SECOND_ARM == "fp8" else "",
     )

@@ -90,8 +90,9 @@ def run_llama(workdir: Path, tag: str, argv: list[str], timeout: float = 900) ->
 @pytest.fixture(scope="module")
 def llama_ab(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     """f16 vs q4_0 KV on the embedded trained model, 2 boots per arm (ABBA; a llama-server boot takes a
-    second or two): short probes (and their greedy texts), exact-depth prefill at 1k, fidelity on the code
-    text at 1k (forced continuations on the prompt cache), one gate."""
+    second or two): short probes (and their greedy texts), exact-depth prefill at 1k, fidelity on the four
+    default texts at 500, 64 positions each (forced continuations on the prompt cache: 256 positions a boot,
+    as one text's window of 256 at 1k was; the CI is over the texts), one gate."""
     workdir = tmp_path_factory.mktemp("llama-ab")
     tag = f"kvtest-{uuid.uuid4().hex[:10]}"
     argv = llama_argv(
@@ -107,8 +108,8 @@ def llama_ab(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Ru
         "--kv-depths=1k",
         "--kv-depth-warmups=0",
         "--kv-depth-runs=1",
-        "--kv-fidelity-texts=code",
-        "--kv-fidelity-depths=1k",
+        "--kv-fidelity-depths=500",
+        "--kv-fidelity-window=64",
         GATE,
     )
     proc = subprocess.run(
@@ -180,23 +181,28 @@ def test_llama_report_names_both_arms_and_their_cache_types(llama_ab: Run) -> No
 
 
 def test_llama_fidelity_q4_0_moves_logprobs_beyond_the_aa_floor(llama_ab: Run) -> None:
-    """The trained model, teacher-forced: the same arm booted twice scores the same logprobs (the floor),
-    and q4_0 KV moves them by more than that floor's CI, at 1k."""
+    """The trained model, teacher-forced: the same arm booted twice scores the same logprobs on every text (the
+    floor: [0, 0] over the 4 texts), and q4_0 KV moves every text's logprobs beyond it, at 500. How far varies by
+    kind of text (prose 0.19, code 0.26, markup 0.09, data 0.05 nats/token on this project's machine), so the CI
+    over the 4 texts (t on 3 df) is wide — [-0.006, 0.300] there — and is not asked to clear the floor."""
     scored = [json.loads(line) for line in (llama_ab.folder / "fidelity.jsonl").read_text().splitlines()]
-    assert len(scored) == 4 and all(r["ok"] and r["method"].startswith("forced") for r in scored), scored
-    assert len({r["ids_sha256"] for r in scored}) == 1
+    assert len(scored) == 16 and all(r["ok"] and r["method"].startswith("forced") for r in scored), scored
+    assert len({r["ids_sha256"] for r in scored}) == 4  # 4 texts × 2 arms × 2 boots
     for r in scored:
-        assert [w["depth"] for w in r["windows"]] == [1000] and len(r["windows"][0]["ids"]) == 256
+        assert [w["depth"] for w in r["windows"]] == [500] and len(r["windows"][0]["ids"]) == 64
     report = json.loads((llama_ab.folder / "report.json").read_text())
     rows = {(r["kind"], r["arm"], r["point"]): r for r in report["fidelity"]["rows"]}
-    for point in ("1k",):
-        for arm in ("f16", "q4_0"):
-            floor = rows[("across boots", arm, point)]
-            assert floor["logprob_drift"] == pytest.approx(0.0, abs=1e-4), floor  # deterministic llama-server
-        aa_high = rows[("across boots", "f16", point)]["logprob_drift_ci"][1]
-        lossy = rows[("between arms", "q4_0", point)]
-        assert lossy["logprob_drift_ci"][0] > aa_high, (lossy, aa_high)
-    assert any(v.startswith("q4_0 vs f16: ") and "nats/token at 1k (95% CI" in v for v in report["verdicts"])
+    for arm in ("f16", "q4_0"):
+        floor = rows[("across boots", arm, "500")]
+        assert floor["logprob_drift"] == pytest.approx(0.0, abs=1e-4), floor  # deterministic llama-server
+        assert floor["texts"] == 4 and all(v == pytest.approx(0.0, abs=1e-4) for v in floor["per_text"].values())
+    lossy = rows[("between arms", "q4_0", "500")]
+    assert (lossy["texts"], lossy["boots"], lossy["ci_basis"], lossy["ci_df"]) == (4, 2, "over texts", 3), lossy
+    assert all(drift > 0.01 for drift in lossy["per_text"].values()), lossy  # each text beyond its floor of 0
+    lo, hi = lossy["logprob_drift_ci"]
+    assert lo < lossy["logprob_drift"] < hi, lossy  # a real interval over the texts, however wide
+    verdict = "nats/token at 500 (95% CI over 4 texts "
+    assert any(v.startswith("q4_0 vs f16: ") and verdict in v for v in report["verdicts"])
 
 
 def test_llama_greedy_texts_are_compared_token_by_token(llama_ab: Run) -> None:

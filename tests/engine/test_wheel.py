@@ -29,8 +29,12 @@ def test_wheel_installs_in_a_fresh_venv_and_collects_the_suite(tmp_path: Path) -
         "pytest_kvcache/data/tiny-qwen3/tokenizer.json",
         "pytest_kvcache/suite/test_short.py",
         "pytest_kvcache/suite/test_fidelity.py",
-        "pytest_kvcache/data/fidelity/prose-v1.txt",
-        "pytest_kvcache/data/fidelity/prose-v1.txt.sha256",
+        *(
+            f"pytest_kvcache/data/fidelity/{name}-v1.txt{end}"
+            for name in ("prose", "code", "data", "markup")
+            for end in ("", ".sha256")
+        ),
+        "pytest_kvcache/data/fidelity/LICENSE-UNICODE.txt",
         "pytest_kvcache/report/outputs/templates/report.html.j2",
         "pytest_kvcache/py.typed",
     ):
@@ -49,9 +53,9 @@ def test_wheel_installs_in_a_fresh_venv_and_collects_the_suite(tmp_path: Path) -
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    # short 2 + prefill 2 depths + agentic 1 session (the CPU default) + concurrency 3 levels + fidelity 2 texts
+    # short 2 + prefill 2 depths + agentic 1 session (the CPU default) + concurrency 3 levels + fidelity 4 texts
     # + capacity 2 depths; the embedded trained model's wheel is not in this venv: collecting needs none of it
-    assert "1. auto (baseline): kv_cache_dtype=auto — 12 test(s)" in result.stdout
+    assert "1. auto (baseline): kv_cache_dtype=auto — 14 test(s)" in result.stdout
     assert "model embedded:smollm2-135m" in result.stdout and "context 8,192 tokens" in result.stdout
     assert "test_short[auto-narrative]" in result.stdout and "test_short[bf16-code]" in result.stdout
     model = subprocess.run(

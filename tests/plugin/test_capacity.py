@@ -45,9 +45,11 @@ def capacity_args(tag: str, *extra: str) -> list[str]:
 
 def test_twice_the_kv_capacity_sustains_about_twice_the_sessions(pytester: pytest.Pytester, tag: str) -> None:
     """Two arms whose KV budgets differ 2:1: the search finds each knee within one session of what the KV holds,
-    the larger arm sustains about twice the sessions, and the report, plot, gate and verdict say so."""
+    tries it and the levels either side of it twice, the larger arm sustains about twice the sessions, and the
+    report, plot, gate and verdict say so. The gate's threshold is one the capacity's own band (a one-session step
+    at a knee of 6: ×/÷ 1.53 at one boot a side) can decide at one boot."""
     pytester.makepyprojecttoml(BIG_ARM)
-    gate = "--kv-fail=capacity[capacity@400]: big >= auto * 1.4"
+    gate = "--kv-fail=capacity[capacity@400]: big >= auto * 1.25"
     result = pytester.runpytest_subprocess(*capacity_args(tag, "--kv-arms=auto,big", gate))
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(
@@ -72,10 +74,17 @@ def test_twice_the_kv_capacity_sustains_about_twice_the_sessions(pytester: pytes
         assert not row["censored"] and row["knee_cause"] == "kv"
         tried = [t["sessions"] for t in trials if t["arm"] == arm and t["verdict"] != "excluded"]
         assert tried[:2] == [2, 4] and row["first_broken"]["sessions"] == row["capacity"] + 1  # bisected to one
+        k = int(row["capacity"])  # then the knee and its neighbours, twice each: the bracket says so
+        assert all(tried.count(n) >= 2 for n in (k - 1, k, k + 1)), tried
+        assert row["bracket"] == f"met at {k}, broke at {k + 1}; 2 trials each" and "interval_note" not in row
+        confirm = [t for t in trials if t["arm"] == arm and t["step"] == "confirm"]
+        assert confirm and {t["sessions"] for t in confirm} <= {k - 1, k, k + 1}
+        lo, hi = row["capacity_ci"]
+        assert row["boots"] > 1 or (lo in tried and hi in tried)  # one boot: the interval's ends were tried
     ratio = rows["big"]["capacity"] / rows["auto"]["capacity"]
     assert 1.5 <= ratio <= 2.5 and rows["big"]["ratio"] == pytest.approx(ratio)
     lo, hi = rows["big"]["ratio_ci"]
-    assert lo <= 2.0 <= hi or abs(ratio - 2.0) <= 1 / rows["auto"]["capacity"]
+    assert lo <= ratio <= hi
     # every turn is a record: warmups and measured turns of every trial, with the trial's figures
     recs = [r for r in read_records(run / "requests.jsonl") if r["probe"] == "capacity"]
     assert {r["phase"] for r in recs} == {"warmup", "measured"} and all(r["capacity"]["slo"] for r in recs)
@@ -83,15 +92,17 @@ def test_twice_the_kv_capacity_sustains_about_twice_the_sessions(pytester: pytes
     assert all(e["prefix_cache_queries"] > 0 for e in engine)  # /metrics deltas over each window
     # the gate judges the capacity ratio through the normal path; the sentence and the plot say the same
     (judged,) = report["gates"]
-    assert judged["value"] == pytest.approx(ratio) and judged["ci_low"] >= 1.4
-    # decided by its evidence: at one boot a side when the default band allows, else after the boots a gate adds
-    assert judged["outcome"] == "pass" and judged["evidence"]["kind"] in ("default band", "boots"), judged
+    assert judged["value"] == pytest.approx(ratio) and judged["ci_low"] >= 1.25
+    # decided by its evidence: at one boot a side on the capacity's own band (or the widest capacity spread, when
+    # the host was busy), else after the boots a gate adds
+    assert judged["outcome"] == "pass" and judged["evidence"]["kind"] in ("default band", "widest", "boots"), judged
+    if judged["evidence"]["kind"] != "boots":
+        assert "capacity" in judged["evidence"]["source"], judged
+        assert report["bands"]["spreads"], report["bands"]  # the first screen names the spread it was judged with
     (sentence,) = [v for v in report["verdicts"] if v.startswith("big sustains")]
     cap = f"{rows['big']['capacity']:.0f}"
-    assert (
-        sentence.startswith(f"big sustains {cap} [")
-        and f"at 400 vs auto's {rows['auto']['capacity']:.0f} [" in sentence
-    )
+    assert sentence.startswith(f"big sustains {cap} [") and f" sessions at 400 ({rows['big']['bracket']})" in sentence
+    assert f" vs auto's {rows['auto']['capacity']:.0f} [" in sentence and f"({rows['auto']['bracket']})" in sentence
     assert f": {ratio:.2f}× [" in sentence and "under ttft_p95<=150ms" in sentence
     assert (run / "capacity_400.png").is_file()
     md = (run / "report.md").read_text()
@@ -99,7 +110,7 @@ def test_twice_the_kv_capacity_sustains_about_twice_the_sessions(pytester: pytes
     html = (run / "report.html").read_text()
     assert "<h2>Capacity under the SLO</h2>" in html and "<h2>Capacity trials</h2>" in html
     assert 'alt="capacity_400"' in html and "Capacity at 400: goodput against concurrent sessions" in html
-    result.stdout.fnmatch_lines(["verdict: big sustains*", "gate *: capacity[[]capacity@400]: big >= auto * 1.4*"])
+    result.stdout.fnmatch_lines(["verdict: big sustains*", "gate *: capacity[[]capacity@400]: big >= auto * 1.25*"])
 
 
 def test_a_budget_too_small_for_max_model_len_is_a_usage_error(pytester: pytest.Pytester, tag: str) -> None:
@@ -115,7 +126,11 @@ def test_a_budget_too_small_for_max_model_len_is_a_usage_error(pytester: pytest.
 def test_capacity_runs_on_a_generic_server_without_metrics(pytester: pytest.Pytester, tag: str) -> None:
     """--kv-engine=openai: no /metrics, so no engine figures; the hit rate comes from the turns' usage, and the
     stand-in's own KV model (here --standin-kv-tokens: a budget is vLLM's) still bounds the sessions."""
-    args = [a for a in capacity_args(tag, "--kv-arms=auto", "--kv-engine=openai") if a != "--kv-cache-bytes=3M"]
+    args = [  # one trial a level: no re-trials at the knee (nothing here reads an interval)
+        a
+        for a in capacity_args(tag, "--kv-arms=auto", "--kv-engine=openai", "--kv-capacity-trials=1")
+        if a != "--kv-cache-bytes=3M"
+    ]
     args = [a for a in args if not a.startswith("--kv-engine-args")]
     engine = f"--kv-engine-args={tag} --standin-generic --standin-kv-tokens 1536 --standin-prefill-tps 1000 "
     result = pytester.runpytest_subprocess(*args, engine + "--standin-ttft 0.01 --max-model-len 1024")

@@ -18,7 +18,15 @@ PROBE_GATES = {
     "fidelity": ("logprob_drift[fidelity]: other <= 0.1", ("--kv-fidelity-depths=256", "--kv-fidelity-window=128")),
     "capacity": (
         "capacity[capacity@400]: other >= base * 1.5",
-        ("--kv-capacity-depths=400", "--kv-slo=ttft_p95<=150ms", "--kv-capacity-think=0.4", "--kv-cache-bytes=3M"),
+        (
+            "--kv-capacity-depths=400",
+            "--kv-slo=ttft_p95<=150ms",
+            "--kv-capacity-think=0.4",
+            "--kv-cache-bytes=3M",
+            "--kv-capacity-window=1",
+            "--kv-capacity-start=2",
+            "--kv-capacity-max-sessions=8",
+        ),
     ),
 }
 
@@ -33,14 +41,15 @@ args = ["--max-model-len", "1024", "--standin-exit-at-start"]
 
 @pytest.mark.parametrize(
     ("probes", "both"),
-    [(sorted(PROBE_GATES), True), (["fidelity", "prefill", "short"], False)],
+    [(sorted(PROBE_GATES), True), (["capacity", "fidelity", "prefill", "short"], False)],
     ids=["every-boot-fails", "one-arm-fails"],
 )
 def test_a_gate_with_a_failed_boot_gives_a_report_and_exit_1(
     pytester: pytest.Pytester, standin_args: list[str], probes: list[str], both: bool
 ) -> None:
     """Every probe's gate in one run (one subprocess: the stand-in boots fail at once), then a run where only
-    the second arm fails; each gate is among the outcomes, an error or inconclusive, and the report is there."""
+    the second arm fails (the baseline's capacity search runs, with its re-trials); each gate is among the
+    outcomes, an error or inconclusive, and the report is there."""
     pytester.makefile(".toml", pyproject=ARMS.format(base=', "--standin-exit-at-start"' if both else ""))
     base = [a for a in standin_args if a not in ("-m", "short")]
     gates = [f"--kv-fail={PROBE_GATES[p][0]}" for p in probes]

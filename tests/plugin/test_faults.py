@@ -143,7 +143,7 @@ CASES = [
         4,
         "ERROR: pytest-kvcache: arm auto: a KV budget of 300 MiB holds 6,826 tokens at 46,080 bytes a token (auto KV"
         " on float32 weights; SmolLM2-135M-Instruct: 30 layers × 3 KV heads × 64), fewer than max_model_len 8,192:"
-        " give at least 360 MiB*",
+        " give at least 365.6 MiB*",
     ),
     Case(
         "rerender-corrupt-run-json",
@@ -384,7 +384,7 @@ CASES = [
         "every-probe-skipped-says-why",
         ("--kv-arms=auto", "--kv-engine=openai", "-m", "fidelity"),
         0,
-        "note: 2 probe test(s) skipped: test_fidelity[[]auto-prose]: fidelity prose on auto: a generic "
+        "note: 4 probe test(s) skipped: test_fidelity[[]auto-prose]: fidelity prose on auto: a generic "
         "OpenAI-compatible server gives no prompt logprobs over token ids*",
         standin=True,
     ),

@@ -106,12 +106,13 @@ def test_many_resampled_verdicts_agree_with_one() -> None:
 # ------------------------------------------------------------------------------------------ the search
 
 
-def run_search(true_capacity: int, start: int = 1, limit: int = 64) -> tuple[Search, list[int]]:
-    search = Search(start=start, limit=limit)
+def run_search(true_capacity: int, start: int = 1, limit: int = 64, trials: int = 2) -> tuple[Search, list[int]]:
+    search = Search(start=start, limit=limit, trials=trials)
     tried = []
     while (n := search.next()) is not None:
         tried.append(n)
         search.record(n, n <= true_capacity)
+        assert len(tried) < 100
     return search, tried
 
 
@@ -127,26 +128,84 @@ def run_search(true_capacity: int, start: int = 1, limit: int = 64) -> tuple[Sea
     ],
 )
 def test_the_search_doubles_then_bisects_to_one_session(true: int, start: int, tried: list[int]) -> None:
-    search, found = run_search(true, start)
-    assert found == tried and search.capacity == true and not search.censored
+    search, found = run_search(true, start, trials=1)  # 1 trial a level: the search alone
+    assert found == tried and search.capacity == true and not search.censored and search.step == "bisect"
+
+
+@pytest.mark.parametrize(
+    ("true", "start", "limit", "confirm"),
+    [
+        (5, 1, 64, [5, 6, 4]),  # the knee, the level that broke, the level below (tried there once already)
+        (7, 1, 64, [7, 8, 6]),
+        (6, 4, 16, [6, 7, 5, 5]),  # 5 was never tried: twice
+        (11, 2, 64, [11, 12, 10]),
+        (1, 1, 64, [1, 2]),  # no level 0
+        (0, 1, 64, [1]),  # the first level broke: only level 1 is next to the knee
+        (100, 1, 20, [20, 19, 19]),  # no level above the limit
+    ],
+)
+def test_the_knee_and_its_neighbours_are_tried_twice_after_the_search(
+    true: int, start: int, limit: int, confirm: list[int]
+) -> None:
+    alone = run_search(true, start, limit, trials=1)[1]
+    search, tried = run_search(true, start, limit)
+    assert tried == alone + confirm and search.step == "confirm"
+    assert search.capacity == min(true, limit) and search.censored == (true >= limit)
+    for n in capacity.neighbours(search.capacity, limit):
+        assert search.counts[n] >= 2
+    k = search.capacity
+    assert capacity.neighbours(k, limit) == [n for n in (k, k + 1, k - 1) if 1 <= n <= limit]
+
+
+def test_three_trials_a_level_when_asked(tmp_path: Path) -> None:
+    assert resolve({"arms": "auto"}, {}, {}, {}, tmp_path).capacity_trials == capacity.TRIALS == 2
+    with pytest.raises(SettingsError, match=r"--kv-capacity-trials: expected a whole number >= 1"):
+        resolve({"arms": "auto", "capacity_trials": "0"}, {}, {}, {}, tmp_path)
+    assert resolve({"arms": "auto", "capacity_trials": "3"}, {}, {}, {}, tmp_path).capacity_trials == 3
+    search, tried = run_search(6, 4, 16, trials=3)
+    assert tried == [4, 8, 6, 7, 6, 6, 7, 7, 5, 5, 5]
+    assert {n: search.counts[n] for n in (5, 6, 7)} == {5: 3, 6: 3, 7: 3}
+
+
+def test_a_knee_that_moves_is_re_centred_once_then_the_search_stops() -> None:
+    """The second trial at the knee breaks the SLO (its pooled verdict): the knee moves to the level below, never
+    tried, which is bisected, and the neighbourhood re-centred there; a knee that moves again ends the search."""
+    search = Search(start=4, limit=16)
+    tried = []
+    pooled = {4: [True], 8: [False], 6: [True, False], 7: [False], 5: [True, True], 3: [True]}
+    while (n := search.next()) is not None:
+        tried.append(n)
+        said = pooled[n].pop(0) if len(pooled[n]) > 1 else pooled[n][0]
+        search.record(n, said)
+    # search 4 8 6 7; confirm 6 (breaks over its 2 trials): the knee is 4, 5 never tried: bisected; re-centred on 5
+    assert tried == [4, 8, 6, 7, 6, 5, 5, 4] and search.capacity == 5 and search.recentred == 1
+    assert all(search.counts[n] >= 2 for n in (4, 5, 6))
+
+    flip = Search(start=1, limit=64)  # a level's verdict that flips every trial: the search cannot run away
+    seen: dict[int, int] = {}
+    steps = 0
+    while (n := flip.next()) is not None:
+        seen[n] = seen.get(n, 0) + 1
+        flip.record(n, n <= 9 if seen[n] % 2 else n <= 7)
+        steps += 1
+    bound = 2 * 6 + 1 + (1 + capacity.RECENTRES) * (3 * capacity.TRIALS + 6)
+    assert steps <= bound and flip.recentred <= capacity.RECENTRES
 
 
 def test_a_search_that_never_breaks_stops_at_its_limit_and_says_so() -> None:
-    search, tried = run_search(100, limit=20)
+    search, tried = run_search(100, limit=20, trials=1)
     assert tried == [1, 2, 4, 8, 16, 20] and search.capacity == 20 and search.censored
     assert knee({1: True, 2: True, 4: False, 3: True}) == (3, 4)
     assert knee({2: False}) == (0, 2)
 
 
-def test_knee_draws_stay_between_the_last_level_met_and_the_next() -> None:
-    rng = np.random.default_rng(0)
-    meets = np.array([[True, True, True, False, False]] * 1000)
-    whole, continuous = knee_draws([1, 2, 4, 6, 8], meets, rng)
-    assert set(whole) == {4.0} and continuous.min() >= 4 and continuous.max() < 6
-    assert abs(continuous.mean() - 5) < 0.1  # uniform in between
+def test_knee_draws_are_levels_that_were_tried() -> None:
+    meets = np.array([[True, True, True, False, False]] * 10 + [[True, True, False, True, False]] * 10)
+    found = knee_draws([1, 2, 4, 6, 8], meets)
+    assert set(found) == {4.0, 2.0}  # never a value between two levels (no jitter toward 6)
     censored = np.array([[True, True]] * 10)
-    whole, continuous = knee_draws([1, 2], censored, rng)
-    assert set(whole) == {2.0} and set(continuous) == {2.0}  # a lower bound: no jitter
+    assert set(knee_draws([1, 2], censored)) == {2.0}  # a lower bound
+    assert set(knee_draws([1, 2], ~censored)) == {0.0}
 
 
 # ------------------------------------------------------------------------------------------ the sessions
@@ -306,12 +365,18 @@ def test_sessions_over_the_kv_capacity_miss_their_prefix() -> None:
 
 # ------------------------------------------------------------------------------------------ the report's CI
 
+Levels = dict[int, float] | list[tuple[int, float]]
 
-def records(arm: str, boot: str, levels: dict[int, float]) -> list[dict[str, Any]]:
-    """Measured turns of a search whose TTFTs are ``levels[n]`` at n sessions, 20 turns a trial."""
+
+def records(arm: str, boot: str, levels: Levels, limit: int | None = 16) -> list[dict[str, Any]]:
+    """Measured turns of a search whose TTFTs are ``ttft`` at ``n`` sessions for each (n, ttft) trial in order
+    (a level listed twice: two trials), 20 turns a trial; ``limit`` the search's most sessions (None: a run made
+    before the trials recorded it)."""
     out = []
-    for index, (n, ttft) in enumerate(levels.items()):
+    for index, (n, ttft) in enumerate(levels.items() if isinstance(levels, dict) else levels):
         info = {"sessions": n, "slo": "ttft_p95<=100ms", "window_s": 2.0, "step": "up", "verdict": "meets"}
+        if limit is not None:
+            info["max_sessions"] = limit
         for _ in range(20):
             first = ttft
             sample = {"ok": True, "first_token_s": first, "last_token_s": first + 0.15, "completion_tokens": 16}
@@ -328,41 +393,174 @@ def frame_of(recs: list[dict[str, Any]]) -> Any:
     return pd.DataFrame(report.frame_rows(recs))  # type: ignore[arg-type]
 
 
-def test_the_capacity_ratio_ci_includes_the_searchs_one_session_step() -> None:
-    small = records("auto", "auto", {1: 0.03, 2: 0.03, 4: 0.03, 8: 0.5, 6: 0.04, 7: 0.4})
-    big = records("big", "big", {1: 0.03, 2: 0.03, 4: 0.03, 8: 0.03, 16: 0.5, 12: 0.04, 14: 0.3, 13: 0.04})
-    data = frame_of(small + big)
+def confirmed(search: dict[int, float], again: dict[int, float]) -> list[tuple[int, float]]:
+    """A search's trials, then one more trial at each level of ``again`` (a level absent from the search: twice)."""
+    extra = [(n, t) for n, t in again.items() for _ in range(1 if n in search else 2)]
+    return [*search.items(), *extra]
+
+
+AUTO = confirmed({1: 0.03, 2: 0.03, 4: 0.03, 8: 0.5, 6: 0.04, 7: 0.4}, {6: 0.04, 7: 0.4, 5: 0.03})
+BIG = confirmed(
+    {1: 0.03, 2: 0.03, 4: 0.03, 8: 0.03, 16: 0.5, 12: 0.04, 14: 0.3, 13: 0.04}, {13: 0.04, 14: 0.3, 12: 0.04}
+)
+
+
+def test_the_capacity_interval_and_ratio_are_tried_levels_only() -> None:
+    data = frame_of(records("auto", "auto", AUTO) + records("big", "big", BIG))
     assert dict(zip(data["arm"], data["capacity"], strict=True)) == {"auto": 6.0, "big": 13.0}
     found = report.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "capacity", seed=0)
-    assert found["ratio"] == pytest.approx(13 / 6)
-    assert found["ci_low"] is not None and found["ci_high"] is not None
-    # every trial is far from its bound: the CI is the search's step, (13 + U) / (6 + U') for U, U' in [0, 1)
-    assert 13 / 7 <= found["ci_low"] < 13 / 6 < found["ci_high"] <= 14 / 6
+    # every trial is far from its bound: every replicate's knees are 6 and 13, so is the ratio's CI — where
+    # between 13 and 14 (6 and 7) the SLO broke is not measured, and no replicate draws it
+    assert found["ratio"] == found["ci_low"] == found["ci_high"] == pytest.approx(13 / 6)
     assert found["verdict"] == "better" and found["ci_method"] == "within-boot" and found["provisional"]
-    twin = frame_of(records("auto.2", "auto.2", {1: 0.03, 2: 0.03, 4: 0.03, 8: 0.5, 6: 0.04, 7: 0.4}))
+    assert "ci_note" not in found and "boot_sd" not in found  # one boot a side: no run spread
+    twin = frame_of(records("auto.2", "auto.2", AUTO))
     aa = report.compare(data[data["arm"] == "auto"], twin, "capacity", seed=0)
-    assert aa["ratio"] == 1.0 and aa["ci_low"] < 1 < aa["ci_high"] and aa["verdict"] == "inconclusive"  # type: ignore[operator]
+    assert (aa["ratio"], aa["ci_low"], aa["ci_high"]) == (1.0, 1.0, 1.0) and aa["verdict"] == "inconclusive"
     value, lo, hi, method = report.capacity_ci(data[data["arm"] == "big"], seed=0)
     assert (value, lo, hi, method) == (13.0, 13.0, 13.0, "within-boot")
 
 
-def test_a_trial_near_its_bound_widens_the_capacity_ci() -> None:
-    """Turns that straddle the bound: resampling them flips the trial's verdict in some replicates."""
-    near = records("auto", "auto", {1: 0.03, 2: 0.03, 4: 0.03, 8: 0.5, 6: 0.5, 5: 0.5})
+def test_a_trial_near_its_bound_widens_the_capacity_ci_to_a_tried_level() -> None:
+    """Turns that straddle the bound: resampling them flips the level's verdict in some replicates, and the knee
+    falls to the next level tried below — never to a value in between."""
+    near = records(
+        "auto", "auto", confirmed({1: 0.03, 2: 0.03, 4: 0.03, 8: 0.5, 6: 0.5, 5: 0.5}, {4: 0.03, 5: 0.5, 3: 0.03})
+    )
     slow = next(r for r in near if r["capacity"]["sessions"] == 4)
-    slow["sample"]["first_token_s"] = 0.2  # 1 slow turn of 20: p95 (the 19th) meets; resampled, 2+ in ~26%
+    for r in [r for r in near if r["capacity"]["sessions"] == 4][:2]:
+        r["sample"]["first_token_s"] = (
+            0.2  # 2 slow turns of 40 at 4 sessions: p95 (the 38th) meets; resampled, 3+ often
+        )
+    assert slow["sample"]["first_token_s"] == 0.2
     value, lo, hi, _ = report.capacity_ci(frame_of(near), seed=0)
-    assert (value, lo, hi) == (4.0, 2.0, 4.0)
+    assert (value, lo, hi) == (4.0, 3.0, 4.0)
+
+
+def test_the_issues_8_in_4_to_9_reads_only_levels_that_were_tried() -> None:
+    """Issue 41: "8 [4, 9] sessions", where 5–7 were never tried. Without re-trials there is no interval (and the
+    note says which levels lack trials); with them, a replicate whose 8 breaks falls to 7, a tried level — never 4
+    — and none reads 9, which broke."""
+    search = {1: 0.03, 2: 0.03, 4: 0.03, 8: 0.09, 16: 0.5, 12: 0.5, 10: 0.5, 9: 0.5}
+    old = records("auto", "auto", search, limit=None)
+    for r in [r for r in old if r["capacity"]["sessions"] == 8][:1]:
+        r["sample"]["first_token_s"] = 0.2
+    data = frame_of(old)
+    s = data["search"].iloc[0]
+    assert (s.capacity, s.first_broken) == (8, 9)
+    assert report.capacity_ci(data, seed=0)[1:3] == (None, None)
+    assert (
+        s.unmeasured()
+        == "the knee and the levels either side of it need 2 trials each (7 never tried; 8 and 9 tried once)"
+    )
+    new = records("auto", "auto", confirmed(search, {8: 0.09, 9: 0.5, 7: 0.03}))
+    for r in [r for r in new if r["capacity"]["sessions"] == 8][:2]:
+        r["sample"]["first_token_s"] = 0.2  # 2 slow turns of 40: the level meets, not in every replicate
+    data = frame_of(new)
+    s = data["search"].iloc[0]
+    assert s.unmeasured() is None and s.counts == {1: 1, 2: 1, 4: 1, 7: 2, 8: 2, 9: 2, 10: 1, 12: 1, 16: 1}
+    draws = set(s.draws(0))
+    assert draws <= set(s.counts) and draws == {7.0, 8.0}
+    value, lo, hi, _ = report.capacity_ci(data, seed=0)
+    assert (value, lo, hi) == (8.0, 7.0, 8.0)
+
+
+def test_an_old_search_gives_no_ratio_interval_and_says_why() -> None:
+    old_auto = records("auto", "auto", {1: 0.03, 2: 0.03, 4: 0.03, 8: 0.5, 6: 0.04, 7: 0.4}, limit=None)
+    data = frame_of(old_auto + records("big", "big", BIG))
+    found = report.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "capacity", seed=0)
+    assert found["ratio"] == pytest.approx(13 / 6) and found["ci_low"] is None and found["verdict"] == "inconclusive"
+    assert found["ci_note"] == (
+        "no interval: auto: the knee and the levels either side of it need 2 trials each (5 never tried; 6 and 7 "
+        "tried once)"
+    )
+
+
+def test_a_level_is_judged_over_all_its_trials() -> None:
+    """Two trials at 6: one meets, one has 3 slow turns of 20; over their 40 turns the p95 (the 38th) is slow: 6
+    breaks, and the knee is 5."""
+    trials = confirmed({4: 0.03, 8: 0.5, 6: 0.04, 7: 0.5}, {6: 0.04, 7: 0.5, 5: 0.03})
+    recs = records("auto", "auto", trials)
+    second = [r for r in recs if r["capacity"]["sessions"] == 6 and r["index"] == 4]
+    for r in second[:3]:
+        r["sample"]["first_token_s"] = 0.3
+    s = frame_of(recs)["search"].iloc[0]
+    assert [t.figures.meets for t in s.judged if t.sessions == 6] == [True, False]
+    assert s.verdicts[6] is False and (s.capacity, s.first_broken) == (5, 6)
+    assert report.bracket_text([s.bracket()]) == "met at 5, broke at 6; 2 trials each"
+
+
+def test_the_bracket_in_words() -> None:
+    one = {"met": 8, "broke": 9, "trials": {"8": 2, "9": 2}}
+    assert report.bracket_text([one]) == "met at 8, broke at 9; 2 trials each"
+    assert report.bracket_text([{**one, "trials": {"8": 3, "9": 2}}]) == "met at 8, broke at 9; 3 and 2 trials"
+    assert report.bracket_text([{"met": 0, "broke": 1, "trials": {"1": 2}}]) == "none met, broke at 1; 2 trials"
+    assert report.bracket_text([{"met": 16, "broke": None, "trials": {"16": 1}}]) == "met at 16, none broke; 1 trial"
+    boots = [one, {**one, "met": 7, "broke": 8}, one]
+    assert report.bracket_text(boots) == "met at 7–8, broke at 8–9 over 3 boots"
+    assert report.bracket_text([]) == ""
 
 
 def test_boots_are_resampled_and_paired_by_block() -> None:
     base = [records("a", f"a.r{r}", {2: 0.03, 4: 0.03, 8: 0.5, 6: 0.5, 5: 0.03}) for r in (1, 2, 3)]
-    arm = [records("b", f"b.r{r}", {2: 0.03, 4: 0.03, 8: 0.03, 16: 0.5, 12: 0.5, 10: 0.03, 11: 0.5}) for r in (1, 2, 3)]
+    arm = [records("b", f"b.r{r}", {2: 0.03, 4: 0.03, 8: 0.03, 16: 0.5, 12: 0.5, 10: 0.03, 11: 0.5}) for r in (1, 2)]
+    arm.append(records("b", "b.r3", {2: 0.03, 4: 0.03, 8: 0.03, 16: 0.5, 12: 0.03, 14: 0.5, 13: 0.5}))
     data = frame_of([r for b in base + arm for r in b])
     data["block"] = [int(str(b)[-1]) for b in data["boot"]]
     found = report.compare(data[data["arm"] == "a"], data[data["arm"] == "b"], "capacity", seed=0)
     assert found["ci_method"] == "boots" and found["boots_baseline"] == 3 and "provisional" not in found
-    assert found["ratio"] == pytest.approx(2.0) and found["ci_low"] < 2.0 < found["ci_high"]  # type: ignore[operator]
+    assert found["ratio"] == pytest.approx(32 / 15) and "ci_note" not in found  # over boots: no trial count needed
+    # each replicate a mean over resampled blocks of the knees' ratios (10/5 or 12/5): never between the levels
+    assert found["ci_low"] == pytest.approx(2.0) and found["ci_high"] == pytest.approx(2.4)
+    logs = np.log([10, 10, 12])  # the run's own spread of the knee: pooled over both sides (a's knees agree)
+    assert found["boot_sd"] == pytest.approx(np.sqrt(np.sum((logs - logs.mean()) ** 2) / 4)) and found["boot_df"] == 4
+
+
+def test_capacity_has_its_own_band_from_an_a_a() -> None:
+    from pytest_kvcache.report import bands, spread
+
+    for platform in ("cpu", "gpu"):
+        band = bands.band("capacity", platform)
+        assert (
+            band is not None and band.family == "capacity" and band.boot_sd == pytest.approx(math.log(7 / 6), abs=1e-4)
+        )
+        assert "docs/results/cpu-capacity/run" in band.source and "knees 6, 6" in band.source
+        chosen = spread.choose("capacity", platform, (1, 1))
+        assert chosen.kind == "default band" and chosen.text.startswith(f"the default {platform.upper()} capacity band")
+    assert spread.choose("decode_tps", "cpu", (1, 1)).sd != spread.choose("capacity", "cpu", (1, 1)).sd
+    wide = spread.widest("capacity")
+    assert wide is not None and "capacity@3k" in wide.text
+
+
+def test_a_capacity_delta_and_its_sentence_use_the_capacity_band() -> None:
+    from pytest_kvcache.report import spread
+
+    data = frame_of(records("auto", "auto", AUTO) + records("big", "big", BIG))
+    delta: dict[str, Any] = {
+        **report.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "capacity", seed=0),
+        "arm": "big", "baseline": "auto", "probe": "capacity", "point": "2k", "metric": "capacity",
+    }  # fmt: skip
+    used = spread.judge_deltas([delta], "cpu")
+    assert used["spreads"] == {"default band: capacity": "the default CPU capacity band (boot-to-boot SD 15.4%)"}
+    lo, hi = delta["judged_ci"]
+    z = 1.96 * math.sqrt(2) * math.log(7 / 6)
+    assert lo == pytest.approx(13 / 6 * math.exp(-z), rel=1e-3) and hi == pytest.approx(13 / 6 * math.exp(z), rel=1e-3)
+    assert delta["verdict"] == "better"  # 2.17× with a one-boot band of ×/÷ 1.53
+    section = report.section(data, ["auto", "big"], [delta], {}, {"slo": "ttft_p95<=100ms"}, 0)  # type: ignore[list-item]
+    rows = {r["arm"]: r for r in section["rows"]}
+    assert rows["big"]["bracket"] == "met at 13, broke at 14; 2 trials each" and "interval_note" not in rows["big"]
+    (sentence,) = report.sentences(section, ["auto", "big"], [delta])  # type: ignore[list-item]
+    assert sentence.startswith(
+        "big sustains 13 [13, 13] sessions at 2k (met at 13, broke at 14; 2 trials each) vs auto's 6 [6, 6] (met at "
+        f"6, broke at 7; 2 trials each): 2.17× [{lo:.2f}, {hi:.2f}] (the knees' ratio, [2.17, 2.17] within boots, "
+        "widened by the default CPU capacity band) under ttft_p95<=100ms"
+    )
+    head, table = report.table(section)
+    assert head[3] == "Met – broke (trials)" and table[1][2:5] == [
+        "13 [13, 13]",
+        rows["big"]["bracket"],
+        "2.17× [2.17, 2.17]",
+    ]
 
 
 def test_the_budget_rule_reads_the_served_model_in_the_dtype_it_is_served_in(tmp_path: Path) -> None:

@@ -3,14 +3,18 @@ measures (|Δ logprob|, Δ NLL, the top-k KL lower bound), blocks, pairing, the 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import re
+from importlib import resources
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from pytest_kvcache import stats
+from pytest_kvcache.config.constants import FIDELITY_TEXTS
 from pytest_kvcache.config.settings import SettingsError
 from pytest_kvcache.model import FidelityRecord
 from pytest_kvcache.probes import fidelity
@@ -106,11 +110,41 @@ def test_blocks_average_positions_and_drop_a_short_tail() -> None:
 
 
 def test_the_committed_texts_load_with_their_sha256_and_an_unknown_one_is_refused() -> None:
+    assert fidelity.TEXTS == ("prose", "code", "data", "markup") == FIDELITY_TEXTS
+    folder = resources.files("pytest_kvcache") / "data" / "fidelity"
     for name in fidelity.TEXTS:
         text = fidelity.load_text(name)
-        assert len(text.text) > 400_000 and len(text.sha256) == 64
+        data = (folder / f"{name}-v1.txt").read_bytes()
+        recorded = (folder / f"{name}-v1.txt.sha256").read_text()
+        assert recorded == f"{hashlib.sha256(data).hexdigest()}  {name}-v1.txt\n" and text.sha256 == recorded[:64]
+        # ~450,000 characters, cut at a line end (fixtures/make_fidelity_texts.py)
+        assert 440_000 < len(text.text) <= 450_000 and text.text.endswith("\n"), name
     with pytest.raises(fidelity.TextError, match="unknown fidelity text 'poetry'"):
         fidelity.load_text("poetry")
+
+
+def test_the_data_text_is_json_lines_and_the_markup_shows_nothing_of_the_machine() -> None:
+    text = fidelity.load_text("data").text
+    # JSON Lines: every line break ends a record (invisible characters are \\uXXXX escapes: no U+0085, U+2028)
+    assert text.splitlines() == text.split("\n")[:-1]
+    records = [json.loads(line) for line in text.splitlines()]
+    assert records[0] == {"unicode_version": "14.0.0", "source": "Unicode Character Database"}
+    assert records[1]["code_point"] == "U+0020"  # controls left out: every record has a name
+    assert records[34] == {
+        "code_point": "U+0041",
+        "char": "A",
+        "name": "LATIN CAPITAL LETTER A",
+        "category": "Lu",
+        "bidi_class": "L",
+        "combining_class": 0,
+        "mirrored": False,
+        "east_asian_width": "Na",
+        "lower": "a",
+    }
+    markup = fidelity.load_text("markup").text
+    assert markup.startswith("<!DOCTYPE html>") and markup.count("<title>Python: ") >= 10
+    assert "Lib/json/__init__.py" in markup and "file:" not in markup and "/root/" not in markup
+    assert re.search(r"0x[0-9a-f]{5,}", markup) is None  # object addresses read "at 0x0"
 
 
 # ------------------------------------------------------------------------------------------ the report
@@ -149,39 +183,115 @@ def test_arms_pair_with_the_baseline_per_replicate_and_boots_with_their_first() 
     section = report_fidelity.section(found, records, ["a", "b"], {"fidelity_top_k": 3, "fidelity_window": 64}, 0)
     rows = {(r["kind"], r["arm"], r["point"]): r for r in section["rows"]}
     deep = rows[("between arms", "b", "200")]
-    assert (deep["texts"], deep["boots"], deep["positions"], deep["ci_method"]) == (2, 2, 256, "blocks")
+    assert (deep["texts"], deep["boots"], deep["positions"], deep["ci_method"]) == (2, 2, 256, "texts")
     assert deep["logprob_drift"] == pytest.approx(np.mean(np.arange(136, 200) / 100))
-    lo, hi = deep["logprob_drift_ci"]
-    assert lo is not None and hi is not None and lo < deep["logprob_drift"] < hi
+    # two texts: no CI, however many blocks and boots
+    assert deep["logprob_drift_ci"] == [None, None] and deep["ci_basis"] == "over texts" and "ci_df" not in deep
+    assert deep["no_ci"].startswith("fewer than 3 texts (2: code, prose)")
     assert rows[("across boots", "a", "200")]["logprob_drift"] == 0.0
     frame = report_fidelity.frame_rows(found)
     assert set(frame["arm"]) == {"b"} and set(frame["probe"]) == {"fidelity"} and frame["valid"].all()
 
 
-def test_three_boots_give_a_ci_over_boots_and_absolute_gates_use_it() -> None:
-    records = [record(arm, rep, "prose", shift * rep) for arm, shift in (("a", 0.0), ("b", 1.0)) for rep in (1, 2, 3)]
-    found = report_fidelity.blocks(records, ["a", "b"])
+#: Four texts of the between-arms lossy arm "b", each with its own shift (drift at depth 200: 1.675 × shift).
+SHIFTS = {"prose": 1.0, "code": 2.0, "data": 0.5, "markup": 1.5}
+
+
+def _texts_run(shifts: dict[str, float], replicates: tuple[int, ...] = (1,)) -> tuple[pd.DataFrame, list[Any]]:
+    records = [record("a", rep, text, 0.0) for rep in replicates for text in shifts]
+    records += [record("b", rep, text, shift) for rep in replicates for text, shift in shifts.items()]
+    return report_fidelity.blocks(records, ["a", "b"]), records
+
+
+def test_four_texts_give_a_t_interval_over_the_per_text_means_and_gates_use_it() -> None:
+    from scipy import stats as scipy_stats
+
+    found, records = _texts_run(SHIFTS, replicates=(1, 2, 3))
     section = report_fidelity.section(found, records, ["a", "b"], {}, 0)
     deep = next(r for r in section["rows"] if r["kind"] == "between arms" and r["point"] == "200")
-    assert deep["ci_method"] == "boots" and deep["boots"] == 3
+    per_text = [1.675 * shift for shift in SHIFTS.values()]
+    assert deep["per_text"] == pytest.approx(dict(zip(SHIFTS, per_text, strict=True)))
+    assert (deep["texts"], deep["boots"], deep["ci_df"], deep["ci_method"]) == (4, 3, 3, "texts")
+    # Student's t over the 4 per-text means, 3 df: 3 boots of each text add nothing (they are identical)
+    want = scipy_stats.t.interval(0.95, 3, loc=np.mean(per_text), scale=scipy_stats.sem(per_text))
+    assert deep["logprob_drift"] == pytest.approx(np.mean(per_text))
+    assert deep["logprob_drift_ci"] == pytest.approx(list(want), rel=1e-12)
+    assert deep["logprob_drift_ci"] == pytest.approx([0.373, 3.814], abs=1e-3)
+    floor = next(r for r in section["rows"] if r["kind"] == "across boots" and r["arm"] == "b" and r["point"] == "200")
+    assert floor["logprob_drift_ci"] == [0.0, 0.0] and floor["texts"] == 4  # the A/A: exactly 0 on 4 texts, real
     frame = report_fidelity.frame_rows(found)
-    per_boot = [g["logprob_drift"].astype(float).tolist() for _, g in frame[frame["point"] == "200"].groupby("boot")]
-    assert deep["logprob_drift_ci"] == list(stats.mean_ci_boots(per_boot, seed=0)[1:])
-    gate = parse("logprob_drift[fidelity@200]: b <= 10", arms=["a", "b"])
-    (result,) = evaluate([gate], frame, ["a", "b"], seed=0)
-    assert result["outcome"] == "pass" and result["ci_method"] == "boots"
+    (result,) = evaluate([parse("logprob_drift[fidelity@200]: b <= 10", arms=["a", "b"])], frame, ["a", "b"], seed=0)
+    assert result["outcome"] == "pass" and result["ci_method"] == "texts" and "boots_to_decide" not in result
     assert (result["ci_low"], result["ci_high"]) == tuple(deep["logprob_drift_ci"])
-    # the boots differ 1:2:3 by design, so 3 boots' t-interval (2 df) cannot rule out a small drift…
-    open_ = parse("logprob_drift[fidelity@200]: b <= 0.1", arms=["a", "b"])
-    assert evaluate([open_], frame, ["a", "b"], seed=0)[0]["outcome"] == "inconclusive"
-    # …nor a large one: 3.35 [-0.81, 7.51] nats
-    assert deep["logprob_drift_ci"] == pytest.approx([-0.811, 7.511], abs=1e-3)
-    assert (
-        evaluate([parse("logprob_drift[fidelity@200]: b >= 8", arms=["a", "b"])], frame, ["a", "b"], seed=0)[0][
-            "outcome"
-        ]
-        == "fail"
-    )
+    assert result["evidence"] == {
+        "kind": "texts",
+        "texts": 4,
+        "df": 3,
+        "text": "CI over texts (4: code, data, markup, prose: t-interval, 3 df)",
+    }
+    # the texts differ 1:2:0.5:1.5 by design: 4 texts cannot rule out a drift of 0.5, and show it is above 0.3
+    outcomes = [
+        evaluate([parse(f"logprob_drift[fidelity@200]: b {cond}", arms=["a", "b"])], frame, ["a", "b"], seed=0)[0]
+        for cond in ("<= 0.5", "<= 0.3", ">= 0.3")
+    ]
+    assert [r["outcome"] for r in outcomes] == ["inconclusive", "fail", "pass"]
+    from pytest_kvcache.report.rounds import _open
+
+    assert not _open(outcomes[0])  # another boot cannot decide a gate over texts: no adaptive round for it
+
+
+def test_fewer_than_three_texts_give_no_ci_and_every_gate_on_them_is_undecided_with_the_reason() -> None:
+    found, records = _texts_run({"prose": 1.0, "code": 2.0}, replicates=(1, 2, 3))
+    rows = report_fidelity.section(found, records, ["a", "b"], {}, 0)["rows"]
+    deep = next(r for r in rows if r["kind"] == "between arms" and r["point"] == "200")
+    assert deep["logprob_drift"] == pytest.approx(1.675 * 1.5)
+    assert all(deep[f"{m}_ci"] == [None, None] for m in ("logprob_drift", "nll_delta", "kl_topk"))
+    records += [record("c", rep, text, 3.0) for rep in (1, 2, 3) for text in ("prose", "code")]
+    arms = ["a", "b", "c"]
+    frame = report_fidelity.frame_rows(report_fidelity.blocks(records, arms))
+    for cond in ("b <= 100", "b <= 0.001", "<= 100", "b <= c * 2"):
+        for result in evaluate([parse(f"logprob_drift[fidelity@200]: {cond}", arms=arms)], frame, arms, seed=0):
+            assert result["outcome"] == "inconclusive", (cond, result)
+            assert result["evidence"]["kind"] == "texts" and result["evidence"]["texts"] == 2
+            assert "boots_to_decide" not in result and result["ci_low"] is None
+    (result,) = evaluate([parse("logprob_drift[fidelity@200]: b <= 100", arms=arms)], frame, arms, seed=0)
+    assert result["reason"].startswith("fewer than 3 texts (2: code, prose): fidelity is deterministic across boots")
+    from pytest_kvcache.report.outputs.md_verdict import gate_evidence
+
+    assert gate_evidence(result) == result["reason"]  # what the terminal and report.md print after the gate
+    (sentence,) = report_fidelity.sentences(rows, [], ["a", "b"])
+    assert "at 200 (no CI: fewer than 3 texts, undecided)" in sentence
+
+
+def test_identical_per_text_values_give_a_zero_width_interval() -> None:
+    found, records = _texts_run({"prose": 0.1, "code": 0.1, "data": 0.1})
+    rows = report_fidelity.section(found, records, ["a", "b"], {}, 0)["rows"]
+    deep = next(r for r in rows if r["kind"] == "between arms" and r["point"] == "200")
+    lo, hi = deep["logprob_drift_ci"]
+    assert lo == hi == deep["logprob_drift"] and deep["ci_df"] == 2
+    assert report_fidelity.over_texts({"x": 0.1, "y": 0.1, "z": 0.1}) == (0.1, 0.1, 0.1)
+    assert report_fidelity.over_texts({"x": 0.1, "y": 0.1}) == (0.1, None, None)
+    assert report_fidelity.over_texts({}) == (None, None, None)
+
+
+def test_a_ratio_between_two_arms_is_judged_on_fiellers_interval_over_texts() -> None:
+    from scipy import stats as scipy_stats
+
+    arm = {"prose": 0.30, "code": 0.52, "data": 0.21, "markup": 0.44}
+    other = {"prose": 0.50, "code": 0.81, "data": 0.40, "markup": 0.70, "extra": 9.0}  # "extra": not paired
+    ratio, lo, hi, n = report_fidelity.ratio_over_texts(arm, other)
+    x, y = np.array(list(arm.values())), np.array([other[t] for t in arm])
+    assert n == 4 and ratio == pytest.approx(x.mean() / y.mean())
+    assert lo is not None and hi is not None and lo < ratio < hi
+    # the bounds are the ratios r at which a paired t-test of arm − r·other over the texts has p = 0.05
+    for r in (lo, hi):
+        assert scipy_stats.ttest_1samp(x - r * y, 0.0).pvalue == pytest.approx(0.05, rel=1e-9)
+    # proportional per-text values: a zero-width interval at the ratio; fewer than 3 texts: none
+    half = {t: 0.5 * other[t] for t in arm}
+    assert report_fidelity.ratio_over_texts(half, other)[1:3] == pytest.approx((0.5, 0.5), abs=1e-12)
+    assert report_fidelity.ratio_over_texts({"prose": 1.0, "code": 2.0}, other)[1:] == (None, None, 2)
+    # a denominator not distinguishable from 0 over the texts: Fieller's set is unbounded, no interval
+    assert report_fidelity.ratio_over_texts(arm, {"prose": 1.0, "code": -1.0, "data": 0.5})[1:3] == (None, None)
 
 
 def _other_ids(entry: FidelityRecord) -> FidelityRecord:
@@ -237,7 +347,11 @@ def test_fidelity_gates_judge_every_arm_but_the_baseline_and_refuse_ratios_to_it
     from pytest_kvcache.report.gates import GateError
 
     specs = {s.name: s for s in registry.specs()}
-    records = [record(arm, 1, "prose", shift) for arm, shift in (("a", 0.0), ("b", 1.0), ("c", 0.0))]
+    records = [
+        record(arm, 1, text, shift)
+        for arm, shift in (("a", 0.0), ("b", 1.0), ("c", 0.0))
+        for text in ("prose", "code", "data")
+    ]
     frame = report_fidelity.frame_rows(report_fidelity.blocks(records, ["a", "b", "c"]))
     gate = parse("logprob_drift[fidelity@100]: <= 0.5", arms=["a", "b", "c"], specs=specs)
     results = evaluate([gate], frame, ["a", "b", "c"], seed=0, specs=specs)
@@ -249,9 +363,9 @@ def test_fidelity_gates_judge_every_arm_but_the_baseline_and_refuse_ratios_to_it
         parse("decode_tps[fidelity]: >= 1", arms=["a", "b"], specs=specs)
     between = parse("logprob_drift[fidelity@200]: c <= b * 0.5", arms=["a", "b", "c"], specs=specs)
     (result,) = evaluate([between], frame, ["a", "b", "c"], seed=0, specs=specs)
-    # one boot per arm: the fidelity family's band is 0 (scores were identical across boots in every committed
-    # run), so the within-boot CI decides
-    assert result["outcome"] == "pass" and result["evidence"]["family"] == "fidelity"
+    # over the 3 texts: c's drift is 0 on each, b's the same on each — the ratio is 0, its interval [0, 0]
+    assert result["outcome"] == "pass" and result["evidence"]["kind"] == "texts" and result["value"] == 0.0
+    assert (result["ci_low"], result["ci_high"]) == (0.0, 0.0) and result["name"].endswith("(c/b)")
 
 
 def test_the_verdict_sentence_puts_speed_and_fidelity_together() -> None:
@@ -275,7 +389,7 @@ def test_fidelity_settings_resolve_with_cpu_defaults_and_refuse_unknown_texts(tm
     cpu = settings()  # the embedded trained model: a narrower window (256 positions) keeps it quick on 2 cores
     assert (cpu.fidelity_depths, cpu.fidelity_texts, cpu.fidelity_top_k, cpu.fidelity_window) == (
         (1000, 4000),
-        ("prose", "code"),
+        ("prose", "code", "data", "markup"),
         5,
         256,
     )
@@ -283,7 +397,7 @@ def test_fidelity_settings_resolve_with_cpu_defaults_and_refuse_unknown_texts(tm
     assert (tiny.fidelity_depths, tiny.fidelity_window) == ((1000, 4000), 512)
     gpu = settings(model="org/model", fidelity_depths="1k,32k", fidelity_texts="code", fidelity_topk="0")
     assert (gpu.fidelity_depths, gpu.fidelity_texts, gpu.fidelity_top_k) == ((1000, 32000), ("code",), 0)
-    with pytest.raises(SettingsError, match="fidelity texts from prose, code"):
+    with pytest.raises(SettingsError, match="fidelity texts from prose, code, data, markup"):
         settings(fidelity_texts="poetry")
     with pytest.raises(SettingsError, match=">= 32"):
         settings(fidelity_window="8")

@@ -23,7 +23,9 @@ from pytest_kvcache.datafiles import embedded_model_path as embedded_model_path
 from pytest_kvcache.model import LogFacts
 
 if TYPE_CHECKING:
+    from pytest_kvcache.config.budget import Need
     from pytest_kvcache.config.embedded import EmbeddedModel
+    from pytest_kvcache.config.kv_layout import KvPlan
     from pytest_kvcache.config.settings import Boot
 
 #: The entry point group other packages register their kinds in (each entry: a module or a Kind subclass).
@@ -202,6 +204,13 @@ class Kind:
             raise SettingsError(
                 f"--kv-engine={self.name} with the process launcher needs --kv-engine-cmd (the server to start)"
             )
+
+    def kv_plan(self, settings: Settings, arm: Arm, found: Need, budget: int | None) -> KvPlan | None:
+        """What this kind's engine will make of ``arm``'s KV ``budget`` (None: no budget given), computed before it
+        boots from the served model's layout (``found``): the KV tokens and concurrency it will report, the bytes
+        one request of ``max_model_len`` takes. None: this kind has no such arithmetic (the engine's reported
+        figure is the only one; a budget is then judged only for a model of full attention throughout)."""
+        return None
 
     def embedded_context(self, spec: EmbeddedModel) -> int:
         """The context an embedded model is served with by this kind."""

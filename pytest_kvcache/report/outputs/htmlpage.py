@@ -17,7 +17,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from pytest_kvcache.model import DeltaRow, Report, SavedRow
-from pytest_kvcache.report import capacity, cost, energy, failures
+from pytest_kvcache.report import capacity, cost, energy, failures, kv_plan
 from pytest_kvcache.report.outputs import markdown as md
 
 if TYPE_CHECKING:
@@ -182,6 +182,13 @@ def _arms(report: Report) -> list[dict[str, object]]:
     return [{"title": "Arms: declared and resolved", "header": head, "rows": rows}]
 
 
+def _kv_plan(report: Report) -> list[dict[str, object]]:
+    if not report.get("kv_plan"):
+        return []
+    head, rows = kv_plan.table(report)
+    return [{"title": "KV cache: planned and reported", "header": head, "rows": rows, "lines": kv_plan.notes(report)}]
+
+
 def _gpu(report: Report) -> list[dict[str, object]]:
     head, rows = md.gpu_table(report)
     return [{"title": "GPU state", "header": head, "rows": rows}] if rows else []
@@ -224,6 +231,7 @@ def _notes(report: Report) -> list[dict[str, object]]:
 #: The evidence folded below the tables, one function per section, in order.
 FOLDED: list[Callable[[Report], list[dict[str, object]]]] = [
     _arms,
+    _kv_plan,
     _gpu,
     _boots,
     _blocks,

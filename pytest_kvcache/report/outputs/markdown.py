@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pytest_kvcache.model import Report
-from pytest_kvcache.report import capacity
+from pytest_kvcache.report import capacity, kv_plan
 from pytest_kvcache.report.outputs import md_probes, md_setup, md_verdict
 from pytest_kvcache.report.outputs.formats import _md_table as _md_table
 from pytest_kvcache.report.outputs.formats import fmt as fmt
@@ -55,6 +55,7 @@ SECTIONS: list[Renderer] = [
     md_setup.render_head,
     md_setup.render_first_screen,
     md_setup.render_arms,
+    kv_plan.markdown,
     md_setup.render_gpu,
     md_setup.render_boots,
     md_setup.render_blocks,

@@ -25,8 +25,9 @@ SPEC_HEADER = [
 
 SPEC_NOTE = (
     "Acceptance length = 1 + accepted / drafts (tokens per verification step); per position i: drafts whose "
-    "i-th token was accepted / drafts. Deltas of `acceptance_length` and `acceptance_rate` between arms are "
-    "in the probe tables above."
+    "i-th token was accepted / drafts. The mean's CI is over prompts (each prompt's requests averaged, every "
+    "boot's: acceptance is deterministic across boots), none with fewer than 3 prompts. Deltas of "
+    "`acceptance_length` and `acceptance_rate` between arms are in the probe tables above."
 )
 
 
@@ -72,6 +73,8 @@ def _nats(value: float | None, ci: list[float | None] | None = None, digits: int
     lo, hi = (ci or [None, None])[:2]
     if value is not None and lo is not None and hi is not None:
         text += f" [{nats(lo, digits, small=small)}, {nats(hi, digits, small=small)}]"
+    elif value is not None and ci is not None:  # a CI was due: fewer than 3 texts (the intro says so)
+        text += " [no CI]"
     return text
 
 
@@ -122,8 +125,9 @@ def fidelity_lines(report: Report) -> list[str]:
     lines = ["", "## Fidelity at depth (teacher-forced, against the baseline arm)", ""]
     lines += [
         f"Texts: {listed or '–'}; the last {cfg.get('window')} positions before each depth scored, "
-        f"top-{cfg.get('top_k')} logprobs, CIs over blocks of {cfg.get('block')} positions "
-        "(over boots with 3+ boots per arm).",
+        f"top-{cfg.get('top_k')} logprobs, positions averaged in blocks of {cfg.get('block')}; CIs over texts "
+        "(each text's mean of its blocks, averaged over its boots: a t-interval over those means; no CI with fewer "
+        "than 3 texts — the scores are deterministic across boots, so only texts replicate them).",
         "",
     ]
     header, rows = fidelity_table(report)

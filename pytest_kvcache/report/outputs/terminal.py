@@ -13,7 +13,7 @@ import pandas as pd
 from pytest_kvcache.engines.kinds import find_kind
 from pytest_kvcache.model import Evidence, GpuCard, Report
 from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype
-from pytest_kvcache.report import capacity, cost, energy, greedy, left_out
+from pytest_kvcache.report import capacity, cost, energy, greedy, kv_plan, left_out
 from pytest_kvcache.report.outputs.markdown import (
     ab_tables,
     agentic_table,
@@ -116,6 +116,14 @@ def boot_lines(report: Report) -> list[Line]:
             out += [Line(text, tone) for text in evidence_lines(boot_id, evidence)]
             out += [Line(text) for text in gpu_lines(boot_id, evidence)]
     return out
+
+
+def _kv_plan(report: Report) -> list[Line]:
+    """Each arm's KV tokens planned and reported; a difference over 2% flagged."""
+    return [
+        Line(("warning: " if flagged else "") + text, "yellow" if flagged else "plain")
+        for text, flagged in kv_plan.terminal(report)
+    ]
 
 
 def summary_lines(report: Report) -> list[str]:
@@ -291,6 +299,7 @@ def _cost(report: Report) -> list[Line]:
 #: The terminal's sections, one function each, in the order they are printed.
 SECTIONS: list[Callable[[Report], list[Line]]] = [
     boot_lines,
+    _kv_plan,
     _summary,
     _agentic,
     _capacity,

@@ -29,6 +29,7 @@ from pytest_kvcache.report.sections import (
     flags,
     greedy,
     header,
+    kv_plan,
     left_out,
     notes,
     probes,
@@ -45,6 +46,7 @@ SECTIONS: list[Section] = [
     cost.section,
     arms.section,  # each arm, with its GPU state (sections.gpu)
     boots.section,  # boots, boot_results
+    kv_plan.section,  # only where the run planned its KV cache
     compile_cache.section,
     ci.section,
     confounds.section,

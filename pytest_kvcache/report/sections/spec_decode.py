@@ -1,4 +1,11 @@
-"""``report["spec_decode"]``: speculative-decoding acceptance per arm, probe and point; or "not enabled"."""
+"""``report["spec_decode"]``: speculative-decoding acceptance per arm, probe and point; or "not enabled".
+
+Acceptance is deterministic across boots and across repeats of one prompt (greedy decoding, the same draft
+rule): a CI over requests pooled from every boot counts the same figure again and again and is as narrow as it
+likes. Its CI replicates over prompts instead: each prompt's requests (every boot, every repeat) are averaged,
+and the CI is Student's t over those per-prompt means (``prompts − 1`` df; ``stats.mean_ci_clusters``), none
+with fewer than 3 prompts — a short probe's shape is one prompt, repeated.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +18,40 @@ from pytest_kvcache.report.frame import Specs, point_of, point_sort, spec_of
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext
 
+#: What the acceptance CI is over (``ci_basis``).
+CI_BASIS = "over prompts"
+
+
+def prompt_of(record: Record, specs: Specs) -> tuple[object, ...]:
+    """The prompt a request sent, within its probe and point, whichever boot sent it: its probe's pairing fields
+    (prefill: depth and index; agentic replay: session and turn), else its shape (a short probe repeats one
+    prompt)."""
+    spec = spec_of(record.get("probe"), specs)
+    fields: Mapping[str, object] = record
+    if spec.paired_by is not None and (spec.paired_shapes is None or record.get("shape") in spec.paired_shapes):
+        return tuple(fields.get(name) for name in spec.paired_by)
+    return (record.get("shape"),)
+
+
+def over_prompts(found: Sequence[Record], specs: Specs) -> tuple[float | None, float | None, float | None, int]:
+    """Mean acceptance length over prompts (each prompt's requests averaged first), its t-interval over the
+    prompts (``stats.mean_ci_clusters``: none with fewer than 3) and how many prompts there were."""
+    per_prompt: dict[tuple[object, ...], list[float]] = {}
+    for r in found:
+        value = (r.get("metrics") or {}).get("acceptance_length")
+        if value is not None:
+            per_prompt.setdefault(prompt_of(r, specs), []).append(float(value))
+    means = [sum(v) / len(v) for v in per_prompt.values()]
+    mean, lo, hi = stats.mean_ci_clusters(means)
+    return mean, lo, hi, len(means)
+
 
 def spec_decode_section(
     records: Sequence[Record], arms: Sequence[str], specs: Specs, config: Mapping[str, str | None], seed: int
 ) -> SpecDecodeSection:
     """Speculative-decoding acceptance per arm, probe and point from the per-request ``/metrics`` deltas
-    (measured requests that drafted), with the mean acceptance length's CI; or "not enabled"."""
+    (measured requests that drafted), with the mean acceptance length's CI over prompts; or "not enabled".
+    (``seed`` is kept for callers: the interval is exact arithmetic.)"""
     groups: dict[tuple[str, str, str], list[Record]] = {}
     for r in records:
         engine = r.get("engine") or {}
@@ -39,8 +74,7 @@ def spec_decode_section(
         for e in engines:
             for i, n in enumerate(cast(list[int], e.get("spec_accepted_per_position") or [])):
                 by_position[i] += int(n)
-        lengths = [v for r in found if (v := (r.get("metrics") or {}).get("acceptance_length")) is not None]
-        mean, lo, hi = stats.mean_ci(lengths, seed=seed)
+        mean, lo, hi, prompts = over_prompts(found, specs)
         rows.append(
             {
                 "arm": arm,
@@ -55,6 +89,15 @@ def spec_decode_section(
                 "acceptance_length_mean": mean,
                 "ci_low": lo,
                 "ci_high": hi,
+                "prompts": prompts,
+                "ci_basis": CI_BASIS,
+                "ci_df": prompts - 1 if lo is not None else None,
+                "no_ci": (
+                    f"fewer than {stats.MIN_CLUSTERS} prompts ({prompts}): acceptance is deterministic across "
+                    "boots and repeats of one prompt, so only prompts replicate it"
+                )
+                if mean is not None and lo is None
+                else None,
                 "per_position": [n / drafts for n in by_position],
             }
         )
