@@ -71,14 +71,16 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of the last ``flag VALUE`` / ``flag=VALUE`` in ``args`` (None: absent)."""
+def flag_value(args: Sequence[str], *flags: str) -> str | None:
+    """The value of the last ``FLAG VALUE`` / ``FLAG=VALUE`` in ``args`` for any of ``flags`` (aliases of one
+    option), as the engine's parser sees it (None: absent). The one reader of a flag's value in engine args."""
     found = None
     for i, word in enumerate(args):
-        if word == flag and i + 1 < len(args):
-            found = args[i + 1]
-        elif word.startswith(flag + "="):
-            found = word.split("=", 1)[1]
+        for flag in flags:
+            if word == flag and i + 1 < len(args):
+                found = args[i + 1]
+            elif word.startswith(flag + "="):
+                found = word.split("=", 1)[1]
     return found
 
 

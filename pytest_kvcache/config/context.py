@@ -12,10 +12,11 @@ Plain Python: no pytest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pytest_kvcache.config.budget import flag_value
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.settings import Settings
@@ -30,18 +31,6 @@ CONFIG_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "
 
 def _label(tokens: int) -> str:
     return f"{tokens // 1000}k" if tokens % 1000 == 0 else str(tokens)
-
-
-def _flag_value(args: Sequence[str], *flags: str) -> str | None:
-    """The last value given to any of ``flags`` (``--flag V`` or ``--flag=V``), as the engine's parser sees it."""
-    found = None
-    for i, arg in enumerate(args):
-        for flag in flags:
-            if arg == flag and i + 1 < len(args):
-                found = args[i + 1]
-            elif arg.startswith(flag + "="):
-                found = arg.split("=", 1)[1]
-    return found
 
 
 def _int(value: str | None) -> int | None:
@@ -112,9 +101,9 @@ def known_context(settings: Settings) -> tuple[int | None, str | None]:
             found.append((tokens_or_none, f"{Path(settings.model).name}'s GGUF metadata"))
     flags = kind.context_flags
     for arm in settings.arms:
-        value = _int(_flag_value((*settings.engine_args, *arm.args), *flags))
+        value = _int(flag_value((*settings.engine_args, *arm.args), *flags))
         if value:
-            where = f"{flags[0]} {value}" + (f" (arm {arm.name})" if _flag_value(arm.args, *flags) else "")
+            where = f"{flags[0]} {value}" + (f" (arm {arm.name})" if flag_value(arm.args, *flags) else "")
             found.append((value, where))
     if not found:
         return None, None

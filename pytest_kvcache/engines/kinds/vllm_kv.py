@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import metadata
 
+from pytest_kvcache.config.budget import flag_value
 from pytest_kvcache.config.kv_layout import KvLayout, KvPlan, Layer
 
 #: The CPU build's default block (``platforms/cpu.py``); its reference MLA kernel needs 16 (hosts without AMX).
@@ -82,19 +83,8 @@ class Knobs:
         return self.concurrent_batches * self.batched_tokens
 
 
-def _value(args: Sequence[str], *flags: str) -> str | None:
-    found = None
-    for i, word in enumerate(args):
-        for flag in flags:
-            if word == flag and i + 1 < len(args):
-                found = args[i + 1]
-            elif word.startswith(flag + "="):
-                found = word.split("=", 1)[1]
-    return found
-
-
 def _count(args: Sequence[str], *flags: str) -> int | None:
-    raw = _value(args, *flags)
+    raw = flag_value(args, *flags)
     try:
         return int(raw) if raw is not None else None
     except ValueError:
@@ -177,11 +167,11 @@ def knobs(
     not_modelled = ""
     if (_count(args, "--pipeline-parallel-size", "-pp") or 1) > 1:
         not_modelled = "pipeline parallelism (each stage sizes its own layers)"
-    elif _value(args, "--kv-transfer-config") is not None:
+    elif flag_value(args, "--kv-transfer-config") is not None:
         not_modelled = "a KV connector (--kv-transfer-config)"
-    elif _value(args, "--kv-cache-dtype-skip-layers") is not None:
+    elif flag_value(args, "--kv-cache-dtype-skip-layers") is not None:
         not_modelled = "per-layer KV dtypes (--kv-cache-dtype-skip-layers)"
-    elif (spec := _value(args, "--speculative-config")) is not None and not _draft_free(spec):
+    elif (spec := flag_value(args, "--speculative-config")) is not None and not _draft_free(spec):
         not_modelled = "a draft model's or MTP's own KV layers (--speculative-config)"
     return Knobs(
         block_size=block,
