@@ -475,6 +475,11 @@ class Client:
         except OSError as exc:
             self._drop_connection()
             return sample.fail("connection_error", f"{type(exc).__name__}: {exc}")
+        except BaseException:
+            # Ctrl-C mid-stream: cut the request now. Left open (the traceback keeps the socket alive) the
+            # engine's HTTP server waits for it to finish before it exits, and its stop takes the full grace.
+            self._drop_connection()
+            raise
         if response.will_close:
             self._drop_connection()
         return check_counts(sample, payload)

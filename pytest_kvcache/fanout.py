@@ -44,6 +44,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 from urllib.parse import urlsplit
 
+from pytest_kvcache import interrupt
 from pytest_kvcache.client import Limits, Sample, check_counts, prompt_size
 from pytest_kvcache.fanout_plan import TICK_S as TICK_S
 from pytest_kvcache.fanout_plan import ClientLoad as ClientLoad
@@ -178,6 +179,7 @@ class Fanout:
     ) -> Trial:
         """Stream every payload (``stream: true``) at once -- or each ``offsets_s[i]`` after the start -- and
         measure it; samples in payload order, never raised failures."""
+        interrupt.check()
         if not self._workers:
             self.start()
         n = len(payloads)
@@ -232,6 +234,7 @@ class Fanout:
         ``warm_concurrency`` at a time in each worker), then ``window_s`` seconds of turns in every session;
         a turn due after the window is not sent. ``monitor`` is told when the window opens, every ``tick_s``
         in it, when it closes and when the last turn ended (the probe reads the engine's counters there)."""
+        interrupt.check()
         if not self._workers:
             self.start()
         n = len(self._workers)

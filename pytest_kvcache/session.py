@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_kvcache import interrupt
 from pytest_kvcache.config.plan import BootPlan
 from pytest_kvcache.config.settings import FIDELITY_DEPTHS, Boot, Settings
 from pytest_kvcache.config.stored import Stored
@@ -72,14 +73,15 @@ class TerminalWriter:
 
 def _hurry(signum: int, frame: FrameType | None) -> None:
     """SIGINT while an interrupted run winds down: engines being stopped are killed now (no exception)."""
-    from pytest_kvcache.engines.process import HURRY
-
-    HURRY.set()
+    interrupt.HURRY.set()
 
 
 def _restore_sigint() -> None:
-    if signal.getsignal(signal.SIGINT) is _hurry:
+    """The session's end: Python's own SIGINT handler again, and no interrupt left for a later session in the
+    same process (pytester's in-process runs)."""
+    if signal.getsignal(signal.SIGINT) in (_hurry, interrupt.on_sigint):
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupt.clear()
 
 
 def budget_text(settings: Settings, entry: PlanEntry) -> str:
@@ -241,11 +243,13 @@ class KvSession:
     # ------------------------------------------------------------------ signals
 
     def install(self) -> None:
-        from pytest_kvcache.engines.process import HURRY
-
-        HURRY.clear()
+        interrupt.clear()
         if threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                # Python's own, plus a flag the measuring loops read: a KeyboardInterrupt raised inside a
+                # finalizer is lost, the flag is not (pytest_kvcache.interrupt)
+                signal.signal(signal.SIGINT, interrupt.on_sigint)
             # registered now so that it runs last: pytest's own unconfigure (gc passes: seconds) comes before it
             self.config.add_cleanup(_restore_sigint)
 
@@ -254,8 +258,9 @@ class KvSession:
         the engines' stop: raised as a second KeyboardInterrupt it would escape pytest's handling of the first
         (exit 130 and a traceback instead of exit 2 and the one line)."""
         self.run.interrupted = True
+        interrupt.INTERRUPTED.set()
         main = threading.current_thread() is threading.main_thread()
-        if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        if main and signal.getsignal(signal.SIGINT) in (signal.default_int_handler, interrupt.on_sigint):
             signal.signal(signal.SIGINT, _hurry)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:

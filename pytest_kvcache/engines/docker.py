@@ -9,6 +9,7 @@ owning pytest process, so :func:`reap_containers` can remove what a dead session
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import socket
@@ -23,6 +24,7 @@ import docker.types
 
 from pytest_kvcache.engines.base import EngineError, redact_argv, redact_env, wait_ready
 from pytest_kvcache.engines.process import HOST, port_in_use, proc_start_ticks
+from pytest_kvcache.interrupt import INTERRUPT_GRACE_S
 
 LABEL_SESSION = "pytest-kvcache.session"
 LABEL_ARM = "pytest-kvcache.arm"
@@ -281,6 +283,8 @@ class DockerEngine:
         self._created = False
         self._log: IO[bytes] | None = None
         self._log_thread: threading.Thread | None = None
+        #: Seconds between SIGTERM and SIGKILL in ``stop()``; the run shortens it once it is interrupted.
+        self.term_grace_s = float(STOP_TIMEOUT_S)
 
     @property
     def url(self) -> str:
@@ -300,6 +304,10 @@ class DockerEngine:
     def start(self) -> None:
         try:
             self._start()
+        except KeyboardInterrupt:  # Ctrl-C during the boot: do not wait out a full grace
+            self.term_grace_s = INTERRUPT_GRACE_S
+            self.stop()
+            raise
         except BaseException:
             self.stop()
             raise
@@ -452,7 +460,7 @@ class DockerEngine:
             container.reload()
             status = container.status
             if status in ("running", "restarting", "paused"):
-                container.stop(timeout=STOP_TIMEOUT_S)  # SIGTERM, SIGKILL after the timeout
+                container.stop(timeout=max(1, math.ceil(self.term_grace_s)))  # SIGTERM, SIGKILL after it
                 container.reload()
                 code = (container.attrs.get("State") or {}).get("ExitCode")
                 self.exit_status = code

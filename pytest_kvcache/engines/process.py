@@ -9,22 +9,17 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from pytest_kvcache.engines.base import EngineError, evidence_env, redact_argv, redact_env, wait_ready
+from pytest_kvcache.interrupt import HURRY, INTERRUPT_GRACE_S
 
 HOST = "127.0.0.1"
 TERM_GRACE_S = 20.0
 KILL_GRACE_S = 10.0
-#: After Ctrl-C (or SIGTERM) the engine gets this long to exit on SIGTERM before it is killed.
-INTERRUPT_GRACE_S = 2.0
-#: Set by a further Ctrl-C while an interrupted run winds down (the plugin's SIGINT handler raises no second
-#: KeyboardInterrupt then): a stop waiting out its SIGTERM grace kills the group at once. Cleared per session.
-HURRY = threading.Event()
 
 
 def _libc_prctl() -> Any:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_kvcache import stats
+from pytest_kvcache import interrupt, stats
 from pytest_kvcache.client import Sample
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.metrics import catalogue
@@ -145,6 +145,7 @@ def run_repeated(
 
     def one(phase: str, index: int) -> bool:
         nonlocal alive
+        interrupt.check()  # a Ctrl-C lost in a finalizer stops the loop here, before one more request
         sample, extra = send(phase, index)
         outcome.records.append(record(sample, phase=phase, index=index, **extra))
         alive = sample.ok or not stop_on_failure(sample)

@@ -454,7 +454,7 @@ class Run:
         stopping = time.time()
         vram_in_use = monitors.vram_in_use(gpu, cards)
         if self.interrupted and hasattr(engine, "term_grace_s"):
-            from pytest_kvcache.engines.process import INTERRUPT_GRACE_S
+            from pytest_kvcache.interrupt import INTERRUPT_GRACE_S
 
             engine.term_grace_s = min(engine.term_grace_s, INTERRUPT_GRACE_S)  # Ctrl-C: no full grace
         engine.stop()

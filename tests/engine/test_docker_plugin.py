@@ -119,7 +119,11 @@ def test_sigint_mid_run_removes_the_container(tmp_path: Path, cpu_image: str, do
         run_dir = path.resolve().parent
         assert labelled(docker_client, run_dir)
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired as exc:
+            printed = (exc.output or b"").decode(errors="replace")[-8000:]
+            pytest.fail(f"the run did not end within 120 s of its Ctrl-C; it printed:\n{printed}")
     finally:
         if proc.poll() is None:
             proc.kill()

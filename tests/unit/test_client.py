@@ -395,3 +395,30 @@ def test_under_the_content_clock_only_the_request_bounds_are_checked() -> None:
     short = counted(forced(48), Schedule(per_chunk_usage=False, fault=Fault("stop_early", after_chunks=24)))
     assert not short.ok and short.error_kind == "token_count"
     assert short.error is not None and "streamed 24 content chunk(s), reported 24" in short.error
+
+
+def test_a_ctrl_c_mid_stream_cuts_the_request_at_once() -> None:
+    """KeyboardInterrupt while a stream is read closes the connection before it propagates: a connection left
+    open (the traceback keeps its socket) makes the engine's HTTP server wait for it at shutdown, and the
+    engine's stop then takes its whole SIGTERM grace."""
+    schedule = Schedule(ttft_s=0.01, itl_s=0.05, completion_tokens=200)
+    with StreamServer(schedule) as server, Client(server.url, stall_timeout_s=5.0, request_timeout_s=30.0) as client:
+        read = client._read_stream
+        chunks = 0
+
+        def interrupted(response, *args, **kwargs):  # type: ignore[no-untyped-def]
+            nonlocal chunks
+            response.readline()  # the server has started streaming
+            chunks += 1
+            raise KeyboardInterrupt
+
+        client._read_stream = interrupted  # type: ignore[method-assign]
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            client.stream_chat(payload(200))
+        assert chunks == 1 and client._conn is None
+        served = server.wait_finished(1, timeout_s=5.0)
+        assert served[0].outcome == "client_gone"
+        assert time.monotonic() - started < 200 * 0.05  # the server did not stream to the end
+        client._read_stream = read  # type: ignore[method-assign]
+        assert client.stream_chat(payload()).ok  # a fresh connection serves the next request

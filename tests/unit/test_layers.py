@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "stats",
             "metrics",
             "periodic",
+            "interrupt",
             # finds and converts the trained GGUF: plain Python over the machine's cache, no package import
             "engines.trained_model",
             "engines.llamacpp_build",

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -189,3 +190,25 @@ def test_summary_table_orders_arms_and_counts_exclusions() -> None:
     lines = summary_lines({"summary": rows, "probes": [s.to_dict() for s in registry.specs()]})
     assert lines[1].startswith("Short-context probes") and "21.00" in "\n".join(lines)
     assert any("decode_tps" in line and "auto" in line for line in lines)
+
+
+def test_an_interrupt_lost_in_a_finalizer_still_stops_the_loop_before_the_next_request() -> None:
+    """Python drops a KeyboardInterrupt raised inside a finalizer ("Exception ignored in …"); the plugin's
+    SIGINT handler also sets ``interrupt.INTERRUPTED``, and the loop stops on it before one more request."""
+    from pytest_kvcache import interrupt
+
+    sent: list[int] = []
+
+    def send(phase: str, index: int) -> tuple[Sample, dict]:
+        sent.append(index)
+        if index == 1:
+            with contextlib.suppress(KeyboardInterrupt):  # raised inside a finalizer: the flag stays, it goes
+                interrupt.on_sigint(2, None)
+        return ok_sample(), {}
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_repeated(send, lambda sample, **ctx: {"ok": sample.ok}, label="short x", warmups=0, runs=5)
+    finally:
+        interrupt.clear()
+    assert sent == [0, 1]
