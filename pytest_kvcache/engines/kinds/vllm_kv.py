@@ -9,8 +9,9 @@ group:
 
 - full or latent attention: ``ceil(L / block_size)`` blocks;
 - a sliding window ``w``: ``ceil(min(w − 1 + in_flight, L) / block_size) + 1`` blocks — the window, the tokens
-  scheduled but not yet settled (``in_flight``: ``max_num_batched_tokens``, times the batches in flight under
-  async scheduling), and one block the window may straddle;
+  scheduled but not yet settled (``in_flight``: ``max_num_batched_tokens``; ``--async-scheduling`` does not change
+  it: vLLM 0.25.1 on an H100 reported the same 149,972 tokens for Gemma-3-270M with and without it), and one block
+  the window may straddle;
 - a chunk ``c`` (Llama 4): ``ceil(min(c + in_flight, L) / block_size)`` blocks (with the hybrid manager off —
   ``--disable-hybrid-kv-cache-manager``, or ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0``, whose default
   was 0 in earlier versions — windowed and chunked layers beside full ones are counted as full).
@@ -22,7 +23,8 @@ null block, so a budget within one block of it may still be refused by the engin
 
 Read from vLLM 0.32's ``vllm/v1/core/kv_cache_utils.py`` (``get_kv_cache_groups``,
 ``get_kv_cache_config_from_groups``, ``get_max_concurrency_for_kv_cache_config``) and ``v1/kv_cache_interface.py``
-(the specs' ``max_memory_usage_bytes``); held to the CPU build's own figures by ``tests/data/kv_layouts/``.
+(the specs' ``max_memory_usage_bytes``); held to the CPU build's own figures by ``tests/data/kv_layouts/`` and to
+vLLM 0.25.1's CUDA build's on an H100 (auto and fp8) by ``tests/data/kv_layouts/gpu/``.
 Not modelled (no figure is given): layers of a fixed-size state (Mamba, linear attention: their page follows
 the state's shape, and the attention block size is raised to match it), a hybrid whose layer kinds have
 different page sizes, pipeline parallelism, draft models' layers, KV connectors and per-layer dtype exceptions.
@@ -71,7 +73,6 @@ class Knobs:
 
     block_size: int
     batched_tokens: int
-    concurrent_batches: int = 1
     hybrid_manager: bool = True
     tensor_parallel: int = 1
     blocks_override: int | None = None
@@ -80,7 +81,7 @@ class Knobs:
 
     @property
     def in_flight(self) -> int:
-        return self.concurrent_batches * self.batched_tokens
+        return self.batched_tokens
 
 
 def _count(args: Sequence[str], *flags: str) -> int | None:
@@ -142,17 +143,14 @@ def knobs(
             where = (
                 "the CPU build's default"
                 if cpu
-                else "an H100/H200's default, 2,048 under 70 GiB; one batch in flight as vLLM 0.25 reserved, "
-                "--async-scheduling for two"
+                else "an H100/H200's default, 2,048 under 70 GiB; one batch in flight, with or without "
+                "--async-scheduling (vLLM 0.25.1 on an H100)"
             )
             said.append(f"{batched:,} batched tokens ({where})")
     elif windowed:
         said.append(f"{batched:,} batched tokens (--max-num-batched-tokens)")
-    concurrent = 1
-    if _switch(args, "--async-scheduling") and not cpu:
-        concurrent = 2
-        if windowed:
-            said.append("2 batches in flight (--async-scheduling)")
+    # One batch in flight, also with --async-scheduling: vLLM 0.25.1's CUDA build reported the same figures with it
+    # (tests/data/kv_layouts/gpu/gemma3-270m.auto.async-scheduling.json)
     hybrid = not _switch(args, "--disable-hybrid-kv-cache-manager")
     chunked_off = (env or {}).get("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE", "1").strip() == "0"
     if hybrid and chunked_off and any(layer.kind == "chunked" for layer in layout.layers):
@@ -176,7 +174,6 @@ def knobs(
     return Knobs(
         block_size=block,
         batched_tokens=batched,
-        concurrent_batches=concurrent,
         hybrid_manager=hybrid,
         tensor_parallel=tp,
         blocks_override=override,
