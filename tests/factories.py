@@ -80,3 +80,24 @@ def measured_records(
         )
         out.append(record)
     return out
+
+
+def fake_llamacpp_sdist(folder: Path, monkeypatch: Any) -> Path:
+    """A llama-cpp-python sdist of one CMakeLists.txt in ``folder``, taken by ``llamacpp_build`` as the pinned one
+    (its sha256 and the sdist variable patched): a build test runs a fake cmake over it."""
+    import hashlib
+    import io
+    import tarfile
+
+    from pytest_kvcache.engines import llamacpp_build as build
+
+    folder.mkdir(parents=True, exist_ok=True)
+    sdist = folder / build.SDIST_NAME
+    with tarfile.open(sdist, "w:gz") as tar:
+        data = b"project(llama.cpp)\n"
+        info = tarfile.TarInfo(f"llama_cpp_python-{build.SDIST_VERSION}/vendor/llama.cpp/CMakeLists.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    monkeypatch.setattr(build, "SDIST_SHA256", hashlib.sha256(sdist.read_bytes()).hexdigest())
+    monkeypatch.setenv(build.SDIST_ENV, str(sdist))
+    return sdist

@@ -1,10 +1,13 @@
-"""llama.cpp's ``llama-server``, built once from the sources the ``llama-cpp-python`` sdist vendors.
+"""llama.cpp's ``llama-server`` (and ``llama-tokenize``), built once from the sources the ``llama-cpp-python``
+sdist vendors.
 
 The build is keyed by the sdist's sha256 and the cmake flags and lives outside any checkout
 (``~/.cache/pytest-kvcache/llama.cpp/<key>/bin/llama-server``), so a second run, a fresh clone or another
-worktree on the same machine finds it and costs nothing. Concurrent runs (pytest-xdist workers, two CI
-jobs) serialise on a file lock: one builds, the others wait and reuse it. The build runs under
-``nice -n 19`` with two compile jobs; nothing is fetched but the sdist, through pip.
+worktree on the same machine finds it and costs nothing. ``llama-tokenize`` (the GGUF's own tokenizer, loading
+the vocabulary only: the converter's tokenizer check compares against it) is a build of its own, keyed by
+its target, so adding it left the server's key, and every cached server, as they were. Concurrent runs
+(pytest-xdist workers, two CI jobs) serialise on a file lock: one builds, the others wait and reuse it. The
+build runs under ``nice -n 19`` with two compile jobs; nothing is fetched but the sdist, through pip.
 """
 
 from __future__ import annotations
@@ -42,13 +45,16 @@ CMAKE_FLAGS: tuple[str, ...] = (
     "-DLLAMA_OPENSSL=OFF",
 )
 TARGET = "llama-server"
+#: llama.cpp's tools/tokenize: tokenizes a text with a GGUF's own vocabulary (``vocab_only``: no weights).
+TOKENIZE_TARGET = "llama-tokenize"
 #: Where the sdist may already be (``pip download`` output); ``KVCACHE_LLAMACPP_SDIST`` names a file.
 SDIST_ENV = "KVCACHE_LLAMACPP_SDIST"
 JOBS_ENV = "KVCACHE_BUILD_JOBS"
 
 
 class BuildError(RuntimeError):
-    """llama-server could not be built; the message says which step failed and ends with its output."""
+    """llama-server (or llama-tokenize) could not be built; the message says which step failed and ends with
+    its output."""
 
 
 def cache_root() -> Path:
@@ -56,16 +62,27 @@ def cache_root() -> Path:
     return Path(base) / "pytest-kvcache" / "llama.cpp"
 
 
-def build_key() -> str:
-    """sha256 of what decides the binary: the sources (the sdist's hash), the flags and the machine."""
-    text = "\n".join((SDIST_SHA256, *CMAKE_FLAGS, TARGET, platform.machine(), platform.system()))
+def build_key(target: str = TARGET) -> str:
+    """sha256 of what decides the binary: the sources (the sdist's hash), the flags, the target and the
+    machine."""
+    text = "\n".join((SDIST_SHA256, *CMAKE_FLAGS, target, platform.machine(), platform.system()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cached_binary(target: str, root: Path | None = None) -> Path | None:
+    """The built ``target`` when its key's build has completed, else None."""
+    path = (root or cache_root()) / build_key(target) / "bin" / target
+    return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
 def cached_server(root: Path | None = None) -> Path | None:
     """The built ``llama-server`` when this key's build has completed, else None."""
-    path = (root or cache_root()) / build_key() / "bin" / TARGET
-    return path if path.is_file() and os.access(path, os.X_OK) else None
+    return cached_binary(TARGET, root)
+
+
+def cached_tokenize(root: Path | None = None) -> Path | None:
+    """The built ``llama-tokenize`` when its build has completed, else None."""
+    return cached_binary(TOKENIZE_TARGET, root)
 
 
 def _sha256(path: Path) -> str:
@@ -118,22 +135,42 @@ def ensure_server(
     root: Path | None = None, *, jobs: int | None = None, on_build: Callable[[str], None] | None = None
 ) -> Path:
     """The cached ``llama-server``, building it first when missing. Raises BuildError."""
+    return ensure_binary(TARGET, root, jobs=jobs, on_build=on_build)
+
+
+def ensure_tokenize(
+    root: Path | None = None, *, jobs: int | None = None, on_build: Callable[[str], None] | None = None
+) -> Path:
+    """The cached ``llama-tokenize``, building it first when missing (about 9 minutes on 2 cores, once).
+    Raises BuildError."""
+    return ensure_binary(TOKENIZE_TARGET, root, jobs=jobs, on_build=on_build)
+
+
+def ensure_binary(
+    target: str,
+    root: Path | None = None,
+    *,
+    jobs: int | None = None,
+    on_build: Callable[[str], None] | None = None,
+) -> Path:
+    """The cached ``target`` (``llama-server`` or ``llama-tokenize``), building it first when missing."""
     root = root or cache_root()
-    if found := cached_server(root):
+    if found := cached_binary(target, root):
         return found
     if shutil.which("cmake") is None or shutil.which(os.environ.get("CXX", "c++")) is None:
-        raise BuildError("building llama-server needs cmake and a C++ compiler on PATH (or give --kv-engine-cmd)")
+        why = " (or give --kv-engine-cmd)" if target == TARGET else ""
+        raise BuildError(f"building {target} needs cmake and a C++ compiler on PATH{why}")
     root.mkdir(parents=True, exist_ok=True)
-    key = build_key()
+    key = build_key(target)
     with (root / f"{key}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another run building the same key: wait, then reuse its result
-        if found := cached_server(root):
+        if found := cached_binary(target, root):
             return found
         if on_build is not None:
-            on_build(f"building llama-server (llama.cpp from {SDIST_PACKAGE} {SDIST_VERSION}) into {root / key}")
+            on_build(f"building {target} (llama.cpp from {SDIST_PACKAGE} {SDIST_VERSION}) into {root / key}")
         log = root / f"{key}.build.log"
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        log.write_text(f"# build of {TARGET}, key {key}, started {stamp}\n")
+        log.write_text(f"# build of {target}, key {key}, started {stamp}\n")
         started = time.monotonic()
         sdist = find_sdist(root, log)
         n = jobs or int(os.environ.get(JOBS_ENV) or 0) or min(2, os.cpu_count() or 1)
@@ -143,17 +180,17 @@ def ensure_server(
             build = Path(tmp) / "build"
             _run([*nice, "cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS], cwd=None, log=log, what="cmake")
             _run(
-                [*nice, "cmake", "--build", str(build), "--target", TARGET, "-j", str(n)],
+                [*nice, "cmake", "--build", str(build), "--target", target, "-j", str(n)],
                 cwd=None,
                 log=log,
-                what=f"building {TARGET}",
+                what=f"building {target}",
             )
-            built = build / "bin" / TARGET
+            built = build / "bin" / target
             if not built.is_file():
                 raise BuildError(f"the build finished without {built}; full log: {log}")
             staged = Path(tmp) / "out"
             (staged / "bin").mkdir(parents=True)
-            shutil.copy2(built, staged / "bin" / TARGET)
+            shutil.copy2(built, staged / "bin" / target)
             (staged / "BUILD").write_text(
                 f"{SDIST_PACKAGE} {SDIST_VERSION} sha256 {SDIST_SHA256}\n{' '.join(CMAKE_FLAGS)}\n"
                 f"built in {time.monotonic() - started:.0f} s with {n} jobs\n"
@@ -164,16 +201,22 @@ def ensure_server(
             staged.rename(final)  # atomic: a half-built folder is never taken for a build
         with log.open("a") as fh:
             fh.write(f"# done in {time.monotonic() - started:.0f} s\n")
-        found = cached_server(root)
+        found = cached_binary(target, root)
         assert found is not None
         return found
 
 
-def main() -> int:
-    """``python -m pytest_kvcache.engines.llamacpp_build``: build (or find) llama-server, print its path."""
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pytest_kvcache.engines.llamacpp_build [llama-tokenize]``: build (or find) llama-server (or
+    llama-tokenize), print its path."""
+    args = sys.argv[1:] if argv is None else argv
+    targets = (TARGET, TOKENIZE_TARGET)
+    if len(args) > 1 or (args and args[0] not in targets):
+        print(f"usage: python -m pytest_kvcache.engines.llamacpp_build [{' | '.join(targets)}]", file=sys.stderr)
+        return 2
     started = time.monotonic()
     try:
-        path = ensure_server(on_build=lambda msg: print(msg, file=sys.stderr, flush=True))
+        path = ensure_binary(args[0] if args else TARGET, on_build=lambda msg: print(msg, file=sys.stderr, flush=True))
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

