@@ -29,6 +29,8 @@ refused. No pytest, torch or transformers at import time.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -66,6 +68,45 @@ class TokenizerRefused(RuntimeError):
 def sample_text() -> str:
     """The fixed multilingual sample both tokenizers must agree on."""
     return resources.files("pytest_kvcache").joinpath("data/tokenizer/sample.txt").read_text(encoding="utf-8")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def recorded() -> dict[str, dict[str, Any]]:
+    """llama.cpp's ids for the sample, recorded once for GGUFs whose bytes the plugin pins (the embedded model's),
+    by GGUF sha256 (``data/tokenizer/recorded.json``; the engine tier holds them to a live ``llama-tokenize``)."""
+    text = resources.files("pytest_kvcache").joinpath("data/tokenizer/recorded.json").read_text(encoding="utf-8")
+    return dict(json.loads(text))
+
+
+def recorded_ids(gguf: Path, text: str) -> list[int] | None:
+    """The recorded llama.cpp ids of ``text`` for this exact GGUF (its size, then its sha256), else None: a
+    conversion of a pinned GGUF is checked against them without a llama.cpp build."""
+    try:
+        size = gguf.stat().st_size
+    except OSError:
+        return None
+    sample = _sha256(text.encode("utf-8"))
+    candidates = {d: e for d, e in recorded().items() if e.get("size") == size and e.get("sample_sha256") == sample}
+    if not candidates:
+        return None
+    entry = candidates.get(_file_sha256(gguf))
+    return [int(i) for i in entry["ids"]] if entry is not None else None
+
+
+def needs_llama_tokenize(gguf: Path) -> bool:
+    """Whether checking ``gguf``'s converted tokenizer needs llama.cpp's ``llama-tokenize`` (no recorded ids)."""
+    return recorded_ids(gguf, sample_text()) is None
 
 
 @dataclass
@@ -412,16 +453,21 @@ class CheckResult:
     seconds: float
 
 
-def check_folder(folder: Path, gguf: Path, vocab: GgufVocab, binary: Path, *, text: str | None = None) -> CheckResult:
+def check_folder(
+    folder: Path, gguf: Path, vocab: GgufVocab, binary: Path | None, *, text: str | None = None
+) -> CheckResult:
     """The folder's tokenizer (loaded as vLLM loads it) against llama.cpp's on ``gguf``: the same ids, with
-    each side's special tokens, and a lossless round trip. TokenizerRefused (one line) otherwise."""
+    each side's special tokens, and a lossless round trip. TokenizerRefused (one line) otherwise. llama.cpp's ids
+    are the recorded ones for a pinned GGUF when ``binary`` is None (`recorded_ids`), else ``binary``'s."""
     from transformers import AutoTokenizer
 
     started = time.monotonic()
     text = sample_text() if text is None else text
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     converted = list(tokenizer.encode(text, add_special_tokens=True))
-    own = llama_ids(binary, gguf, text)
+    own = recorded_ids(gguf, text) if binary is None else None
+    if own is None:
+        own = llama_ids(binary or find_llama_tokenize(build=True), gguf, text)
 
     def converted_piece(token_id: int) -> str:
         return str(tokenizer.convert_ids_to_tokens(token_id))
@@ -440,8 +486,10 @@ def check_folder(folder: Path, gguf: Path, vocab: GgufVocab, binary: Path, *, te
 
 
 def convert_tokenizer(gguf: Path, out: Path, *, binary: Path | None = None, source: str = "auto") -> CheckResult:
-    """Write the GGUF's tokenizer into ``out`` and check it (TokenizerRefused: one line)."""
-    binary = binary or find_llama_tokenize(build=True)
+    """Write the GGUF's tokenizer into ``out`` and check it (TokenizerRefused: one line). Without ``binary``: the
+    recorded ids of a pinned GGUF, else the cached (or now built) ``llama-tokenize``."""
+    if binary is None and needs_llama_tokenize(gguf):
+        binary = find_llama_tokenize(build=True)  # before anything is written: no tool, no conversion
     vocab = read_vocab(gguf)
     tokenizer = hf_tokenizer(vocab, gguf, source=source)
     tokenizer.save_pretrained(str(out))

@@ -193,7 +193,7 @@ def ensure_folder(
         if on_convert is not None:
             on_convert(
                 f"converting the embedded model {NAME} (Q4_1 GGUF → float32 safetensors) into {final} "
-                f"for vLLM: once per machine, about {CONVERSION_S} s on 2 cores{_tokenize_build_note()}"
+                f"for vLLM: once per machine, about {CONVERSION_S} s on 2 cores{_tokenize_build_note(source)}"
             )
         started = time.monotonic()
         staging = root / f".{cache_key()}.tmp-{os.getpid()}"
@@ -217,11 +217,12 @@ def ensure_folder(
     return Converted(final, converted=True, seconds=seconds)
 
 
-def _tokenize_build_note() -> str:
+def _tokenize_build_note(gguf: Path) -> str:
     """What the progress line adds when the conversion will first build llama-tokenize (its tokenizer check)."""
     from pytest_kvcache.engines.llamacpp_build import cached_tokenize
+    from pytest_kvcache.engines.tokenizer_check import needs_llama_tokenize
 
-    if cached_tokenize() or shutil.which("llama-tokenize"):
+    if cached_tokenize() or shutil.which("llama-tokenize") or not needs_llama_tokenize(gguf):
         return ""
     return " (first building llama.cpp's llama-tokenize, which checks its tokenizer: 6-9 minutes, once)"
 
@@ -257,9 +258,11 @@ def convert(gguf: Path, out: Path, *, llama_tokenize: Path | None = None, tokeni
     and ``save_pretrained`` refuses such a model: the tensors are read with ``load_gguf_checkpoint`` into a
     model built on the meta device, then loaded into a real one.
     """
-    from pytest_kvcache.engines.tokenizer_check import convert_tokenizer, find_llama_tokenize
+    from pytest_kvcache.engines.tokenizer_check import convert_tokenizer, find_llama_tokenize, needs_llama_tokenize
 
-    binary = llama_tokenize or find_llama_tokenize(build=True)  # before anything is written: no tool refuses
+    binary = llama_tokenize
+    if binary is None and needs_llama_tokenize(gguf):  # a pinned GGUF (the embedded one) has recorded ids
+        binary = find_llama_tokenize(build=True)  # before anything is written: no tool refuses
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:

@@ -176,6 +176,8 @@ STOCK: tuple[Metric, ...] = (
     Metric("ttft_p95_s", "latency", "s", "lower", format="seconds", group="trial"),
     # ---- the capacity probe: sessions an arm sustains under the SLO
     Metric("capacity", "capacity", "sessions", "higher", group="capacity"),
+    # the KV-residency knee: the sessions whose prefixes the cache holds (prefix-cache hit rate at least half)
+    Metric("kv_residency", "capacity", "sessions", "higher", label="KV-resident sessions", group="capacity"),
     # ---- a boot's evidence, shown beside the metrics
     Metric("kv_cache_size_tokens", None, "tokens", "higher", compared=False, format="count", group="boot"),
 )

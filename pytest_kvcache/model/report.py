@@ -451,7 +451,23 @@ class CapacityRow(TypedDict, total=False):
     kv_budget_bytes: int | None
     trials: int
     #: the knee's cause read from the engine: "kv" (the prefix-cache hit rate fell past it), "compute", "unknown"
+    #: (``report.capacity.knee_bound``: from the two knees and the hit rate's drop past the SLO's knee)
     knee_cause: str
+    #: the cause in words: "KV (the cache holds 7 sessions)", "compute (the cache held them; …)"; "" unknown
+    knee_bound: str
+    #: the KV-residency knee: the largest level such that it and every level tried below it had a prefix-cache
+    #: hit rate of at least half (mean over boots; None: no hit rate), its CI (tried levels only), whether no
+    #: level's rate fell below half, its brackets (as ``brackets``: "met" the last level held, "broke" the first
+    #: below half) and in words, its ratio to the baseline's (the ``kv_residency`` delta) and its CI
+    residency: float | None
+    residency_ci: list[float | None]
+    residency_censored: bool
+    residency_brackets: list[dict[str, Json]]
+    residency_bracket: str
+    residency_ratio: float | None
+    residency_ratio_ci: list[float | None]
+    #: why the residency knee has no interval (as ``interval_note``); absent: it has one
+    residency_interval_note: str
     at_capacity: dict[str, float | None]
     first_broken: dict[str, Json]
 

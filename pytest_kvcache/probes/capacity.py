@@ -7,7 +7,9 @@ holds it: once N sessions' contexts no longer fit, turns are evicted between tur
 from scratch and TTFT climbs. The probe steps N up (doubling) until the SLO breaks, then bisects between the
 last level that met it and the first that did not, then tries that knee and the levels either side of it again
 (2 trials each by default): the **capacity** is the largest N that met it, each level judged over all its
-trials' turns.
+trials' turns. From the same trials, the **KV-residency knee**: the largest N whose prefix-cache hit rate stayed
+at least half (the cache still holds the sessions' prefixes), searched the same way — past the SLO's knee where
+compute broke the SLO first.
 
 Everything here is plain Python (no pytest): the SLO and its judgement of a trial, the search, the knee and
 its bootstrap, the requests of a session. ``suite/test_capacity.py`` runs the trials through the many-stream
@@ -231,29 +233,21 @@ TRIALS = 2
 RECENTRES = 1
 
 
+#: A level **holds** its sessions' KV when the prefix-cache hit rate over its measured turns is at least this: the
+#: cache still keeps most of every session's prefix between its turns. The **KV-residency knee** is the largest
+#: level such that it and every level tried below it hold (:func:`knee` over those verdicts).
+RESIDENCY = 0.5
+
+
 @dataclass
-class Search:
-    """Step the number of sessions up (doubling from ``start``) until a level breaks the SLO, then bisect
-    between the last level that met it and the first that did not, to one session; never above ``limit``. Then
-    **confirm**: try the knee k and its neighbours k + 1 and k − 1 (those from 1 to ``limit``) again until each
-    has ``trials`` trials; when the re-trials move the knee, bisect any gap that opens below the new knee (as the
-    search did), then re-centre on it (``RECENTRES`` times at most) and confirm there; a knee that moves again
-    after that ends the search. ``trials`` 1: the search alone.
+class _Knee:
+    """One knee's search (the SLO's or the KV residency's) over the trials a :class:`Search` shares: stepping up,
+    bisecting, then confirming the knee and its neighbours (``counts``: every level's trials, shared)."""
 
-    ``next()`` is the next level to try (None: done); ``record(n, meets)`` one more trial at ``n`` and the
-    level's verdict over all its trials so far (``judge`` over their measured turns pooled: the SLO's percentile
-    over every measured turn at that level). Assumes that more sessions never do better (a level above a
-    broken one is not tried). At most about 2·log2(limit) search trials, then (1 + ``RECENTRES``) × (3 ×
-    ``trials`` + log2(limit)) confirming ones: a search cannot run away."""
-
-    start: int = 1
-    limit: int = 64
-    trials: int = TRIALS
-    #: each level's verdict over every trial there (pooled)
+    start: int
+    limit: int
+    trials: int
     verdicts: dict[int, bool] = field(default_factory=dict)
-    #: how many trials each level has had (excluded trials not counted)
-    counts: dict[int, int] = field(default_factory=dict)
-    #: the knee the confirming trials are around (None: still searching)
     centre: int | None = None
     recentred: int = 0
 
@@ -268,21 +262,98 @@ class Search:
             return None
         return (passed + failed) // 2
 
-    def next(self) -> int | None:
+    def next(self, counts: Mapping[int, int]) -> int | None:
         if self.centre is None:
             found = self._searching()
             if found is not None or self.trials <= 1 or not self.verdicts:
                 return found
-            self.centre = self.capacity
-        if self.capacity != self.centre:  # the re-trials moved the knee
+            self.centre = self.knee
+        if self.knee != self.centre:  # the re-trials moved the knee
             if self.recentred >= RECENTRES:
                 return None
             found = self._searching()  # a gap the move opened (levels never tried below the new knee): bisected
             if found is not None:
                 return found
             self.recentred += 1
-            self.centre = self.capacity
-        return next((n for n in self.neighbours(self.centre) if self.counts.get(n, 0) < self.trials), None)
+            self.centre = self.knee
+        return next((n for n in neighbours(self.centre, self.limit) if counts.get(n, 0) < self.trials), None)
+
+    @property
+    def knee(self) -> int:
+        return knee(self.verdicts)[0]
+
+    @property
+    def censored(self) -> bool:
+        return bool(self.verdicts) and knee(self.verdicts)[1] is None
+
+
+@dataclass
+class Search:
+    """Two knees from one series of trials, each found the same way: the **capacity** (the SLO's knee) and the
+    **KV-residency knee** (the sessions whose prefixes the cache still holds: the prefix-cache hit rate at least
+    :data:`RESIDENCY`). Each steps the number of sessions up (doubling from ``start``) until a level breaks it,
+    then bisects between the last level that held and the first that did not, to one session; never above
+    ``limit``. Then **confirm**: try the knee k and its neighbours k + 1 and k − 1 (those from 1 to ``limit``)
+    again until each has ``trials`` trials; when the re-trials move the knee, bisect any gap that opens below the
+    new knee (as the search did), then re-centre on it (``RECENTRES`` times at most) and confirm there; a knee
+    that moves again after that ends that knee's search. ``trials`` 1: the search alone.
+
+    One trial gives both verdicts, and the next level tried is the lower of the two searches' next levels (the
+    cheaper trial first; a level one search needs may settle the other's): where the SLO breaks before the cache
+    stops holding the sessions (a compute-bound knee), the search goes on stepping up past the SLO's knee until
+    the hit rate falls below half or the limit; where the cache breaks first, the SLO's search goes on as alone.
+    ``record(n, meets)`` without ``holds`` (no hit rate: a server without counters or usage) searches the SLO's
+    knee alone, as before the residency knee existed; so does one trial whose hit rate is unknown.
+
+    ``next()`` is the next level to try (None: done); ``record(n, meets, holds)`` one more trial at ``n`` and the
+    level's verdicts over all its trials so far (``judge`` over their measured turns pooled; the hit rate over
+    their windows). Assumes that more sessions never do better (a level above a broken one is not tried by that
+    knee's search). **Cost**: each knee takes at most about 2·log2(limit) search trials, then (1 + ``RECENTRES``)
+    × (3 × ``trials`` + log2(limit)) confirming ones: a search cannot run away. Where the knees coincide (the
+    cache sets the SLO's knee) they share their trials, and the residency adds about nothing; where they are far
+    apart (compute-bound) it adds its own climb above the SLO's knee — log2 of the gap's doublings, its bisection
+    and 3 × ``trials`` re-trials — each a trial of more sessions than the SLO's knee, whose warmups prefill every
+    session's context (the dearest trials of the search)."""
+
+    start: int = 1
+    limit: int = 64
+    trials: int = TRIALS
+    #: how many trials each level has had (excluded trials not counted)
+    counts: dict[int, int] = field(default_factory=dict)
+    slo: _Knee = field(init=False)
+    #: the KV-residency knee's search (None: a trial had no hit rate: the SLO's knee alone)
+    kv: _Knee | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slo = _Knee(self.start, self.limit, self.trials)
+        self.kv = _Knee(self.start, self.limit, self.trials)
+        self._kv_seen = False
+
+    @property
+    def verdicts(self) -> dict[int, bool]:
+        """Each level's SLO verdict over every trial there (pooled)."""
+        return self.slo.verdicts
+
+    @property
+    def holds(self) -> dict[int, bool]:
+        """Each level's residency verdict (hit rate at least :data:`RESIDENCY` over its trials); empty when the
+        residency is not searched."""
+        return self.kv.verdicts if self.kv is not None else {}
+
+    @property
+    def centre(self) -> int | None:
+        return self.slo.centre
+
+    @property
+    def recentred(self) -> int:
+        return self.slo.recentred
+
+    def next(self) -> int | None:
+        found = [n for n in (self.slo.next(self.counts), self._kv_next()) if n is not None]
+        return min(found) if found else None
+
+    def _kv_next(self) -> int | None:
+        return self.kv.next(self.counts) if self.kv is not None and self._kv_seen else None
 
     def neighbours(self, level: int) -> list[int]:
         """The levels a knee at ``level`` is confirmed on: itself, the one above, the one below (1 to limit)."""
@@ -290,23 +361,68 @@ class Search:
 
     @property
     def step(self) -> Step:
-        """Where the search is: stepping up, bisecting below a level that broke the SLO, or confirming the knee."""
-        if self.centre is not None:
+        """Where the search is: stepping up, bisecting below a level that broke a knee, or confirming a knee.
+        Read before the trial: the step of the search (of the two) that asked for the next level."""
+        n, kv = self.next(), self.kv if self._kv_seen else None
+        mine = self.slo
+        if kv is not None and n is not None and self.slo.next(self.counts) != n and kv.next(self.counts) == n:
+            mine = kv
+        if mine.centre is not None:
             return "confirm"
-        return "bisect" if any(not ok for ok in self.verdicts.values()) else "up"
+        return "bisect" if any(not ok for ok in mine.verdicts.values()) else "up"
 
-    def record(self, n: int, meets: bool) -> None:
-        self.verdicts[n] = meets
+    def record(self, n: int, meets: bool, holds: bool | None = None) -> None:
+        self.slo.verdicts[n] = meets
         self.counts[n] = self.counts.get(n, 0) + 1
+        if holds is None:
+            self.kv = None  # no hit rate: the residency is not searched
+        elif self.kv is not None:
+            self.kv.verdicts[n] = holds
+            self._kv_seen = True
 
     @property
     def capacity(self) -> int:
-        return knee(self.verdicts)[0]
+        return self.slo.knee
 
     @property
     def censored(self) -> bool:
         """No level broke the SLO: the capacity is at least the highest level tried (the limit)."""
-        return bool(self.verdicts) and knee(self.verdicts)[1] is None
+        return self.slo.censored
+
+    @property
+    def residency(self) -> int | None:
+        """The KV-residency knee (None: not searched)."""
+        return self.kv.knee if self.kv is not None and self._kv_seen else None
+
+
+@dataclass(frozen=True)
+class HitCounts:
+    """What one trial says of the prefix cache over its measured turns: the engine's counters' deltas (None: a
+    server without them) and the turns' own usage (``cached_tokens`` of ``prompt_tokens``)."""
+
+    hits: float | None
+    queries: float | None
+    cached: int
+    prompt: int
+
+
+def hit_rate(parts: Sequence[HitCounts]) -> tuple[float | None, str | None]:
+    """The prefix-cache hit rate over trials together, and its source: the engine's counters summed when every
+    trial has them (``/metrics``), else the turns' cached tokens of their prompt tokens (``usage``); (None, None)
+    without either."""
+    if parts and all(p.hits is not None and p.queries is not None for p in parts):
+        queries = sum(float(p.queries or 0) for p in parts)
+        if queries > 0:
+            return sum(float(p.hits or 0) for p in parts) / queries, "/metrics"
+    prompt = sum(p.prompt for p in parts)
+    if prompt > 0:
+        return sum(p.cached for p in parts) / prompt, "usage"
+    return None, None
+
+
+def holds(rate: float | None) -> bool | None:
+    """Whether a level's hit rate says the cache holds its sessions (at least :data:`RESIDENCY`); None: unknown."""
+    return None if rate is None else bool(rate >= RESIDENCY)
 
 
 def neighbours(level: int, limit: int | None = None) -> list[int]:
@@ -447,11 +563,13 @@ __all__ = [
     "ASSISTANT",
     "OVERLOAD",
     "RECENTRES",
+    "RESIDENCY",
     "RETRIES",
     "TRIALS",
     "USER",
     "WARM_CONCURRENCY",
     "EngineWatch",
+    "HitCounts",
     "Search",
     "Slo",
     "SloTerm",
@@ -459,6 +577,8 @@ __all__ = [
     "TurnTimes",
     "context",
     "goodput_many",
+    "hit_rate",
+    "holds",
     "judge",
     "knee",
     "knee_draws",

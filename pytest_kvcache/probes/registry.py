@@ -239,7 +239,7 @@ STOCK: tuple[ProbeSpec, ...] = (
     ProbeSpec(
         name="capacity",
         title="Capacity (sessions sustained under the SLO, per depth)",
-        metrics=("capacity",),
+        metrics=catalogue.names("capacity"),
         primary_metric="capacity",
         marker_help="capacity probe: how many concurrent sessions of --kv-capacity-depths tokens each arm sustains "
         "under --kv-slo (stepped up, then bisected).",

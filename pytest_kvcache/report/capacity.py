@@ -17,6 +17,11 @@ the interval is printed only when the knee and the levels either side of it were
 With several boots a replicate also resamples the boots (whole blocks, paired between arms, under
 pytest-xdist), and the arm's knee is the mean over its boots.
 
+The KV-residency knee (metric ``kv_residency``) is read the same way from each level's residency verdict (its
+prefix-cache hit rate over all its trials at least half): its replicates resample the turns' cached tokens
+(``Level.holds_many``), its ratio is the two arms' residency knees in the same replicates, and
+:func:`knee_bound` reads from both knees what bound the SLO's.
+
 Plain Python (numpy, pandas): reads records only.
 """
 
@@ -53,6 +58,8 @@ if TYPE_CHECKING:
 
 PROBE = "capacity"
 METRIC = "capacity"
+#: The KV-residency knee's metric: the sessions whose prefixes the cache holds (hit rate at least half).
+RESIDENCY_METRIC = "kv_residency"
 #: A knee whose prefix-cache hit rate fell by more than this (absolute) from the last level that met the SLO
 #: to the first that broke it (or whose engine preempted requests there) is "kv"-bound; else "compute"-bound. A
 #: p95 bound breaks once ~5% of turns are prefilled from scratch: a drop of 5 points can break it.
@@ -78,21 +85,32 @@ class Trial:
     client_cached: int
     client_prompt: int
     excluded_reason: str | None = None
+    #: per measured turn (aligned with ``ttft``): its cached and prompt tokens (both 0 where the turn failed or
+    #: its usage stated no cached tokens)
+    cached: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    prompt: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @cached_property
     def figures(self) -> probe.TrialFigures:
         return _judge(self.ttft, self.itl, self.tokens, self.slo, self.window_s)
 
     @property
-    def hit_rate(self) -> tuple[float | None, str | None]:
-        """The prefix-cache hit rate of the window: the engine's counters, else the turns' cached tokens."""
+    def counts(self) -> probe.HitCounts:
+        """The trial's prefix-cache figures: the engine's counters over the window, the turns' usage."""
         engine = self.info.get("engine") or {}
         queries, hits = engine.get("prefix_cache_queries"), engine.get("prefix_cache_hits")
-        if isinstance(queries, int | float) and isinstance(hits, int | float) and queries > 0:
-            return float(hits) / float(queries), "/metrics"
-        if self.client_prompt > 0:
-            return self.client_cached / self.client_prompt, "usage"
-        return None, None
+        number = (int, float)
+        return probe.HitCounts(
+            hits=float(hits) if isinstance(hits, number) and not isinstance(hits, bool) else None,
+            queries=float(queries) if isinstance(queries, number) and not isinstance(queries, bool) else None,
+            cached=self.client_cached,
+            prompt=self.client_prompt,
+        )
+
+    @property
+    def hit_rate(self) -> tuple[float | None, str | None]:
+        """The prefix-cache hit rate of the window: the engine's counters, else the turns' cached tokens."""
+        return probe.hit_rate([self.counts])
 
     def resample(self, rng: np.random.Generator, count: int) -> np.ndarray:
         """``count`` resamples of the trial's measured turns (indices, replicates × turns)."""
@@ -141,20 +159,41 @@ class Level:
     @property
     def hit_rate(self) -> tuple[float | None, str | None]:
         """The prefix-cache hit rate over the level's windows: the engine's counters, else the turns' usage."""
-        queries = hits = 0.0
-        for t in self.trials:
-            engine = t.info.get("engine") or {}
-            q, h = engine.get("prefix_cache_queries"), engine.get("prefix_cache_hits")
-            if not (isinstance(q, int | float) and isinstance(h, int | float)):
-                break
-            queries, hits = queries + float(q), hits + float(h)
-        else:
-            if queries > 0:
-                return hits / queries, "/metrics"
-        prompt = sum(t.client_prompt for t in self.trials)
-        if prompt > 0:
-            return sum(t.client_cached for t in self.trials) / prompt, "usage"
-        return None, None
+        return probe.hit_rate([t.counts for t in self.trials])
+
+    @property
+    def holds(self) -> bool | None:
+        """Whether the cache holds the level's sessions: its hit rate at least ``probe.RESIDENCY`` (None:
+        unknown)."""
+        return probe.holds(self.hit_rate[0])
+
+    def holds_many(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """The level's residency verdict over ``count`` replicates. With the turns' usage (every trial's), each
+        trial's measured turns resampled as the SLO's replicates resample them, the hit rate their cached tokens
+        of their prompt tokens — shifted by the level's own engine-minus-usage difference where the level's rate
+        is the engine's (on vLLM the two agree to the token); without it, the level's trials resampled (their
+        counters summed)."""
+        rate, source = self.hit_rate
+        if rate is None:
+            return np.zeros(count, dtype=bool)
+        usage = [t for t in self.trials if t.prompt.size and t.prompt.sum() > 0]
+        if len(usage) == len(self.trials):
+            picks = [t.resample(rng, count) for t in usage]
+            cached = sum((t.cached[idx].sum(axis=1) for t, idx in zip(usage, picks, strict=True)), np.zeros(count))
+            prompt = sum((t.prompt[idx].sum(axis=1) for t, idx in zip(usage, picks, strict=True)), np.zeros(count))
+            observed = sum(t.client_cached for t in usage) / sum(t.client_prompt for t in usage)
+            shift = rate - observed if source == "/metrics" else 0.0
+            found = np.divide(cached, prompt, out=np.zeros(count), where=prompt > 0) + shift
+            return np.asarray(found >= probe.RESIDENCY)
+        parts = [t.counts for t in self.trials]
+        engine = source == "/metrics"
+        hits = np.asarray([float((p.hits if engine else p.cached) or 0) for p in parts])
+        queries = np.asarray([float((p.queries if engine else p.prompt) or 0) for p in parts])
+        idx = rng.integers(0, len(parts), size=(count, len(parts)))
+        total = queries[idx].sum(axis=1)
+        return np.asarray(
+            np.divide(hits[idx].sum(axis=1), total, out=np.zeros(count), where=total > 0) >= probe.RESIDENCY
+        )
 
     @property
     def kv_usage_max(self) -> float | None:
@@ -224,6 +263,39 @@ class Search:
         return bool(self.judged) and self.first_broken is None
 
     @property
+    def holds(self) -> dict[int, bool] | None:
+        """Each level's residency verdict (its hit rate over all its trials at least ``probe.RESIDENCY``); None
+        when a level's hit rate is unknown (no counters, no usage): then there is no residency knee."""
+        found = {level.sessions: level.holds for level in self.levels}
+        if not found or any(v is None for v in found.values()):
+            return None
+        return {n: bool(v) for n, v in found.items()}
+
+    @property
+    def residency(self) -> int | None:
+        """The KV-residency knee: the largest level such that it and every level tried below it held (None:
+        no hit rate)."""
+        holds = self.holds
+        return None if holds is None else probe.knee(holds)[0]
+
+    @property
+    def residency_broken(self) -> int | None:
+        """The first level tried above the residency knee, where the hit rate fell below half (None: none did)."""
+        holds = self.holds
+        return None if holds is None else probe.knee(holds)[1]
+
+    @property
+    def residency_censored(self) -> bool:
+        return self.residency is not None and self.residency_broken is None
+
+    def knee_of(self, metric: str) -> int | None:
+        """The knee a metric reads: the capacity (``capacity``) or the KV-residency knee (``kv_residency``)."""
+        return self.residency if metric == RESIDENCY_METRIC else self.capacity
+
+    def censored_of(self, metric: str) -> bool:
+        return self.residency_censored if metric == RESIDENCY_METRIC else self.censored
+
+    @property
     def limit(self) -> int | None:
         """The search's most sessions (``--kv-capacity-max-sessions``), as its trials recorded it (None: a run
         made before they did)."""
@@ -233,11 +305,15 @@ class Search:
     def level_at(self, sessions: int | None) -> Level | None:
         return next((level for level in self.levels if level.sessions == sessions), None)
 
-    def unmeasured(self) -> str | None:
-        """Why this search alone gives the capacity no interval: the knee or a level either side of it (from 1 to
-        the limit) was tried fewer than ``MIN_TRIALS`` times; None: each was tried enough."""
+    def unmeasured(self, metric: str = METRIC) -> str | None:
+        """Why this search alone gives the capacity (or the residency knee: ``metric``) no interval: the knee or a
+        level either side of it (from 1 to the limit) was tried fewer than ``MIN_TRIALS`` times; None: each was
+        tried enough."""
         counts = self.counts
-        short = [n for n in probe.neighbours(self.capacity, self.limit) if counts.get(n, 0) < MIN_TRIALS]
+        found = self.knee_of(metric)
+        if found is None:
+            return "no prefix-cache hit rate"
+        short = [n for n in probe.neighbours(found, self.limit) if counts.get(n, 0) < MIN_TRIALS]
         if not short:
             return None
         parts: dict[int, list[int]] = {}
@@ -249,10 +325,14 @@ class Search:
         )
         return f"the knee and the levels either side of it need {MIN_TRIALS} trials each ({said})"
 
-    def bracket(self) -> dict[str, Any]:
-        """The last level that met the SLO and the first that broke it, with their trials."""
+    def bracket(self, metric: str = METRIC) -> dict[str, Any]:
+        """The last level that met the SLO and the first that broke it, with their trials (``kv_residency``: the
+        last level whose sessions the cache held and the first where the hit rate fell below half)."""
         counts = self.counts
-        met, broke = self.capacity, self.first_broken
+        if metric == RESIDENCY_METRIC:
+            met, broke = self.residency or 0, self.residency_broken
+        else:
+            met, broke = self.capacity, self.first_broken
         return {
             "boot": self.boot,
             "met": met,
@@ -269,6 +349,19 @@ class Search:
             return np.zeros(count)
         meets = np.stack([level.meets_many(rng, count) for level in levels], axis=1)
         return probe.knee_draws([level.sessions for level in levels], meets)
+
+    def residency_draws(self, seed: int, count: int = stats.BOOTSTRAP_SAMPLES) -> np.ndarray:
+        """The residency knee of ``count`` bootstrap replicates: each level's hit rate over its resampled turns
+        (``Level.holds_many``), the knee read as :func:`probe.knee` reads it — a level that was tried (or 0)."""
+        rng = np.random.default_rng([seed, zlib.crc32(f"{self.boot}@{self.point}:kv".encode())])
+        levels = self.levels
+        if not levels:
+            return np.zeros(count)
+        held = np.stack([level.holds_many(rng, count) for level in levels], axis=1)
+        return probe.knee_draws([level.sessions for level in levels], held)
+
+    def draws_of(self, metric: str, seed: int) -> np.ndarray:
+        return self.residency_draws(seed) if metric == RESIDENCY_METRIC else self.draws(seed)
 
 
 def _levels(found: Sequence[int]) -> str:
@@ -296,7 +389,13 @@ def searches(records: Sequence[Record]) -> list[Search]:
             continue  # not a record this version wrote
         times = [probe.turn_times(r.get("sample") or {}) for r in turns]
         prompts = [int((r.get("sample") or {}).get("prompt_tokens") or 0) for r in turns if r.get("ok")]
-        cached = [int((r.get("sample") or {}).get("cached_tokens") or 0) for r in turns if r.get("ok")]
+        # the turns' own cache figures: a turn whose usage stated its cached tokens (0 where it failed or did not)
+        samples = [r.get("sample") or {} for r in turns]
+        stated = np.asarray(
+            [bool(r.get("ok")) and x.get("cached_tokens") is not None for r, x in zip(turns, samples, strict=True)]
+        )
+        usage = np.asarray([[x.get("cached_tokens") or 0, x.get("prompt_tokens") or 0] for x in samples], dtype=float)
+        turn_cached, turn_prompt = np.where(stated[:, None], usage.reshape(-1, 2), 0.0).T
         reasons = sorted({str(r.get("excluded_reason")) for r in turns if r.get("ok") and r.get("excluded_reason")})
         if info.get("verdict") == "excluded" and not reasons:
             reasons = [str(info.get("excluded_reason") or "excluded")]
@@ -312,9 +411,11 @@ def searches(records: Sequence[Record]) -> list[Search]:
                 tokens=np.asarray([t.tokens for t in times], dtype=float),
                 context_tokens=float(np.mean(prompts)) if prompts else None,
                 info=info,
-                client_cached=sum(cached),
-                client_prompt=sum(prompts),
+                client_cached=int(turn_cached.sum()),
+                client_prompt=int(turn_prompt.sum()),
                 excluded_reason="; ".join(reasons) or None,
+                cached=turn_cached,
+                prompt=turn_prompt,
             )
         )
     return list(found.values())
@@ -339,6 +440,7 @@ def frame_rows(records: Sequence[Record]) -> list[dict[str, object]]:
                 "flagged": any(t.excluded_reason for t in s.trials),
                 "excluded_reason": None if valid else "every trial excluded",
                 METRIC: float(s.capacity) if valid else None,
+                RESIDENCY_METRIC: float(r) if valid and (r := s.residency) is not None else None,
                 "search": s,
             }
         )
@@ -348,16 +450,21 @@ def frame_rows(records: Sequence[Record]) -> list[dict[str, object]]:
 # ------------------------------------------------------------------------------------------ statistics
 
 
-def _units(group: pd.DataFrame) -> list[tuple[object, Search]]:
-    """(block, search) of every boot in a frame slice that has a judged search."""
+def _units(group: pd.DataFrame, metric: str = METRIC) -> list[tuple[object, Search]]:
+    """(block, search) of every boot in a frame slice that has a judged search (with a knee for ``metric``: the
+    residency knee needs a hit rate)."""
     if group.empty or "search" not in group:
         return []
     out = []
     for _, row in group.iterrows():
         found = row.get("search")
-        if isinstance(found, Search) and found.judged and bool(row.get("valid")):
+        if isinstance(found, Search) and found.judged and bool(row.get("valid")) and found.knee_of(metric) is not None:
             out.append((row.get("block", 0) if "block" in group else 0, found))
     return out
+
+
+def _knee(s: Search, metric: str) -> float:
+    return float(s.knee_of(metric) or 0)
 
 
 def _resample(
@@ -399,12 +506,13 @@ def _percentiles(values: np.ndarray) -> tuple[float | None, float | None]:
     return float(lo), float(hi)
 
 
-def unmeasured(units: Sequence[tuple[object, Search]]) -> str | None:
-    """Why an arm's capacity has no interval: one boot whose search did not try the knee and the levels either
-    side of it ``MIN_TRIALS`` times each (``Search.unmeasured``); None: it has one (several boots: over them)."""
+def unmeasured(units: Sequence[tuple[object, Search]], metric: str = METRIC) -> str | None:
+    """Why an arm's capacity (or residency knee) has no interval: one boot whose search did not try the knee and
+    the levels either side of it ``MIN_TRIALS`` times each (``Search.unmeasured``); None: it has one (several
+    boots: over them)."""
     if len(units) != 1:
         return None
-    return units[0][1].unmeasured()
+    return units[0][1].unmeasured(metric)
 
 
 def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) -> Comparison:
@@ -415,19 +523,21 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
     (``boot_sd``: the run's own spread, ``report.spread``)."""
     from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI, provisional_note
 
-    bu, au = _units(base), _units(other)
-    base_value = float(np.mean([s.capacity for _, s in bu])) if bu else None
-    arm_value = float(np.mean([s.capacity for _, s in au])) if au else None
+    bu, au = _units(base, metric), _units(other, metric)
+    base_value = float(np.mean([_knee(s, metric) for _, s in bu])) if bu else None
+    arm_value = float(np.mean([_knee(s, metric) for _, s in au])) if au else None
     ratio = arm_value / base_value if base_value and arm_value is not None else None
     lo = hi = None
     note = None
     if ratio is not None:
-        why = [f"{s.arm}: {said}" for side in (bu, au) if (said := unmeasured(side)) for _, s in side]
+        why = [f"{s.arm}: {said}" for side in (bu, au) if (said := unmeasured(side, metric)) for _, s in side]
         if why:
             note = "no interval: " + "; ".join(why)
         else:
             rng = np.random.default_rng(seed)
-            replicates = _resample([(b, s.draws(seed)) for b, s in bu], [(b, s.draws(seed)) for b, s in au], rng)
+            replicates = _resample(
+                [(b, s.draws_of(metric, seed)) for b, s in bu], [(b, s.draws_of(metric, seed)) for b, s in au], rng
+            )
             lo, hi = _percentiles(replicates)
     method = "boots" if len(bu) >= MIN_BOOTS_FOR_BOOT_CI and len(au) >= MIN_BOOTS_FOR_BOOT_CI else "within-boot"
     verdict = stats.verdict(metric, lo, hi)
@@ -446,11 +556,11 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
         "boots_arm": len(au),
         "direction": catalogue.direction(metric),
         "verdict": verdict,
-        "censored": any(s.censored for _, s in [*bu, *au]),
+        "censored": any(s.censored_of(metric) for _, s in [*bu, *au]),
     }
     if note:
         found["ci_note"] = note
-    spread = stats.pooled_log_sd([[float(s.capacity)] for _, s in bu], [[float(s.capacity)] for _, s in au])
+    spread = stats.pooled_log_sd([[_knee(s, metric)] for _, s in bu], [[_knee(s, metric)] for _, s in au])
     if spread is not None:  # the run's own boot-to-boot spread of the knee (report.spread), from 2 boots on a side
         found["boot_sd"], found["boot_df"] = spread
     if method == "within-boot" and verdict != "inconclusive":
@@ -458,20 +568,22 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
     return found
 
 
-def capacity_ci(group: pd.DataFrame, seed: int) -> tuple[float | None, float | None, float | None, str]:
-    """An arm's capacity (mean over its boots), its CI (nearest-rank percentiles of the replicates' knees, boots
-    resampled too; none where :func:`unmeasured` says why) and the CI's method, for the section and absolute
-    gates (``capacity[capacity@2k]: >= 6``)."""
+def capacity_ci(
+    group: pd.DataFrame, seed: int, metric: str = METRIC
+) -> tuple[float | None, float | None, float | None, str]:
+    """An arm's capacity (or residency knee: ``metric``; mean over its boots), its CI (nearest-rank percentiles
+    of the replicates' knees, boots resampled too; none where :func:`unmeasured` says why) and the CI's method,
+    for the section and absolute gates (``capacity[capacity@2k]: >= 6``)."""
     from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI
 
-    units = _units(group)
+    units = _units(group, metric)
     if not units:
         return None, None, None, "within-boot"
-    value = float(np.mean([s.capacity for _, s in units]))
+    value = float(np.mean([_knee(s, metric) for _, s in units]))
     method = "boots" if len(units) >= MIN_BOOTS_FOR_BOOT_CI else "within-boot"
-    if unmeasured(units):
+    if unmeasured(units, metric):
         return value, None, None, method
-    table = np.stack([s.draws(seed) for _, s in units])
+    table = np.stack([s.draws_of(metric, seed) for _, s in units])
     if len(units) > 1:
         rng = np.random.default_rng(seed)
         picks = rng.integers(0, len(units), size=(table.shape[1], len(units)))
@@ -527,19 +639,59 @@ def trial_row(s: Search, t: Trial, seed: int) -> CapacityTrialRow:
     }
 
 
-def _knee_cause(at: Level | None, broke: Level | None) -> str:
+def _dropped(at: Level | None, broke: Level | None) -> bool | None:
+    """Whether the hit rate fell by more than ``KV_BOUND_DROP`` from the capacity to the first level over (or the
+    engine preempted more there, per trial); None: a rate unknown."""
     if at is None or broke is None:
-        return "unknown"
+        return None
     before, after = at.hit_rate[0], broke.hit_rate[0]
     if before is None or after is None:
-        return "unknown"
+        return None
     preempted = [level.preemptions for level in (at, broke)]
     more = (
         preempted[0] is not None
         and preempted[1] is not None
         and preempted[1] / len(broke.trials) > preempted[0] / len(at.trials)  # per trial: levels differ in trials
     )
-    return "kv" if before - after > KV_BOUND_DROP or more else "compute"
+    return before - after > KV_BOUND_DROP or more
+
+
+def knee_bound(s: Search | None) -> tuple[str, str]:
+    """What bound the SLO's knee, as a cause (``kv``, ``compute``, ``unknown``) and in words, from the two knees
+    (S: the capacity, broke at S + …; R: the residency knee, the hit rate below half at R_b):
+
+    - the SLO broke at a level the cache still held (S_b ≤ R): ``compute`` — "the cache held them; re-prefill or
+      decode broke the SLO" — unless the hit rate still fell by more than ``KV_BOUND_DROP`` from S to S_b (or
+      the engine preempted more there): then ``kv``, the part of the prefixes evicted broke it;
+    - the SLO was met at a level the cache no longer held (S ≥ R_b): ``compute`` — re-prefilling what missed kept
+      the SLO up past the cache's knee, until the compute ran out;
+    - else the SLO broke where the cache stopped holding the sessions: ``kv`` — "the cache holds R sessions".
+
+    Without a hit rate the cause is the hit-rate drop alone (``unknown`` without one); with no level over the
+    SLO, ``unknown``."""
+    if s is None or s.first_broken is None:
+        return "unknown", ""
+    at, broke = s.level_at(s.capacity), s.level_at(s.first_broken)
+    drop = _dropped(at, broke)
+    r, r_broke = s.residency, s.residency_broken
+    capacity, first = s.capacity, s.first_broken
+    fell = ""
+    if at is not None and broke is not None and drop is not None:
+        fell = f"the hit rate went from {_pct(at.hit_rate[0])} at {capacity} to {_pct(broke.hit_rate[0])} at {first}"
+    if r is None:
+        if drop is None:
+            return "unknown", ""
+        return ("kv", f"KV ({fell})") if drop else ("compute", f"compute ({fell})")
+    if first <= r:
+        if drop:
+            return "kv", f"KV (the cache holds {r} sessions, but {fell}: re-prefilling what it lost broke the SLO)"
+        held = f"{_pct(broke.hit_rate[0])} hits at {first}" if broke is not None else f"at {first}"
+        return "compute", f"compute (the cache held them, {held}; re-prefill or decode broke the SLO)"
+    if r_broke is not None and capacity >= r_broke:
+        return "compute", (
+            f"compute (the cache holds {r} sessions; past them re-prefill kept the SLO up to {capacity} sessions)"
+        )
+    return "kv", f"KV (the cache holds {r} sessions)"
 
 
 def section(
@@ -573,6 +725,7 @@ def section(
     if sub.empty:
         return out
     ratios = {(d["arm"], d["point"]): d for d in deltas if d["probe"] == PROBE and d["metric"] == METRIC}
+    kv_ratios = {(d["arm"], d["point"]): d for d in deltas if d["probe"] == PROBE and d["metric"] == RESIDENCY_METRIC}
     from pytest_kvcache.report.frame import point_sort
 
     for point in sorted(sub["point"].unique(), key=point_sort):
@@ -586,6 +739,7 @@ def section(
             if not all_searches:
                 continue
             value, lo, hi, method = capacity_ci(group, seed)
+            held, held_lo, held_hi, _ = capacity_ci(group, seed, RESIDENCY_METRIC)
             tokens = [kv_capacity_tokens(evidence[s.boot]) for s in all_searches if s.boot in evidence]
             budgets = [
                 _num((evidence[s.boot].get("cache_config") or {}).get("kv_cache_memory_bytes"))
@@ -596,7 +750,11 @@ def section(
             at = first.level_at(first.capacity) if first else None
             broke = first.level_at(first.first_broken) if first else None
             delta = ratios.get((arm, point))
+            kv_delta = kv_ratios.get((arm, point))
             brackets = [cast("dict[str, Json]", s.bracket()) for s in units]
+            resident = [s for _, s in _units(group, RESIDENCY_METRIC)]
+            kv_brackets = [cast("dict[str, Json]", s.bracket(RESIDENCY_METRIC)) for s in resident]
+            cause, bound = knee_bound(first)
             row: CapacityRow = {
                 "arm": arm,
                 "point": str(point),
@@ -613,12 +771,24 @@ def section(
                 "kv_tokens": int(np.mean([t for t in tokens if t])) if any(tokens) else None,
                 "kv_budget_bytes": int(b) if (b := next((x for x in budgets if x), None)) else None,
                 "trials": sum(len(s.trials) for s in all_searches),
-                "knee_cause": _knee_cause(at, broke),
+                "knee_cause": cause,
+                "knee_bound": bound,
+                "residency": held,
+                "residency_ci": [held_lo, held_hi],
+                "residency_censored": any(s.residency_censored for s in resident),
+                "residency_brackets": kv_brackets,
+                "residency_bracket": bracket_text(
+                    kv_brackets, held="held", fell="hit rate below half", none_fell="none below half"
+                ),
+                "residency_ratio": kv_delta.get("ratio") if kv_delta else None,
+                "residency_ratio_ci": [kv_delta.get("ci_low"), kv_delta.get("ci_high")] if kv_delta else [None, None],
                 "at_capacity": _figures(at),
                 "first_broken": {"sessions": broke.sessions if broke else None, **_figures(broke)},
             }
             if (why := unmeasured(found)) is not None:
                 row["interval_note"] = why
+            if resident and (why := unmeasured(_units(group, RESIDENCY_METRIC), RESIDENCY_METRIC)) is not None:
+                row["residency_interval_note"] = why
             if broke is not None:
                 row["first_broken"]["broken"] = cast(Json, broke.figures.broken)
             out["rows"].append(row)
@@ -660,14 +830,17 @@ def _notes(rows: Sequence[CapacityRow], trials: Sequence[CapacityTrialRow]) -> l
                 f"{r['arm']} at {r['point']}: no level tried broke the SLO; its capacity is at least "
                 f"{count(r.get('capacity'))} (--kv-capacity-max-sessions)"
             )
-        cause = r.get("knee_cause")
-        at, broke = r.get("at_capacity") or {}, r.get("first_broken") or {}
-        if cause in ("kv", "compute") and at.get("hit_rate") is not None and broke.get("hit_rate") is not None:
-            how = "the KV cache: the prefix-cache hit rate fell" if cause == "kv" else "compute: the hit rate went"
+        if r.get("residency_censored"):
             notes.append(
-                f"{r['arm']} at {r['point']}: the knee is bound by {how} from {_pct(at.get('hit_rate'))} at "
-                f"{count(r.get('capacity'))} sessions to {_pct(broke.get('hit_rate'))} at {broke.get('sessions')}"
+                f"{r['arm']} at {r['point']}: the hit rate never fell below half; the cache holds at least "
+                f"{count(r.get('residency'))} sessions (--kv-capacity-max-sessions)"
             )
+        if r.get("residency_interval_note"):
+            notes.append(
+                f"{r['arm']} at {r['point']}: no interval for its KV-residency knee — {r['residency_interval_note']}"
+            )
+        if r.get("knee_bound"):
+            notes.append(f"{r['arm']} at {r['point']}: the knee is bound by {r['knee_bound']}")
     return notes
 
 
@@ -692,26 +865,29 @@ def _span(values: Sequence[Any]) -> str:
     return str(found[0]) if len(found) == 1 else f"{found[0]}–{found[-1]}"
 
 
-def bracket_text(brackets: Sequence[Mapping[str, Any]]) -> str:
+def bracket_text(
+    brackets: Sequence[Mapping[str, Any]], held: str = "met", fell: str = "broke", none_fell: str = "none broke"
+) -> str:
     """The last level that met the SLO and the first that broke it, in words: one boot "met at 6, broke at 7; 2
     trials each" (or "2 and 3 trials"; "none met" when the first level broke, "none broke" when none did),
-    several boots "met at 6–7, broke at 7–8 over 3 boots"."""
+    several boots "met at 6–7, broke at 7–8 over 3 boots". ``held``/``fell``/``none_fell`` name the two sides
+    (for the residency knee: "held at 7, hit rate below half at 8"; "none below half")."""
     if not brackets:
         return ""
     if len(brackets) > 1:
         mets = [b.get("met") or 0 for b in brackets]
         brokes = [b["broke"] for b in brackets if b.get("broke")]
-        first = f"met at {_span(mets)}" if any(mets) else "none met"
+        first = f"{held} at {_span(mets)}" if any(mets) else f"none {held}"
         if any(not m for m in mets) and any(mets):
-            first = f"met at {_span([m for m in mets if m])} (none in {sum(not m for m in mets)})"
-        over = f"broke at {_span(brokes)}" if brokes else "none broke"
+            first = f"{held} at {_span([m for m in mets if m])} (none in {sum(not m for m in mets)})"
+        over = f"{fell} at {_span(brokes)}" if brokes else none_fell
         if brokes and len(brokes) < len(brackets):
             over += f" (none in {len(brackets) - len(brokes)})"
         return f"{first}, {over} over {len(brackets)} boots"
     b = brackets[0]
     met, broke = b.get("met") or 0, b.get("broke")
     trials = {int(k): int(v) for k, v in (b.get("trials") or {}).items()}
-    words = [f"met at {met}" if met else "none met", f"broke at {broke}" if broke else "none broke"]
+    words = [f"{held} at {met}" if met else f"none {held}", f"{fell} at {broke}" if broke else none_fell]
     counts = [trials.get(n, 0) for n in (met, broke) if n]
     if len(counts) == 2 and counts[0] != counts[1]:
         tried = f"{counts[0]} and {counts[1]} trials"
@@ -722,13 +898,14 @@ def bracket_text(brackets: Sequence[Mapping[str, Any]]) -> str:
     return ", ".join(words) + (f"; {tried}" if tried else "")
 
 
-def _ratio_text(r: CapacityRow, delta: Mapping[str, Any] | None) -> str:
+def _ratio_text(r: CapacityRow, delta: Mapping[str, Any] | None, prefix: str = "") -> str:
     """The ratio of the knees with the interval that judged it: within boots widened by the capacity's spread
-    (``report.spread``), else its own CI; "no interval" where a side's knee was not tried enough."""
-    ratio = r.get("ratio")
-    if ratio is None:
-        return "no ratio (0 sessions)"
-    lo, hi = r.get("ratio_ci") or [None, None]
+    (``report.spread``), else its own CI; "no interval" where a side's knee was not tried enough. ``prefix``
+    ``residency_``: the residency knees' ratio."""
+    ratio = cast("float | None", r.get(f"{prefix}ratio"))
+    if ratio is None:  # compared, with a knee of 0; or not compared (a run recorded before its metric existed)
+        return "no ratio (0 sessions)" if delta is not None else "no ratio"
+    lo, hi = cast("list[float | None]", r.get(f"{prefix}ratio_ci") or [None, None])
     if lo is None or hi is None:
         return f"{ratio:.2f}× (no interval)"
     if delta is not None and deciding.widened(delta):
@@ -742,7 +919,11 @@ def _ratio_text(r: CapacityRow, delta: Mapping[str, Any] | None) -> str:
 def sentences(section: CapacitySection, arms: Sequence[str], deltas: Sequence[DeltaRow]) -> list[str]:
     """One sentence per arm: ``fp8 sustains 7 [6, 8] sessions at 16k (met at 7, broke at 8; 2 trials each) vs
     auto's 3 [3, 4] (met at 3, broke at 4; 2 trials each): 2.33× [1.75, 3.10] (…)`` (each depth, under the SLO;
-    the ratio with the interval that judged it; provisional when that is within one boot per arm)."""
+    the ratio with the interval that judged it; provisional when that is within one boot per arm), then where
+    the engine has a hit rate the KV-residency knee beside it, with its ratio to the baseline's, and what bound the
+    SLO's knee: ``…; its cache holds 14 [14, 14] sessions (held at 14, hit rate below half at 15; 2 trials each)
+    vs auto's 7 [7, 7] (…): 2.00× [1.31, 3.06] (…); knee bound by compute (the cache held them, 93% hits at 10;
+    re-prefill or decode broke the SLO)``."""
     rows = section["rows"]
     slo = section["config"].get("slo")
     out = []
@@ -755,6 +936,23 @@ def sentences(section: CapacitySection, arms: Sequence[str], deltas: Sequence[De
         bracket = "; ".join(x for x in said if x)
         return f"{at_least}{count(r.get('capacity'))}{_ci(lo, hi)}{unit}" + (f" ({bracket})" if bracket else "")
 
+    def resident(r: CapacityRow, unit: str = "") -> str:
+        lo, hi = r.get("residency_ci") or [None, None]
+        at_least = "≥ " if r.get("residency_censored") else ""
+        said = [str(r.get("residency_bracket") or "")] + (["no interval"] if r.get("residency_interval_note") else [])
+        bracket = "; ".join(x for x in said if x)
+        return f"{at_least}{count(r.get('residency'))}{_ci(lo, hi)}{unit}" + (f" ({bracket})" if bracket else "")
+
+    def delta_of(arm: str, point: str, metric: str) -> DeltaRow | None:
+        return next(
+            (
+                d
+                for d in deltas
+                if d["probe"] == PROBE and d["arm"] == arm and d["point"] == point and d["metric"] == metric
+            ),
+            None,
+        )
+
     base = arms[0] if arms else None
     for arm in arms:
         mine = [r for r in rows if r["arm"] == arm]
@@ -766,12 +964,17 @@ def sentences(section: CapacitySection, arms: Sequence[str], deltas: Sequence[De
             text = sessions(r, f" session{'s' if r.get('capacity') != 1 else ''} at {r['point']}")
             other = by.get((base, r["point"])) if base and arm != base else None
             if other is not None:
-                delta = next(
-                    (d for d in deltas if d["probe"] == PROBE and d["arm"] == arm and d["point"] == r["point"]), None
-                )
+                delta = delta_of(arm, r["point"], METRIC)
                 text += f" vs {base}'s {sessions(other)}: {_ratio_text(r, delta)}"
                 if delta and delta.get("provisional"):
                     notes.add(str(delta["provisional"]))
+            if r.get("residency") is not None:  # the KV-residency knee beside it, and what bound the SLO's knee
+                text += f"; its cache holds {resident(r, ' sessions')}"
+                if other is not None and other.get("residency") is not None:
+                    kv_delta = delta_of(arm, r["point"], RESIDENCY_METRIC)
+                    text += f" vs {base}'s {resident(other)}: {_ratio_text(r, kv_delta, 'residency_')}"
+            if r.get("knee_bound"):
+                text += f"; knee bound by {r['knee_bound']}"
             parts.append(text)
         tail = f" — provisional ({sorted(notes)[0]})" if notes else ""
         out.append(f"{arm} sustains " + "; ".join(parts) + f" under {slo}{tail}.")
@@ -791,6 +994,8 @@ def table(section: CapacitySection | None) -> tuple[list[str], list[list[str]]]:
         "Sessions [95% CI]",
         "Met – broke (trials)",
         "vs baseline: knees' ratio [95% CI]",
+        "KV-resident sessions [95% CI] (held – fell below half)",
+        "vs baseline: residency ratio [95% CI]",
         "KV tokens (budget)",
         "At capacity: TTFT p95 / ITL p95 / goodput / hit rate",
         "First level over: sessions, TTFT p95, hit rate, preemptions",
@@ -819,6 +1024,8 @@ def table(section: CapacitySection | None) -> tuple[list[str], list[list[str]]]:
                 (f"{ratio:.2f}×" + (_ci(rlo, rhi, ".2f") if rlo is not None else " (no interval)"))
                 if ratio is not None
                 else "–",
+                _resident_cell(r),
+                _ratio_cell(r.get("residency_ratio"), r.get("residency_ratio_ci")),
                 kv,
                 " / ".join(
                     [
@@ -840,6 +1047,23 @@ def table(section: CapacitySection | None) -> tuple[list[str], list[list[str]]]:
             ]
         )
     return header, rows
+
+
+def _resident_cell(r: CapacityRow) -> str:
+    """The residency knee, its CI and its bracket, as the table shows them."""
+    if r.get("residency") is None:
+        return "–"
+    lo, hi = r.get("residency_ci") or [None, None]
+    said = ("≥ " if r.get("residency_censored") else "") + count(r.get("residency"))
+    said += _ci(lo, hi) if lo is not None else " (no interval)" if r.get("residency_interval_note") else ""
+    return said + (f" ({r['residency_bracket']})" if r.get("residency_bracket") else "")
+
+
+def _ratio_cell(ratio: float | None, ci: Sequence[float | None] | None) -> str:
+    if ratio is None:
+        return "–"
+    lo, hi = ci or [None, None]
+    return f"{ratio:.2f}×" + (_ci(lo, hi, ".2f") if lo is not None else " (no interval)")
 
 
 def _ms(value: float | None) -> str:
@@ -907,10 +1131,11 @@ def setup_line(section: CapacitySection | None) -> str:
     trials = c.get("capacity_trials")
     confirm = ""
     if isinstance(trials, int) and trials > 1:  # a run made before --kv-capacity-trials had no re-trials
-        confirm = f", then the knee and the levels either side of it tried {trials} times each"
+        confirm = f", then each knee and the levels either side of it tried {trials} times each"
     return (
         f"SLO {c.get('slo')} over each level's measured turns; sessions stepped up from {c.get('capacity_start')} "
-        f"(doubling, at most {c.get('capacity_max_sessions')}) then bisected{confirm}; each trial measured for "
+        f"(doubling, at most {c.get('capacity_max_sessions')}) then bisected, to the SLO's knee and to the KV "
+        f"residency's (the prefix-cache hit rate at least half){confirm}; each trial measured for "
         f"{c.get('capacity_window_s')} s after its sessions are warm, think time {c.get('capacity_think_s')} s "
         f"(uniform ±50%), {c.get('capacity_max_tokens')} tokens a turn; {kv}."
     )
@@ -923,7 +1148,11 @@ NOTE = (
     "not measured. CI: turns resampled within each trial (and boots), each level judged again, the knee read as "
     "the search did: always a level that was tried; at one boot only when the knee and the levels either side of "
     "it were tried twice each. A ratio is the ratio of the two arms' knees in the same replicates "
-    "(docs/probes/capacity.md). Goodput: tokens/s of the turns that met the SLO."
+    "(docs/probes/capacity.md). KV-resident sessions: the largest number whose prefix-cache hit rate (over all "
+    "the level's trials) was at least half, at that number and every smaller one tried — found by the same search "
+    "and bootstrap. Knee bound by: KV where the SLO broke where the cache stopped holding the sessions (or its hit "
+    "rate fell by more than 5 points past the knee), compute where the cache held them. Goodput: tokens/s of the "
+    "turns that met the SLO."
 )
 
 
@@ -1023,6 +1252,7 @@ __all__ = [
     "MIN_TRIALS",
     "NOTE",
     "PROBE",
+    "RESIDENCY_METRIC",
     "Level",
     "Search",
     "Trial",
@@ -1033,6 +1263,7 @@ __all__ = [
     "count",
     "figures",
     "frame_rows",
+    "knee_bound",
     "lines",
     "searches",
     "section",

@@ -326,7 +326,7 @@ def evaluate(
                     if "search" in mine and mine["search"].notna().any():  # a search's own bootstrap
                         from pytest_kvcache.report.capacity import capacity_ci
 
-                        ci = capacity_ci(mine, seed)[:3]
+                        ci = capacity_ci(mine, seed, gate.metric)[:3]
                     results.append(
                         _absolute(
                             gate,

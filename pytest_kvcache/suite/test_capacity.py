@@ -72,6 +72,7 @@ def test_capacity(
     problems: list[str] = []
     retried: dict[int, int] = {}  # excluded trials in a row per level (reset by a trial judged there)
     pooled: dict[int, list[capacity.TurnTimes]] = {}  # every judged trial's measured turns per level
+    cache: dict[int, list[capacity.HitCounts]] = {}  # every judged trial's prefix-cache figures per level
     stopped = ""
     trial = 0
 
@@ -140,13 +141,23 @@ def test_capacity(
                 (watch.delta or {}).get("prefix_cache_hits"),
                 (watch.delta or {}).get("prefix_cache_queries"),
             )
-            rate = ""
-            if isinstance(hits, int) and isinstance(queries, int) and queries:
-                rate = f", hit rate {100 * hits / queries:.0f}%"
+            answered = [t.sample for t in measured if t.sample.ok]
+            counts = capacity.HitCounts(
+                hits=float(hits) if isinstance(hits, int | float) else None,
+                queries=float(queries) if isinstance(queries, int | float) else None,
+                cached=sum(int(x.cached_tokens or 0) for x in answered),
+                prompt=sum(int(x.prompt_tokens or 0) for x in answered if x.cached_tokens is not None),
+            )
+            found_rate, source = capacity.hit_rate([counts])
+            rate = "" if found_rate is None else f", hit rate {100 * found_rate:.0f}%"
+            rate += " (usage)" if source == "usage" else ""
+            level_rate, _ = capacity.hit_rate([*cache.get(sessions, []), counts])
             level = ""
             if not excluded and pooled.get(sessions):  # tried before: the level's verdict is over all its trials
                 over = capacity.judge(pooled[sessions] + times, slo, st.capacity_window_s)
                 level = f"; over its {search.counts.get(sessions, 0) + 1} trials {'meets' if over.meets else 'breaks'}"
+                if level_rate is not None:
+                    level += f", hit rate {100 * level_rate:.0f}%"
             summary = (
                 f"{sessions} sessions ({step}): {verdict}{' — ' + '; '.join(figures.broken) if figures.broken else ''}"
                 f" — {figures.turns} turns, TTFT p95 {_ms(figures.ttft_p95_s)}, ITL p95 {_ms(figures.itl_p95_s)}{rate}"
@@ -187,11 +198,18 @@ def test_capacity(
             retried.pop(sessions, None)
             # the level's verdict over every trial there: its SLO terms over all their measured turns
             pooled.setdefault(sessions, []).extend(times)
-            search.record(sessions, capacity.judge(pooled[sessions], slo, st.capacity_window_s).meets)
+            cache.setdefault(sessions, []).append(counts)
+            # and whether the cache holds the level's sessions: its hit rate over all its trials (None: unknown)
+            search.record(
+                sessions,
+                capacity.judge(pooled[sessions], slo, st.capacity_window_s).meets,
+                capacity.holds(capacity.hit_rate(cache[sessions])[0]),
+            )
     censored = " (no level broke the SLO: at least)" if search.censored else ""
-    reason = stopped or f"capacity {search.capacity}{censored} after {trial} trial(s)"
+    residency = "" if search.residency is None else f", KV residency {search.residency}"
+    reason = stopped or f"capacity {search.capacity}{censored}{residency} after {trial} trial(s)"
     kv_record.sampling(
-        {"reason": reason, "n": trial, "verdicts": search.verdicts, "trials": search.counts},
+        {"reason": reason, "n": trial, "verdicts": search.verdicts, "holds": search.holds, "trials": search.counts},
         probe="capacity",
         point=point,
     )

@@ -152,3 +152,11 @@ def test_the_embedded_model_converts_into_an_empty_cache_with_its_tokenizer_chec
     again = tm.ensure_folder(tmp_path)
     assert not again.converted and again.path == found.path
     print(f"converted in {found.seconds:.0f} s; reused in {time.monotonic() - started - found.seconds:.1f} s")
+
+
+def test_the_recorded_ids_of_the_embedded_gguf_are_llama_cpp_s(llama_tokenize: Path) -> None:
+    """The embedded model's conversion is checked against llama.cpp's ids recorded for its pinned GGUF (no llama.cpp
+    build needed on a user's machine): they are what llama-tokenize gives now."""
+    gguf = verified_gguf()
+    assert not tc.needs_llama_tokenize(gguf)
+    assert tc.recorded_ids(gguf, tc.sample_text()) == tc.llama_ids(llama_tokenize, gguf, tc.sample_text())

@@ -405,7 +405,8 @@ def test_capacity_follows_the_kv_budget_and_an_a_a_covers_one(capacity_run: Run)
     the report brackets each knee between tried levels and its intervals end on tried levels; the A/A's ratio,
     judged on its interval widened by capacity's own band, covers 1, and twice the KV budget sustains more
     sessions (the knees' ratio above 1) and that judged interval covers the ratio of the KV tokens the engines
-    report; the smaller arm's knee is 4–8. Coverage, not width: a busy host widens them."""
+    report; the smaller arm's knee is 4–8. Coverage, not width: a busy host widens them. The KV-residency knee
+    (the prefix-cache hit rate at least half) of twice the budget is clearly larger (at least 1.5×)."""
     run = capacity_run
     assert run.returncode == 0, run.output
     assert "3 passed" in run.output and not vllm_processes(run.tag)
@@ -433,7 +434,7 @@ def test_capacity_follows_the_kv_budget_and_an_a_a_covers_one(capacity_run: Run)
         else:  # the knee and its neighbours had 2 trials each; the interval's ends are levels that were tried
             assert all(judged.count(n) >= 2 for n in (k - 1, k, k + 1) if 1 <= n <= 16), judged
             assert lo in judged and hi in judged and lo <= k <= hi, row
-    deltas = {d["arm"]: d for d in report["deltas"] if d["probe"] == "capacity"}
+    deltas = {d["arm"]: d for d in report["deltas"] if d["probe"] == "capacity" and d["metric"] == "capacity"}
     aa, big = deltas["auto.2"], deltas["big"]
     # a ratio has no interval only where a knee moved past its re-centre (its row's interval_note), and says so
     assert (aa["decided_ci"] is None) == ("ci_note" in aa) and (big["decided_ci"] is None) == ("ci_note" in big)
@@ -452,6 +453,20 @@ def test_capacity_follows_the_kv_budget_and_an_a_a_covers_one(capacity_run: Run)
         lo, hi = big["decided_ci"]
         assert lo <= tokens["big"] / tokens["auto"] <= hi, big
     assert rows["auto"]["knee_cause"] == "kv"  # the prefix-cache hit rate fell past the knee
+    # the KV-residency knee (the hit rate at least half), from the same trials: twice the budget holds clearly
+    # more sessions (~6.4 and ~12.8 of 3K fit), the A/A's within a session of each other
+    held = {arm: row["residency"] for arm, row in rows.items()}
+    assert all(isinstance(v, float) for v in held.values()) and not rows["big"]["residency_censored"], held
+    assert held["big"] >= 1.5 * held["auto"] and abs(held["auto.2"] - held["auto"]) <= 1, held
+    assert 5 <= held["auto"] <= 9, held
+    for arm, row in rows.items():
+        judged = [t["sessions"] for t in trials if t["arm"] == arm and t["verdict"] != "excluded"]
+        assert row["residency_bracket"].startswith(f"held at {held[arm]:.0f}, hit rate below half at "), row
+        lo, hi = row["residency_ci"]
+        assert (lo is None) == ("residency_interval_note" in row) and (lo is None or (lo in judged and hi in judged))
+    resident = next(d for d in report["deltas"] if d["arm"] == "big" and d["metric"] == "kv_residency")
+    assert resident["ratio"] == pytest.approx(held["big"] / held["auto"])
+    assert resident["ci_low"] is None or resident["ci_low"] > 1.0, resident
     recs = [r for r in run.records() if r["probe"] == "capacity" and r["phase"] == "measured"]
     assert all(r["capacity"]["engine"]["prefix_cache_queries"] > 0 for r in recs)
     assert all(r["sample"]["completion_tokens"] == 8 for r in recs if r["ok"])

@@ -45,8 +45,9 @@ def capacity_args(tag: str, *extra: str) -> list[str]:
 
 def test_twice_the_kv_capacity_sustains_about_twice_the_sessions(pytester: pytest.Pytester, tag: str) -> None:
     """Two arms whose KV budgets differ 2:1: the search finds each knee within one session of what the KV holds,
-    tries it and the levels either side of it twice, the larger arm sustains about twice the sessions, and the
-    report, plot, gate and verdict say so. The gate's threshold is one the capacity's own band (a one-session step
+    tries it and the levels either side of it twice, the larger arm sustains about twice the sessions, its cache
+    holds about twice the sessions (the KV-residency knee, the hit rate at least half), and the report, plot, gate
+    and verdict say so. The gate's threshold is one the capacity's own band (a one-session step
     at a knee of 6: ×/÷ 1.53 at one boot a side) can decide at one boot."""
     pytester.makepyprojecttoml(BIG_ARM)
     gate = "--kv-fail=capacity[capacity@400]: big >= auto * 1.25"
@@ -77,14 +78,28 @@ def test_twice_the_kv_capacity_sustains_about_twice_the_sessions(pytester: pytes
         k = int(row["capacity"])  # then the knee and its neighbours, twice each: the bracket says so
         assert all(tried.count(n) >= 2 for n in (k - 1, k, k + 1)), tried
         assert row["bracket"] == f"met at {k}, broke at {k + 1}; 2 trials each" and "interval_note" not in row
+        # the residency knee (the hit rate at least half) from the same trials: within one session of what the KV
+        # holds, at or above the SLO's knee (the cache set it), its neighbours tried twice too
+        r = int(row["residency"])
+        held = [t for t in trials if t["arm"] == arm and t["sessions"] == r and t["verdict"] != "excluded"]
+        assert abs(r - row["kv_tokens"] / held[0]["context_tokens"]) <= 1.0, (arm, r)
+        assert k <= r <= k + 2 and all(tried.count(n) >= 2 for n in (r - 1, r, r + 1)), (r, tried)
+        assert row["residency_bracket"] == f"held at {r}, hit rate below half at {r + 1}; 2 trials each"
+        assert row["knee_bound"].startswith(f"KV (the cache holds {r} sessions"), row["knee_bound"]
+        # the re-trials are around the two knees (the search goes on past the SLO's knee to the residency's)
         confirm = [t for t in trials if t["arm"] == arm and t["step"] == "confirm"]
-        assert confirm and {t["sessions"] for t in confirm} <= {k - 1, k, k + 1}
+        assert confirm and {t["sessions"] for t in confirm} <= {k - 1, k, k + 1, r - 1, r, r + 1}
         lo, hi = row["capacity_ci"]
         assert row["boots"] > 1 or (lo in tried and hi in tried)  # one boot: the interval's ends were tried
     ratio = rows["big"]["capacity"] / rows["auto"]["capacity"]
     assert 1.5 <= ratio <= 2.5 and rows["big"]["ratio"] == pytest.approx(ratio)
     lo, hi = rows["big"]["ratio_ci"]
     assert lo <= ratio <= hi
+    # twice the KV holds about twice the sessions: the residency knees' ratio, its CI around it
+    resident = rows["big"]["residency"] / rows["auto"]["residency"]
+    assert 1.5 <= resident <= 2.5 and rows["big"]["residency_ratio"] == pytest.approx(resident)
+    lo, hi = rows["big"]["residency_ratio_ci"]
+    assert lo <= resident <= hi
     # every turn is a record: warmups and measured turns of every trial, with the trial's figures
     recs = [r for r in read_records(run / "requests.jsonl") if r["probe"] == "capacity"]
     assert {r["phase"] for r in recs} == {"warmup", "measured"} and all(r["capacity"]["slo"] for r in recs)
@@ -104,6 +119,7 @@ def test_twice_the_kv_capacity_sustains_about_twice_the_sessions(pytester: pytes
     assert sentence.startswith(f"big sustains {cap} [") and f" sessions at 400 ({rows['big']['bracket']})" in sentence
     assert f" vs auto's {rows['auto']['capacity']:.0f} [" in sentence and f"({rows['auto']['bracket']})" in sentence
     assert f": {ratio:.2f}× [" in sentence and "under ttft_p95<=150ms" in sentence
+    assert f"; its cache holds {rows['big']['residency']:.0f} [" in sentence and f": {resident:.2f}× [" in sentence
     assert (run / "capacity_400.png").is_file()
     md = (run / "report.md").read_text()
     assert "## Capacity under the SLO" in md and "| 400 | big |" in md and "Trials:" in md

@@ -78,8 +78,9 @@ def _settings(tmp_path: Path, **cli: Any) -> Any:
 
 def test_each_lane_sees_only_its_group(tmp_path: Path) -> None:
     """The engine's CUDA_VISIBLE_DEVICES (process), the container's device ids (docker) and the GPU state
-    follow the lane's group; on a fake NVML of four cards, each lane's snapshots name only its cards."""
-    st = _settings(tmp_path, gpu_groups="0,1;2,3", replicates="2", lanes=2)
+    follow the lane's group; on a fake NVML of four cards, each lane's snapshots name only its cards. (The tiny
+    model: the trained one's folder would be converted here, its tokenizer checked by a llama.cpp build.)"""
+    st = _settings(tmp_path, gpu_groups="0,1;2,3", replicates="2", lanes=2, model="embedded:tiny-qwen3")
     boots = st.boots()
     assert {b.boot_id: b.lane for b in boots} == {"auto.r1": 0, "float16.r1": 0, "float16.r2": 1, "auto.r2": 1}
     assert [visible_devices(st, st.arms[0], lane) for lane in (0, 1)] == ["0,1", "2,3"]

@@ -276,3 +276,17 @@ def test_llama_tokenize_is_a_build_of_its_own(monkeypatch: pytest.MonkeyPatch, t
     version = build.SDIST_VERSION
     assert said == [f"building llama-tokenize (llama.cpp from llama-cpp-python {version}) into {found.parents[1]}"]
     assert build.main(["llama-bogus"]) == 2
+
+
+def test_a_pinned_gguf_is_checked_against_its_recorded_ids_and_any_other_needs_llama_tokenize(tmp_path: Path) -> None:
+    """The embedded model's GGUF has llama.cpp's ids recorded (its conversion needs no llama.cpp build); a GGUF of
+    other bytes, or another sample, has none."""
+    from pytest_kvcache.engines.trained_model import verified_gguf
+
+    gguf = verified_gguf()
+    ids = tc.recorded_ids(gguf, tc.sample_text())
+    assert ids is not None and len(ids) == 1054 and not tc.needs_llama_tokenize(gguf)
+    assert tc.recorded_ids(gguf, tc.sample_text() + " ") is None
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF" + b"\0" * 64)
+    assert tc.recorded_ids(other, tc.sample_text()) is None and tc.needs_llama_tokenize(other)
