@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def live_processes(matches: Callable[[list[str]], bool]) -> list[int]:
@@ -20,3 +22,14 @@ def live_processes(matches: Callable[[list[str]], bool]) -> list[int]:
         if state != "Z" and matches(argv):
             found.append(int(entry.name))
     return found
+
+
+def end_process(proc: Any, grace_s: float = 10.0) -> None:
+    """A server a test started by hand: SIGTERM, then SIGKILL past ``grace_s`` (how fast it exits is not what the
+    test checks; a loaded CI host once kept a stand-in alive 10 s past its SIGTERM), reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace_s)

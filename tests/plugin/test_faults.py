@@ -20,6 +20,7 @@ import pytest
 from pytest_kvcache.engines.process import free_port
 from pytest_kvcache.run.folder import read_records
 from tests.plugin.conftest import STANDIN, kill_leftovers, latest, processes_with, spawn_pytest
+from tests.procs import end_process
 
 
 @dataclass(frozen=True)
@@ -725,8 +726,7 @@ def external(tag: str) -> Iterator[str]:
                 time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        end_process(proc)
 
 
 def _external_args(standin_args: list[str]) -> list[str]:
@@ -797,8 +797,7 @@ def external_2048(tag: str) -> Iterator[str]:
         assert _wait_for(lambda: _answers(f"http://127.0.0.1:{port}/v1/models"), 20), "the stand-in never answered"
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        end_process(proc)
 
 
 def _answers(url: str) -> bool:
