@@ -1,6 +1,6 @@
 """Where the package's data files are: the embedded models' folders (bottom layer: imports only
-``engines.trained_model``, which is itself plain Python over the machine's cache and imports nothing of the
-package)."""
+``engines.trained_model``, which is itself plain Python over the machine's cache and imports only the bottom
+layer)."""
 
 from __future__ import annotations
 

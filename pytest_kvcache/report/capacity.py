@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
@@ -340,25 +340,25 @@ class Search:
             "trials": {str(n): counts.get(n, 0) for n in sorted({met, *([broke] if broke else [])}) if n},
         }
 
-    def draws(self, seed: int, count: int = stats.BOOTSTRAP_SAMPLES) -> np.ndarray:
-        """The knee of ``count`` bootstrap replicates, each a level that was tried (or 0; see the module
-        docstring); seeded by the run seed, the boot and the point, so the same folder gives the same CI."""
-        rng = np.random.default_rng([seed, zlib.crc32(f"{self.boot}@{self.point}".encode())])
+    def _knee_draws(self, seed: int, count: int, salt: str, verdicts: Callable[..., np.ndarray]) -> np.ndarray:
+        """The knee of ``count`` bootstrap replicates from each level's resampled verdicts (``verdicts``:
+        ``Level.meets_many`` or ``Level.holds_many``), each a level that was tried (or 0; see the module docstring);
+        seeded by the run seed, the boot, the point and ``salt``, so the same folder gives the same CI."""
+        rng = np.random.default_rng([seed, zlib.crc32(f"{self.boot}@{self.point}{salt}".encode())])
         levels = self.levels
         if not levels:
             return np.zeros(count)
-        meets = np.stack([level.meets_many(rng, count) for level in levels], axis=1)
-        return probe.knee_draws([level.sessions for level in levels], meets)
+        verdict = np.stack([verdicts(level, rng, count) for level in levels], axis=1)
+        return probe.knee_draws([level.sessions for level in levels], verdict)
+
+    def draws(self, seed: int, count: int = stats.BOOTSTRAP_SAMPLES) -> np.ndarray:
+        """The SLO knee of ``count`` bootstrap replicates."""
+        return self._knee_draws(seed, count, "", Level.meets_many)
 
     def residency_draws(self, seed: int, count: int = stats.BOOTSTRAP_SAMPLES) -> np.ndarray:
         """The residency knee of ``count`` bootstrap replicates: each level's hit rate over its resampled turns
-        (``Level.holds_many``), the knee read as :func:`probe.knee` reads it — a level that was tried (or 0)."""
-        rng = np.random.default_rng([seed, zlib.crc32(f"{self.boot}@{self.point}:kv".encode())])
-        levels = self.levels
-        if not levels:
-            return np.zeros(count)
-        held = np.stack([level.holds_many(rng, count) for level in levels], axis=1)
-        return probe.knee_draws([level.sessions for level in levels], held)
+        (``Level.holds_many``), the knee read as :func:`probe.knee` reads it."""
+        return self._knee_draws(seed, count, ":kv", Level.holds_many)
 
     def draws_of(self, metric: str, seed: int) -> np.ndarray:
         return self.residency_draws(seed) if metric == RESIDENCY_METRIC else self.draws(seed)
