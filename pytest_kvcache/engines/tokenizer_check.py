@@ -29,6 +29,7 @@ refused. No pytest, torch or transformers at import time.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import shutil
@@ -90,8 +91,15 @@ def recorded_ids(gguf: Path, text: str) -> list[int] | None:
     candidates = {d: e for d, e in recorded().items() if e.get("size") == size and e.get("sample_sha256") == sample}
     if not candidates:
         return None
-    entry = candidates.get(file_sha256(gguf))
+    stat = gguf.stat()
+    entry = candidates.get(_digest(str(gguf), stat.st_size, stat.st_mtime_ns))
     return [int(i) for i in entry["ids"]] if entry is not None else None
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    """A GGUF's sha256, once per file version: a conversion asks for it up to three times (plan, check, note)."""
+    return file_sha256(Path(path))
 
 
 def needs_llama_tokenize(gguf: Path) -> bool:
