@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from pytest_kvcache.client import Sample
     from pytest_kvcache.engines.base import Engine
     from pytest_kvcache.engines.registry import EngineRegistry
-    from pytest_kvcache.model import FidelityRecord, Record
+    from pytest_kvcache.model import FidelityRecord, Record, RetrievalRecord
     from pytest_kvcache.run.measure import ArmClient, Server
     from pytest_kvcache.session import KvSession
 
@@ -260,6 +260,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("kv_agentic_session", numbers, ids=[f"s{n}" for n in numbers])
     if "kv_fidelity_text" in metafunc.fixturenames:
         metafunc.parametrize("kv_fidelity_text", settings.fidelity_texts, ids=list(settings.fidelity_texts))
+    if "kv_retrieval_depth" in metafunc.fixturenames:
+        depths = settings.retrieval_depths
+        metafunc.parametrize("kv_retrieval_depth", depths, ids=[depth_label(d) for d in depths])
 
 
 @pytest.hookimpl(trylast=True)
@@ -362,6 +365,7 @@ class Recorder:
     """``kv_record(sample, probe=..., phase=..., index=..., **context)`` appends one record to
     ``requests.jsonl``; ``kv_record.sampling(info, **context)`` says why an adaptive loop stopped;
     ``kv_record.fidelity(entry)`` logs one scored text of the fidelity probe (``fidelity.jsonl``);
+    ``kv_record.retrieval(entry)`` one asked needle of the retrieval probe (``retrieval.jsonl``);
     ``kv_record.left_out(probe=..., point=..., reason=...)`` says a request was not sent: it cannot fit."""
 
     def __init__(self, session: KvSession, server: Server, test: str) -> None:
@@ -378,6 +382,10 @@ class Recorder:
     def fidelity(self, entry: FidelityRecord) -> FidelityRecord:
         """Append one scored text to ``fidelity.jsonl`` (the fidelity probe)."""
         return self.session.run.record_fidelity(self.server.boot, {**entry, "test": self.test})
+
+    def retrieval(self, entry: RetrievalRecord) -> RetrievalRecord:
+        """Append one asked needle to ``retrieval.jsonl`` (the retrieval probe)."""
+        return self.session.run.record_retrieval(self.server.boot, {**entry, "test": self.test})
 
     def left_out(self, *, probe: str, point: str, reason: str, **detail: object) -> None:
         """A planned request not sent because it cannot fit the engine's context: ``left_out.jsonl``, a

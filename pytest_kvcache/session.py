@@ -27,6 +27,7 @@ from pytest_kvcache.engines.registry import EngineRegistry
 from pytest_kvcache.model import Json, PlanEntry, Report
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.prefill import depth_label
+from pytest_kvcache.probes.retrieval import plan_line as retrieval_line
 from pytest_kvcache.run.progress import Mode, Progress
 from pytest_kvcache.run.run import Run
 
@@ -189,6 +190,7 @@ class KvSession:
     _machine_info: Json = None
     _depth_planned: bool = False
     _fidelity_planned: bool = False
+    _retrieval_planned: bool = False
     _capacity_planned: bool = False
     _short_planned: bool = False
     #: A pytest-xdist worker refused the run on its host (exit 4): no report of an empty run.
@@ -305,6 +307,7 @@ class KvSession:
         self.run.set_plan(counts)
         self._depth_planned = any(boot_of(i) is not None and i.get_closest_marker("depth") for i in items)
         self._fidelity_planned = any(boot_of(i) is not None and i.get_closest_marker("fidelity") for i in items)
+        self._retrieval_planned = any(boot_of(i) is not None and i.get_closest_marker("retrieval") for i in items)
         self._capacity_planned = any(boot_of(i) is not None and i.get_closest_marker("capacity") for i in items)
         self._short_planned = any(boot_of(i) is not None and i.get_closest_marker("short") for i in items)
         if self.progress is not None:
@@ -396,6 +399,20 @@ class KvSession:
                 f"  fidelity sized for the CPU: depths {','.join(depth_label(d) for d in st.fidelity_depths)}, "
                 f"window {st.fidelity_window} (elsewhere: --kv-fidelity-depths="
                 f"{','.join(depth_label(d) for d in FIDELITY_DEPTHS)} --kv-fidelity-window=512)"
+            )
+        if self._retrieval_planned:
+            lines.append(
+                "  "
+                + retrieval_line(
+                    depths=st.retrieval_depths,
+                    positions=st.retrieval_positions,
+                    needles=st.retrieval_needles,
+                    form=st.retrieval_form,
+                    keys=st.retrieval_keys,
+                    haystack=st.retrieval_haystack,
+                    ceiling=st.retrieval_ceiling,
+                    cpu=cpu,
+                )
             )
         lines += [f"  {note}" for note in st.context_notes]
         if st.max_replicates:
@@ -582,7 +599,7 @@ class KvSession:
         """The scheduler saw the workers' collection: the boot plan, as a plain run's collection sets it."""
         self.run.set_plan(tests_per_boot)
         self.run.write_meta(status="running")
-        self._depth_planned = self._fidelity_planned = False
+        self._depth_planned = self._fidelity_planned = self._retrieval_planned = False
         if self.progress is not None:
             self.progress.planned(tests_per_boot)
         writer = TerminalWriter(self.config)

@@ -69,6 +69,17 @@ FIDELITY_DEPTHS = (1_000, 8_000, 32_000)
 #: The fidelity probe's committed texts (``probes.fidelity.TEXTS``): all four by default, on a GPU and on the CPU
 #: default alike — its CIs replicate over texts, and fewer than 3 give none.
 FIDELITY_TEXTS = ("prose", "code", "data", "markup")
+#: The retrieval probe's defaults (docs/probes/retrieval.md): depths (a GPU's; the model's own limit is added where
+#: the context is known), needle positions as shares of the context, needles per cell, the baseline ceiling. 90
+#: needles a cell decide a 10-point loss at the default: 9 discordant needles against none give an exact p of
+#: 2^-8 = 0.0039, under Holm's first step over 9 cells (0.05 / 9 = 0.0056). On the embedded CPU default: 1k and
+#: 4k, 4 needles a cell (minutes an arm; the plan says the intervals are wide).
+RETRIEVAL_DEPTHS = (8_000, 32_000)
+CPU_RETRIEVAL_DEPTHS = (1_000, 4_000)
+RETRIEVAL_POSITIONS = (0.1, 0.5, 0.9)
+RETRIEVAL_NEEDLES = 90
+CPU_RETRIEVAL_NEEDLES = 4
+RETRIEVAL_CEILING = 0.8
 #: The capacity probe's defaults (docs/probes/capacity.md): depths, mean think time, measured window per
 #: trial, tokens per turn, most sessions tried — on a GPU, and on the embedded CPU default (2 cores).
 CAPACITY_DEPTHS = (16_000, 32_000)

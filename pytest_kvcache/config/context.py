@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvcache.config.budget import flag_value
+from pytest_kvcache.config.constants import RETRIEVAL_DEPTHS
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.settings import Settings
 
 #: Output tokens of a fresh-prefill request (``probes.prefill.MAX_TOKENS``).
 PREFILL_OUTPUT_TOKENS = 16
+#: A retrieval request's answer: a few greedy tokens (``probes.retrieval.answer_tokens``).
+RETRIEVAL_OUTPUT_TOKENS = 24
 #: A fidelity request scores its prompt and generates one token.
 FIDELITY_OUTPUT_TOKENS = 1
 #: Config keys that hold a model's context, in the order they are tried (text_config first for VLMs).
@@ -117,6 +120,7 @@ def planned_points(settings: Settings) -> dict[str, tuple[str, ...]]:
         "prefill": tuple(map(_label, settings.depths)),
         "fidelity": tuple(map(_label, settings.fidelity_depths)),
         "capacity": tuple(map(_label, settings.capacity_depths)),
+        "retrieval": tuple(map(_label, settings.retrieval_depths)),
         "concurrency": tuple(f"c{n}" for n in settings.concurrency),
     }
 
@@ -151,6 +155,7 @@ def problems(settings: Settings, context: int, source: str) -> tuple[list[str], 
             settings.capacity_max_tokens,
             "--kv-capacity-max-tokens",
         ),
+        ("retrieval_depths", "--kv-retrieval-depths", "retrieval", RETRIEVAL_OUTPUT_TOKENS, None),
     ):
         given: tuple[int, ...] = getattr(settings, field)
         over = [d for d in given if d + output > context]
@@ -165,6 +170,14 @@ def problems(settings: Settings, context: int, source: str) -> tuple[list[str], 
         else:
             changes[field] = tuple(d for d in given if d not in over)
             notes.extend(f"{probe}@{_label(d)}: left out, {d:,} + {output} tokens exceed {where}" for d in over)
+
+    # the retrieval probe's GPU default reaches the model's own limit too (its last depth: the context less an
+    # answer's tokens), so "does it still find it at the end of its context" is asked where the context is known
+    if "retrieval_depths" not in explicit and settings.retrieval_depths == RETRIEVAL_DEPTHS:
+        kept = changes.get("retrieval_depths", settings.retrieval_depths)
+        limit = context - RETRIEVAL_OUTPUT_TOKENS
+        if limit >= 64 and limit not in kept:
+            changes["retrieval_depths"] = (*kept, limit)
 
     target = agentic_target(settings.agentic_depth, context, settings.agentic_max_tokens)
     if target is not None and (target + settings.agentic_max_tokens > context or target < 1):

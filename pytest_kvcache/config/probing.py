@@ -14,9 +14,15 @@ from pytest_kvcache.config.constants import (
     CAPACITY_MAX_TOKENS,
     CAPACITY_THINK_S,
     CAPACITY_WINDOW_S,
+    CPU_RETRIEVAL_DEPTHS,
+    CPU_RETRIEVAL_NEEDLES,
     FIDELITY_DEPTHS,
     FIDELITY_TEXTS,
     GPU_SLO,
+    RETRIEVAL_CEILING,
+    RETRIEVAL_DEPTHS,
+    RETRIEVAL_NEEDLES,
+    RETRIEVAL_POSITIONS,
     SEED_DEPTHS,
     AgenticMode,
     Order,
@@ -273,6 +279,62 @@ class ProbeOptions:
         parse=v.count(BLOCK_MIN, v.MAX_TOKENS),
         default=512,
         cpu_default=lambda m: m.fidelity_window,
+    )
+    retrieval_depths: tuple[int, ...] = option(
+        help=(
+            "the retrieval probe's depths in exact prompt tokens, 'k' = 1000 (default 8k,32k and the model's own "
+            "limit; 1k,4k on the embedded CPU default)."
+        ),
+        metavar="D1,D2",
+        parse=v.depths,
+        default=RETRIEVAL_DEPTHS,
+        cpu_default=lambda m: CPU_RETRIEVAL_DEPTHS,
+    )
+    retrieval_positions: tuple[float, ...] = option(
+        help="where the asked needle sits, as percentages of the context (default 10,50,90).",
+        metavar="P1,P2",
+        parse=v.positions,
+        default=RETRIEVAL_POSITIONS,
+    )
+    retrieval_needles: int = option(
+        help=(
+            "needles per cell (depth × position): 90 decide a 10-point loss (default 90; 4 on the embedded CPU "
+            "default)."
+        ),
+        metavar="N",
+        parse=v.count(1, 10_000),
+        default=RETRIEVAL_NEEDLES,
+        cpu_default=lambda m: CPU_RETRIEVAL_NEEDLES,
+    )
+    retrieval_form: str = option(
+        help=(
+            "recall (a completion ending with the needle's lead-in: base and small models) or question (a chat "
+            "question: instruct models); default recall."
+        ),
+        metavar="FORM",
+        parse=v.choice("recall", "question"),
+        default="recall",
+    )
+    retrieval_keys: int = option(
+        help="needles in each haystack, one asked: 1 (default) or K > 1 for the multi-key variant.",
+        metavar="K",
+        parse=v.count(1, 16),
+        default=1,
+    )
+    retrieval_haystack: str = option(
+        help="texts (the committed prose and code, default) or filler (one repeated sentence).",
+        metavar="KIND",
+        parse=v.choice("texts", "filler"),
+        default="texts",
+    )
+    retrieval_ceiling: float = option(
+        help=(
+            "a cell where the baseline finds fewer of its needles than this percentage cannot judge a KV dtype: no "
+            "verdict, and a gate there is an error (default 80)."
+        ),
+        metavar="PCT",
+        parse=v.share,
+        default=RETRIEVAL_CEILING,
     )
     slo: str = option(
         help=(

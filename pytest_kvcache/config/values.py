@@ -185,6 +185,25 @@ def texts(raw: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
+def positions(raw: Any) -> tuple[float, ...]:
+    """Needle positions as percentages of the context: ``10,50,90`` (or ``10%,50%``) → (0.1, 0.5, 0.9)."""
+    parts = [p.strip().removesuffix("%") for p in (raw if isinstance(raw, list | tuple) else str(raw).split(","))]
+    try:
+        found = tuple(float(p) / 100 for p in parts if p)
+    except ValueError:
+        raise SettingsError(f"expected positions as percentages of the context like 10,50,90; got {raw!r}") from None
+    if not found or any(not 0 <= p <= 1 for p in found):
+        raise SettingsError(f"positions are percentages from 0 to 100, like 10,50,90; got {raw!r}")
+    if len(set(found)) != len(found):
+        raise SettingsError(f"positions must be distinct; got {raw!r}")
+    return found
+
+
+def share(raw: Any) -> float:
+    """A percentage (``80`` or ``80%``) as a share (0.8)."""
+    return pct(raw) / 100
+
+
 def agentic_depth(raw: Any) -> str:
     """``fit``, ``stock``, a token count (``6k``, ``6000``) or a share of the context (``75%``)."""
     text = str(raw).strip().lower()

@@ -24,13 +24,16 @@ from typing import Literal
 
 Direction = Literal["higher", "lower"]
 #: How a value is shown: ``seconds`` (``1.234 s`` / ``120 ms``), ``count`` (``12,345``), ``joules``
-#: (``2.07 J`` / ``54.2 mJ``: three significant digits), ``decimal`` (``1,234.56``).
-Format = Literal["seconds", "count", "joules", "decimal"]
+#: (``2.07 J`` / ``54.2 mJ``: three significant digits), ``decimal`` (``1,234.56``), ``percent`` (a share:
+#: ``0.85`` → ``85%``).
+Format = Literal["seconds", "count", "joules", "decimal", "percent"]
 #: Which metrics travel together: ``client`` (every request record, ``Sample.measures``), ``engine``
 #: (``/metrics`` deltas around a request), ``spec`` (speculative decoding), ``energy``, ``fidelity``,
 #: ``count`` (token counts), ``trial`` (a concurrency trial's), ``capacity``, ``boot`` (a boot's evidence),
-#: ``user`` (declared by a user, or read from a name).
-Group = Literal["client", "engine", "spec", "energy", "fidelity", "count", "trial", "capacity", "boot", "user"]
+#: ``retrieval`` (the retrieval probe's accuracy), ``user`` (declared by a user, or read from a name).
+Group = Literal[
+    "client", "engine", "spec", "energy", "fidelity", "count", "trial", "capacity", "boot", "retrieval", "user"
+]
 
 #: The band families, in ``noise_bands.json``'s order. A metric of none of them (token counts) gets the widest
 #: timing band when a band is needed (``report.bands``). ``capacity``: a search's knee, one whole number of
@@ -55,6 +58,8 @@ class Metric:
     format: Format = "decimal"
     short: str = ""
     group: Group = "user"
+    #: compared between arms as a difference, not a ratio (an accuracy: ``fp8 >= auto - 0.05`` in points)
+    additive: bool = False
     #: declared (False: read from the name's suffix)
     declared: bool = field(default=True, compare=False)
 
@@ -114,6 +119,8 @@ def show(value: float | None, how: Format) -> str:
         return f"{value:.3f} s" if abs(value) >= 1 else f"{value * 1000:.0f} ms"
     if how == "count":
         return f"{value:,.0f}"
+    if how == "percent":
+        return f"{value * 100:.0f}%"
     return f"{value:,.2f}"
 
 
@@ -178,6 +185,18 @@ STOCK: tuple[Metric, ...] = (
     Metric("capacity", "capacity", "sessions", "higher", group="capacity"),
     # the KV-residency knee: the sessions whose prefixes the cache holds (prefix-cache hit rate at least half)
     Metric("kv_residency", "capacity", "sessions", "higher", label="KV-resident sessions", group="capacity"),
+    # ---- the retrieval probe: the share of needles found (``report.retrieval``: Wilson intervals per cell, paired
+    # differences in points between arms)
+    Metric(
+        "retrieval_acc",
+        None,
+        "share of needles",
+        "higher",
+        label="retrieval accuracy",
+        format="percent",
+        group="retrieval",
+        additive=True,
+    ),
     # ---- a boot's evidence, shown beside the metrics
     Metric("kv_cache_size_tokens", None, "tokens", "higher", compared=False, format="count", group="boot"),
 )
@@ -246,6 +265,15 @@ def text(value: float | None, name: str) -> str:
 def label(name: str) -> str:
     """Metric ``name``'s axis label with its unit."""
     return get(name).label
+
+
+def additive(name: str) -> bool:
+    """Compared between arms as a difference (an accuracy), not a ratio."""
+    return get(name).additive
+
+
+def additive_names() -> tuple[str, ...]:
+    return tuple(m.name for m in _DECLARED.values() if m.additive)
 
 
 def undeclared(found: Iterable[str]) -> list[str]:

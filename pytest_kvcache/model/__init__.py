@@ -36,6 +36,7 @@ from pytest_kvcache.model.records import AgreementRecord as AgreementRecord
 from pytest_kvcache.model.records import FidelityRecord as FidelityRecord
 from pytest_kvcache.model.records import FidelityWindowData as FidelityWindowData
 from pytest_kvcache.model.records import Record as Record
+from pytest_kvcache.model.records import RetrievalRecord as RetrievalRecord
 from pytest_kvcache.model.records import SampleData as SampleData
 from pytest_kvcache.model.records import SamplingRecord as SamplingRecord
 from pytest_kvcache.model.report import AgenticSection as AgenticSection

@@ -141,6 +141,39 @@ class FidelityRecord(TypedDict, total=False):
     greedy_error: str
 
 
+class RetrievalRecord(TypedDict, total=False):
+    """One line of ``retrieval.jsonl``: one needle asked on one boot (``probes.retrieval``). The same needles
+    (from the run seed) go to every arm, so ``cell`` + ``needle`` pair a request across arms."""
+
+    run_id: str
+    arm: str
+    boot: str
+    replicate: int
+    test: str
+    #: the cell: exact prompt tokens, the needle's position as a share of the context (0.1 = 10%), the form
+    #: (``recall``: a completion ending with the needle's lead-in; ``question``: a chat question) and how many
+    #: needles the haystack holds (1: single; K > 1: multi-key, one asked)
+    depth: int
+    position: float
+    form: str
+    keys: int
+    haystack: str
+    #: the needle's index within its cell (0 … needles − 1), its kind (``number`` or ``words``), its key
+    needle: int
+    kind: str
+    key: str
+    expected: str
+    returned: str
+    correct: bool
+    #: the prompt's tokens as sent (exact by construction for ``recall``; the server's count for ``question``)
+    prompt_tokens: int
+    #: the token index the asked needle starts at
+    needle_at: int
+    wall_s: float
+    ok: bool
+    error: str
+
+
 class SamplingRecord(TypedDict, total=False):
     """One line of ``sampling.jsonl``: why an adaptive loop (requests, or rounds of boots) stopped."""
 

@@ -248,6 +248,18 @@ STOCK: tuple[ProbeSpec, ...] = (
         label="at",
         search=True,
     ),
+    ProbeSpec(
+        name="retrieval",
+        title="Retrieval at depth (needles found per depth and position, paired against the baseline arm)",
+        metrics=catalogue.names("retrieval"),
+        primary_metric="retrieval_acc",
+        marker_help="retrieval probe: needles (numbers, word pairs) at --kv-retrieval-depths and "
+        "--kv-retrieval-positions, recalled greedily; accuracy per cell with Wilson CIs, paired against the baseline.",
+        order=6,
+        point="depth",
+        label="at",
+        own_section=True,
+    ),
 )
 
 #: Markers that group probes rather than name one.

@@ -41,7 +41,9 @@ NAME = r"[A-Za-z0-9][\w.\-]*"
 NUM = r"\d+(?:\.\d+)?"
 GATE = re.compile(r"^\s*(?P<metric>[^\[\s]+)\s*\[(?P<sel>[^\]]*)\]\s*:\s*(?P<cond>.*?)\s*$")
 OP = r"(?P<op>>=|<=|>|<)"
-BETWEEN = re.compile(rf"^(?P<arm>{NAME})\s*{OP}\s*(?P<arm2>{NAME})\s*(?:\*\s*(?P<factor>{NUM}))?$")
+BETWEEN = re.compile(
+    rf"^(?P<arm>{NAME})\s*{OP}\s*(?P<arm2>{NAME})\s*(?:\*\s*(?P<factor>{NUM})|(?P<sign>[+-])\s*(?P<offset>{NUM}))?$"
+)
 SAVED = re.compile(rf"^{OP}\s*saved\s*(?:\*\s*(?P<factor>{NUM})|(?P<pct>[+-]{NUM})\s*%)?$")
 BASELINE = re.compile(rf"^{OP}\s*(?P<pct>[+-]{NUM})\s*%$")
 ABSOLUTE = re.compile(rf"^(?:(?P<arm>{NAME})\s*)?{OP}\s*(?P<num>-?{NUM})$")
@@ -62,6 +64,10 @@ class Gate:
     threshold: float
     arm: str | None = None
     other: str | None = None
+    #: a between-arm gate on a difference, not a ratio (``retrieval_acc[retrieval@32k]: fp8 >= auto - 0.05``):
+    #: ARM − ARM2 is held to ``offset`` (the threshold is then this offset); only for the metrics the catalogue
+    #: compares as differences (accuracies)
+    offset: float | None = None
 
 
 OPS: dict[str, Op] = {">=": ">=", "<=": "<=", ">": ">", "<": "<"}
@@ -103,6 +109,22 @@ def _parse(text: str, arms: Sequence[str] | None) -> Gate:
     if b and b.group("arm2") != "saved" and not re.fullmatch(NUM, b.group("arm2")):
         check_arm(b.group("arm"))
         check_arm(b.group("arm2"))
+        if b.group("offset") is not None:
+            offset = float(b.group("offset")) * (-1 if b.group("sign") == "-" else 1)
+            if not catalogue.additive(metric):
+                raise GateError(
+                    f"gate {text!r}: '{b.group('arm2')} {b.group('sign')} {b.group('offset')}' holds a difference, "
+                    f"which only an accuracy takes ({', '.join(catalogue.additive_names())}); gate {metric} as a "
+                    f"ratio ('{b.group('arm')} >= {b.group('arm2')} * 0.95')"
+                )
+            return make(
+                kind="between",
+                op=_op(b.group("op")),
+                threshold=offset,
+                arm=b.group("arm"),
+                other=b.group("arm2"),
+                offset=offset,
+            )
         return make(
             kind="between",
             op=_op(b.group("op")),
@@ -119,7 +141,7 @@ def _parse(text: str, arms: Sequence[str] | None) -> Gate:
         check_arm(a.group("arm"))
         return make(kind="absolute", op=_op(a.group("op")), threshold=float(a.group("num")), arm=a.group("arm"))
     raise GateError(
-        f"gate {text!r}: cannot read the condition {cond!r}; expected 'ARM >= ARM2 [* F]', '<= +10%', "
+        f"gate {text!r}: cannot read the condition {cond!r}; expected 'ARM >= ARM2 [* F | - D]', '<= +10%', "
         f"'>= 30', '[ARM] >= 30' or '<= saved [+P% | * F]'"
     )
 
@@ -247,6 +269,7 @@ def evaluate(
     platform: Platform = "cpu",
     unjudgeable: str | None = None,
     unlike: str | None = None,
+    ceiling: float = 0.8,
 ) -> list[GateResult]:
     """Evaluate gates on the report's frame (``report.frame.frame``); ``saved`` is a stored run's frame.
 
@@ -297,6 +320,14 @@ def evaluate(
                 from pytest_kvcache.report.fidelity import gate_results
 
                 results += gate_results(gate, label, at, arms)
+                continue
+            if gate.probe == "retrieval":
+                # greedy needles, deterministic across boots: judged over needles (report.retrieval), against the
+                # baseline's ceiling
+                from pytest_kvcache.report import retrieval
+
+                needles = retrieval.records_of(at)
+                results += retrieval.gate_results(gate, label, point, needles, arms, {"retrieval_ceiling": ceiling})
                 continue
             pairs: list[tuple[str, pd.DataFrame, pd.DataFrame]] = []  # (who, base frame, other frame)
             if gate.kind == "between":

@@ -186,6 +186,7 @@ def judge(
         platform=platform_of(run.evidence),
         unjudgeable=judging.reason(report.get("baseline_check")),
         unlike=unlike_source(platform_of(run.evidence), run.meta),
+        ceiling=float(run.settings.get("retrieval_ceiling") or 0.8),
     )
     bad = {"fail", "error"} | ({"inconclusive"} if inconclusive == "fail" else set())
     done.failed_gates = [g for g in done.gate_results if g["outcome"] in bad]

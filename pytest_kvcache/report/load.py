@@ -19,6 +19,7 @@ from pytest_kvcache.model import (
     FidelityRecord,
     ProbeSpecData,
     Record,
+    RetrievalRecord,
     RunMeta,
     SamplingRecord,
     SettingsData,
@@ -48,6 +49,7 @@ class RunData:
     agreement: list[AgreementRecord] = field(default_factory=list)
     sampling: list[SamplingRecord] = field(default_factory=list)
     fidelity: list[FidelityRecord] = field(default_factory=list)
+    retrieval: list[RetrievalRecord] = field(default_factory=list)
     torn_lines: int = 0
     problems: tuple[str, ...] = ()
 
@@ -85,9 +87,13 @@ class RunData:
         from pytest_kvcache.report.energy import with_energy
         from pytest_kvcache.report.fidelity import frame_rows
         from pytest_kvcache.report.frame import frame
+        from pytest_kvcache.report.retrieval import frame_rows as retrieval_rows
 
         found = with_energy(frame(self.records, self.specs), self.energy)
         extra = frame_rows(self.fidelity_blocks)
+        if self.retrieval:
+            needles = retrieval_rows(self.retrieval)
+            extra = needles if extra.empty else pd.concat([extra, needles], ignore_index=True)
         data = found if extra.empty else extra if found.empty else pd.concat([found, extra], ignore_index=True)
         if "boot" in data:
             # The unit CIs resample: a boot; against external endpoints one server per arm, however many
@@ -208,7 +214,7 @@ def check_folder(path: Path, what: str = "run folder") -> None:
 
 def load(path: Path, what: str = "run folder") -> RunData:
     """Read and validate one run folder: ``run.json``, ``requests.jsonl``, each planned boot's
-    ``evidence.json``, ``agreement.jsonl``, ``sampling.jsonl`` and ``fidelity.jsonl``."""
+    ``evidence.json``, ``agreement.jsonl``, ``sampling.jsonl``, ``fidelity.jsonl`` and ``retrieval.jsonl``."""
     check_folder(path, what)
     meta = _run_json(path)
     plan = meta.get("plan") or []
@@ -234,10 +240,12 @@ def load(path: Path, what: str = "run folder") -> RunData:
     agreement, bad_agreement = jsonl(path / "agreement.jsonl")
     sampling, _ = jsonl(path / "sampling.jsonl")
     fidelity, bad_fidelity = jsonl(path / "fidelity.jsonl")
+    retrieval, bad_retrieval = jsonl(path / "retrieval.jsonl")
     for name, rows, typed in (
         ("agreement.jsonl", agreement, AgreementRecord),
         ("sampling.jsonl", sampling, SamplingRecord),
         ("fidelity.jsonl", fidelity, FidelityRecord),
+        ("retrieval.jsonl", retrieval, RetrievalRecord),
     ):
         for i, row in enumerate(rows, 1):
             check_shape(path / name, row, typed, what=f"record {i}: ")
@@ -246,6 +254,8 @@ def load(path: Path, what: str = "run folder") -> RunData:
         problems.append(f"{bad_agreement} line(s) of agreement.jsonl could not be read and were skipped")
     if bad_fidelity:
         problems.append(f"{bad_fidelity} line(s) of fidelity.jsonl could not be read and were skipped")
+    if bad_retrieval:
+        problems.append(f"{bad_retrieval} line(s) of retrieval.jsonl could not be read and were skipped")
     problems += [str(p) for p in meta.get("problems") or []]
     skipped = [str(s) for s in meta.get("skipped") or []]
     if skipped:
@@ -258,6 +268,7 @@ def load(path: Path, what: str = "run folder") -> RunData:
         agreement=cast(list[AgreementRecord], agreement),
         sampling=cast(list[SamplingRecord], sampling),
         fidelity=cast(list[FidelityRecord], fidelity),
+        retrieval=cast(list[RetrievalRecord], retrieval),
         torn_lines=torn,
         problems=tuple(problems),
     )

@@ -94,11 +94,12 @@ def rounds_check(
 
 def _open(result: Mapping[str, object]) -> bool:
     """Whether a gate still needs a round: undecided with data, or failed on evidence that may not stop a run.
-    A gate decided over texts or prompts (fidelity, acceptance: deterministic across boots) never does: another boot
+    A gate decided over texts, prompts or needles (fidelity, acceptance, retrieval: deterministic across boots) never
+    does: another boot
     adds nothing."""
     evidence: Mapping[str, object] = result.get("evidence") or {}  # type: ignore[assignment]
     kind = str(evidence.get("kind", "none"))
-    if kind in ("none", "texts", "prompts"):
+    if kind in ("none", "texts", "prompts", "needles"):
         return False
     holds = kind in STOPS_ON_FAIL or bool(evidence.get("beyond_widest"))
     return result["outcome"] == "inconclusive" or (result["outcome"] == "fail" and not holds)

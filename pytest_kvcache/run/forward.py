@@ -37,7 +37,7 @@ from pytest_kvcache.run.folder import RunFolder
 Event = tuple[str, str, str]
 
 #: Side logs whose lines name their boot: merged into the controller's file of the same name.
-SHARED_LOGS = frozenset({"agreement.jsonl", "sampling.jsonl", "fidelity.jsonl"})
+SHARED_LOGS = frozenset({"agreement.jsonl", "sampling.jsonl", "fidelity.jsonl", "retrieval.jsonl"})
 #: At most this much of a file is forwarded at once (an engine log can be large; the worker keeps it all).
 CHUNK_LIMIT = 4 * 1024 * 1024
 

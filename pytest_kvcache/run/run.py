@@ -44,6 +44,7 @@ from pytest_kvcache.model import (
     ModelSize,
     PlanEntry,
     Record,
+    RetrievalRecord,
 )
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.run import agreement, monitors, rounds
@@ -544,19 +545,22 @@ class Run:
 
     # ------------------------------------------------------------------ fidelity
 
+    def _stamp(self, boot: Boot) -> dict[str, Json]:
+        """What every line of a probe's own log starts with: the run, the arm, the boot and its replicate."""
+        return {"run_id": self.open().run_id, "arm": boot.arm.name, "boot": boot.boot_id, "replicate": boot.replicate}
+
     def record_fidelity(self, boot: Boot, entry: FidelityRecord) -> FidelityRecord:
         """Write one scored text (``fidelity.jsonl``, durably) and tell the listeners."""
-        folder = self.open()
-        stamped: FidelityRecord = {
-            "run_id": folder.run_id,
-            "arm": boot.arm.name,
-            "boot": boot.boot_id,
-            "replicate": boot.replicate,
-            **entry,
-        }
+        stamped = cast(FidelityRecord, {**self._stamp(boot), **entry})
         self.log("fidelity.jsonl", stamped)
         for listener in self.listeners:
             listener.scored(stamped)
+        return stamped
+
+    def record_retrieval(self, boot: Boot, entry: RetrievalRecord) -> RetrievalRecord:
+        """Write one asked needle (``retrieval.jsonl``, durably): what was expected and what came back."""
+        stamped = cast(RetrievalRecord, {**self._stamp(boot), **entry})
+        self.log("retrieval.jsonl", stamped)
         return stamped
 
     # ------------------------------------------------------------------ left out by design

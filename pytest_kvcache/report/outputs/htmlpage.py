@@ -17,7 +17,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from pytest_kvcache.model import DeltaRow, Report, SavedRow
-from pytest_kvcache.report import capacity, cost, energy, failures, kv_plan
+from pytest_kvcache.report import capacity, cost, energy, failures, kv_plan, retrieval
 from pytest_kvcache.report.outputs import markdown as md
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ CAPTIONS = {
     "agentic_delta.png": "Agentic: each arm against the baseline by prompt tokens per turn — ratio − 1 with "
     "its 95% CI band.",
     "fidelity.png": "Fidelity: prefill speed against the baseline, mean |Δ logprob| and the top-k KL, by depth.",
+    "retrieval.png": "Retrieval: the share of needles each arm found, by depth and position (hatched: the baseline's "
+    "ceiling cells, which judge nothing).",
     "prefill.png": "Prefill: absolute values per arm by depth (error bars: 95% CI of the mean).",
     "agentic.png": "Agentic: absolute values per arm by prompt tokens (error bars: 95% CI of the mean).",
     "short.png": "Short probes: means per arm with the CI of the delta.",
@@ -163,6 +165,7 @@ def _compare(report: Report) -> list[Table]:
 TABLES: list[Callable[[Report], list[Table]]] = [
     _probe_tables,
     _fidelity,
+    retrieval.html_tables,
     _energy,
     _capacity,
     _agentic,

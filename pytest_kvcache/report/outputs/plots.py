@@ -13,7 +13,7 @@ import pandas as pd
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import FidelityRow, Report
 from pytest_kvcache.probes.registry import ProbeSpec
-from pytest_kvcache.report import capacity, deciding
+from pytest_kvcache.report import capacity, deciding, retrieval
 from pytest_kvcache.report.frame import point_sort
 from pytest_kvcache.report.outputs.markdown import probe_specs
 
@@ -41,10 +41,13 @@ def render(report: Report) -> dict[str, bytes]:
         plt.close(fig)
         out[name] = buf.getvalue()
 
-    if summary.empty:  # nothing between arms; a single arm's fidelity across its boots still has its plot
+    if summary.empty:  # nothing between arms; a single arm's fidelity (or retrieval) still has its plot
         drawn = fidelity_figure(report, plt)
         if drawn is not None:
             save(drawn, "fidelity.png")
+        drawn = retrieval.heatmap_figure(report, plt)
+        if drawn is not None:
+            save(drawn, "retrieval.png")
         return out
 
     for probe in dict.fromkeys(summary["probe"]):
@@ -136,6 +139,9 @@ def render(report: Report) -> dict[str, bytes]:
     drawn = fidelity_figure(report, plt)
     if drawn is not None:
         save(drawn, "fidelity.png")
+    drawn = retrieval.heatmap_figure(report, plt)
+    if drawn is not None:
+        save(drawn, "retrieval.png")
     for name, figure in capacity.figures(report, plt).items():  # goodput against sessions, per depth
         save(figure, name)
     return out

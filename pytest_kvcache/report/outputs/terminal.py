@@ -13,7 +13,7 @@ import pandas as pd
 from pytest_kvcache.engines.kinds import find_kind
 from pytest_kvcache.model import Evidence, GpuCard, Report
 from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype
-from pytest_kvcache.report import capacity, cost, energy, greedy, kv_plan, left_out
+from pytest_kvcache.report import capacity, cost, energy, greedy, kv_plan, left_out, retrieval
 from pytest_kvcache.report.outputs.markdown import (
     ab_tables,
     agentic_table,
@@ -292,6 +292,10 @@ def _gates(report: Report) -> list[Line]:
     return out
 
 
+def _retrieval(report: Report) -> list[Line]:
+    return [Line(text) for text in retrieval.terminal_lines(report)]
+
+
 def _cost(report: Report) -> list[Line]:
     return [Line(text) for text in cost.first_screen(report)]
 
@@ -303,6 +307,7 @@ SECTIONS: list[Callable[[Report], list[Line]]] = [
     _summary,
     _agentic,
     _capacity,
+    _retrieval,
     _spec_decode,
     _flags,
     _notes,

@@ -26,7 +26,7 @@ def host_cpu_note(records: Sequence[Record], action: object) -> str | None:
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     plan = run.meta.get("plan") or []
     notes = []
-    if not run.records and not run.fidelity:
+    if not run.records and not run.fidelity and not run.retrieval:
         notes.append("no requests were recorded")
     for arm in ctx.arms:
         if arm not in run.evidence and not any(p.get("arm") == arm for p in plan):
