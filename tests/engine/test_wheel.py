@@ -55,7 +55,7 @@ def test_wheel_installs_in_a_fresh_venv_and_collects_the_suite(tmp_path: Path) -
     assert result.returncode == 0, result.stdout + result.stderr
     # short 2 + prefill 2 depths + agentic 1 session (the CPU default) + concurrency 3 levels + fidelity 4 texts
     # + capacity 2 depths; the embedded trained model's wheel is not in this venv: collecting needs none of it
-    assert "1. auto (baseline): kv_cache_dtype=auto — 14 test(s)" in result.stdout
+    assert "1. auto (baseline): kv_cache_dtype=auto — 16 test(s)" in result.stdout
     assert "model embedded:smollm2-135m" in result.stdout and "context 8,192 tokens" in result.stdout
     assert "test_short[auto-narrative]" in result.stdout and "test_short[bf16-code]" in result.stdout
     model = subprocess.run(

@@ -359,7 +359,7 @@ CASES = [
         ("--kv-arms=auto", "--kv-fail=decode_tps[nope]: >= 1"),
         4,
         "ERROR: pytest-kvcache: --kv-fail: gate * unknown probe 'nope'; "
-        "known: short, prefill, agentic, concurrency, fidelity, capacity",
+        "known: short, prefill, agentic, concurrency, fidelity, capacity, retrieval",
         standin=True,
     ),
     Case(

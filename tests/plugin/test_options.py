@@ -58,9 +58,9 @@ def test_collect_only_shows_the_boot_plan_without_booting(pytester: pytest.Pytes
             "  fidelity sized for the CPU: depths 1k,4k, window 512 (elsewhere: --kv-fidelity-depths=1k,8k,32k*",
             "  capacity sized for the CPU: depths 2k,4k, SLO ttft_p95<=200ms,itl_p95<=100ms, think 1 s, 5 s measured "
             "per trial, 16 tokens a turn, 1 to at most 32 sessions; each arm's own KV cache (no --kv-cache-bytes)",
-            "  1. auto (baseline): kv_cache_dtype=auto — 14 test(s)",
-            "  2. float16: kv_cache_dtype=float16 — 14 test(s)",
-            "  3. auto.2: kv_cache_dtype=auto — 14 test(s)",
+            "  1. auto (baseline): kv_cache_dtype=auto — 16 test(s)",
+            "  2. float16: kv_cache_dtype=float16 — 16 test(s)",
+            "  3. auto.2: kv_cache_dtype=auto — 16 test(s)",
             "*test_short[[]auto-narrative]",
             "*test_short[[]auto-code]",
             "*test_short[[]float16-narrative]",
@@ -120,7 +120,7 @@ def test_user_tests_are_grouped_by_arm(pytester: pytest.Pytester) -> None:
 def test_marker_selection(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_user=USER_TEST)
     result = pytester.runpytest("--collect-only", "-q", "--kv-arms=auto,float16", "-m", "short")
-    result.stdout.fnmatch_lines(["*4/30 tests collected (26 deselected)*"])
+    result.stdout.fnmatch_lines(["*4/34 tests collected (30 deselected)*"])
 
 
 @pytest.mark.parametrize(
@@ -170,7 +170,7 @@ def test_pyproject_arms_and_ini_options(pytester: pytest.Pytester) -> None:
         args = ["--no-enable-prefix-caching"]
     """)
     result = pytester.runpytest("--collect-only", "-q")
-    result.stdout.fnmatch_lines(["  2. noprefix: kv_cache_dtype=default args=--no-enable-prefix-caching — 14 test(s)"])
+    result.stdout.fnmatch_lines(["  2. noprefix: kv_cache_dtype=default args=--no-enable-prefix-caching — 16 test(s)"])
 
 
 def test_env_beats_ini_and_cli_beats_env(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
