@@ -235,7 +235,7 @@ def _wilson_low(n: int, z: float = 1.959964) -> float:
     return n / (n + z * z)
 
 
-def answer_tokens(needle_kinds: Sequence[str] = ("number", "words"), form: str = "recall") -> int:
+def answer_tokens(form: str = "recall") -> int:
     """Tokens a greedy answer may take: a 7-digit number is up to 7 tokens in a digit-split vocabulary, a word
     pair up to 6; a chat answer may open with a few words more."""
     return 12 if form == "recall" else 24

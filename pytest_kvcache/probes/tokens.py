@@ -52,6 +52,11 @@ def _load(folder: str) -> Any:
         raise TokenizerError(f"cannot load the tokenizer in {folder}: {exc}") from None
 
 
+def load_tokenizer(folder: Path) -> Any:
+    """``folder``'s tokenizer (transformers), loaded once per folder."""
+    return _load(str(folder))
+
+
 def local_counter(folder: Path) -> Callable[[Messages], int]:
     """A function that counts a message list's chat-rendered prompt tokens with ``folder``'s tokenizer."""
     tokenizer = _load(str(folder))

@@ -15,7 +15,7 @@ from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.model import RetrievalRecord
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import fidelity, retrieval
-from pytest_kvcache.probes.tokens import TokenizerError, _load, tokenizer_dir
+from pytest_kvcache.probes.tokens import TokenizerError, load_tokenizer, tokenizer_dir
 from pytest_kvcache.run.measure import ArmClient, EngineDied, Server
 
 #: Tokens a chat template may add around the question form's message (its depth is the server's count).
@@ -36,7 +36,7 @@ class Tokenizer:
         self.client, self.server, self.how = client, server, server.profile.tokens
         self.local: Any = None
         if self.how == "local":
-            self.local = _load(str(tokenizer_dir(settings)))
+            self.local = load_tokenizer(tokenizer_dir(settings))
 
     def encode(self, text: str, *, special: bool = False) -> list[int]:
         if self.local is not None:
