@@ -568,6 +568,23 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return [float(v) for v in adjusted]
 
 
+def holm_levels(p_values: Sequence[float], alpha: float = FAMILY_ALPHA) -> list[float]:
+    """Each hypothesis's α at its step of Holm's procedure, so that an interval at ``1 − level`` excludes the null
+    exactly when Holm rejects it: the i-th smallest p is tested at α / (m − i + 1) while every smaller one was
+    rejected; from the first that was not, each later one gets that first failing step's α (its p is at least
+    that step's, so its interval holds the null too)."""
+    p = np.asarray(p_values, dtype=float)
+    m = len(p)
+    levels = np.empty(m)
+    stopped: float | None = None
+    for rank, i in enumerate(np.argsort(p, kind="stable")):
+        step = alpha / (m - rank)
+        if stopped is None and p[i] >= step:
+            stopped = step
+        levels[i] = step if stopped is None else stopped
+    return [float(v) for v in levels]
+
+
 def ratio_df_boots(
     base: Sequence[Sequence[float]],
     arm: Sequence[Sequence[float]],

@@ -69,6 +69,9 @@ FIDELITY_DEPTHS = (1_000, 8_000, 32_000)
 #: The fidelity probe's committed texts (``probes.fidelity.TEXTS``): all four by default, on a GPU and on the CPU
 #: default alike — its CIs replicate over texts, and fewer than 3 give none.
 FIDELITY_TEXTS = ("prose", "code", "data", "markup")
+#: Probes whose gates are decided over texts or needles, the same on every boot (greedy, teacher-forced): another
+#: boot adds nothing, so a run whose gates are all on them adds no adaptive rounds (``report.rounds`` agrees).
+BOOT_INVARIANT_PROBES = ("fidelity", "retrieval")
 #: The retrieval probe's defaults (docs/probes/retrieval.md): depths (a GPU's; the model's own limit is added where
 #: the context is known), needle positions as shares of the context, needles per cell, the baseline ceiling. 90
 #: needles a cell decide a 10-point loss at the default: 9 discordant needles against none give an exact p of

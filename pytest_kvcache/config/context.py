@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvcache.config.budget import flag_value
-from pytest_kvcache.config.constants import RETRIEVAL_DEPTHS
+from pytest_kvcache.config.constants import CPU_RETRIEVAL_DEPTHS, RETRIEVAL_DEPTHS
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.settings import Settings
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 PREFILL_OUTPUT_TOKENS = 16
 #: A retrieval request's answer: a few greedy tokens (``probes.retrieval.answer_tokens``).
 RETRIEVAL_OUTPUT_TOKENS = 24
+#: A default retrieval depth this close below the model's limit gives way to it (``retrieval_defaults``).
+NEAR_LIMIT = 0.9
 #: A fidelity request scores its prompt and generates one token.
 FIDELITY_OUTPUT_TOKENS = 1
 #: Config keys that hold a model's context, in the order they are tried (text_config first for VLMs).
@@ -113,6 +115,21 @@ def known_context(settings: Settings) -> tuple[int | None, str | None]:
     return min(found)
 
 
+def retrieval_defaults(kept: tuple[int, ...], context: int) -> tuple[int, ...]:
+    """The retrieval probe's default depths for a known context: the GPU defaults that fit (``kept``) and the
+    model's own limit (the context less an answer's tokens), so "does it still find it at the end of its context"
+    is asked. A default within 10% below the limit gives way to it (a 32K model: 8k and 32,744, not 32k as well);
+    where that leaves one depth, the CPU defaults that fit below it are added, so there is a shallow depth to
+    compare with (an 8K model: 1k, 4k and 8,168)."""
+    limit = context - RETRIEVAL_OUTPUT_TOKENS
+    if limit < 64:
+        return kept
+    depths = [d for d in kept if d < NEAR_LIMIT * limit]
+    if not depths:
+        depths = [d for d in CPU_RETRIEVAL_DEPTHS if d < NEAR_LIMIT * limit]
+    return tuple(sorted({*depths, limit}))
+
+
 def planned_points(settings: Settings) -> dict[str, tuple[str, ...]]:
     """The points the stock probes whose points follow from the settings will have (their depths and levels, after
     the defaults that cannot fit were left out): a gate on another point is a usage error before any boot."""
@@ -171,13 +188,10 @@ def problems(settings: Settings, context: int, source: str) -> tuple[list[str], 
             changes[field] = tuple(d for d in given if d not in over)
             notes.extend(f"{probe}@{_label(d)}: left out, {d:,} + {output} tokens exceed {where}" for d in over)
 
-    # the retrieval probe's GPU default reaches the model's own limit too (its last depth: the context less an
-    # answer's tokens), so "does it still find it at the end of its context" is asked where the context is known
+    # the retrieval probe's GPU default reaches the model's own limit too
     if "retrieval_depths" not in explicit and settings.retrieval_depths == RETRIEVAL_DEPTHS:
         kept = changes.get("retrieval_depths", settings.retrieval_depths)
-        limit = context - RETRIEVAL_OUTPUT_TOKENS
-        if limit >= 64 and limit not in kept:
-            changes["retrieval_depths"] = (*kept, limit)
+        changes["retrieval_depths"] = retrieval_defaults(kept, context)
 
     target = agentic_target(settings.agentic_depth, context, settings.agentic_max_tokens)
     if target is not None and (target + settings.agentic_max_tokens > context or target < 1):

@@ -116,12 +116,14 @@ def boot_budget(
     Default: with gates, :data:`GATE_BOOT_BUDGET` (never fewer than ``--kv-replicates``); with
     ``--kv-target-ci`` and 2+ replicates, 2 × replicates; the larger when both apply. ``1`` (or the number of
     replicates) turns it off. Against external endpoints nothing is booted, so no rounds are added by default.
+    ``gates``: whether a gate can be decided by another boot (``config.constants.BOOT_INVARIANT_PROBES`` cannot).
     """
     adaptive = gates or (target_ci is not None and replicates >= 2)
     if given is not None:
-        if not gates and target_ci is None:
+        if not gates and target_ci is None and given > replicates:
             raise SettingsError(
-                "--kv-max-replicates adds boots only to decide a gate (--kv-fail) or to reach --kv-target-ci"
+                "--kv-max-replicates adds boots only to decide a gate (--kv-fail) on a probe that varies from boot "
+                "to boot (not fidelity or retrieval: the same on every boot) or to reach --kv-target-ci"
             )
         if given < replicates:
             raise SettingsError(f"--kv-max-replicates ({given}) must be at least --kv-replicates ({replicates})")

@@ -282,8 +282,9 @@ class ProbeOptions:
     )
     retrieval_depths: tuple[int, ...] = option(
         help=(
-            "the retrieval probe's depths in exact prompt tokens, 'k' = 1000 (default 8k,32k and the model's own "
-            "limit; 1k,4k on the embedded CPU default)."
+            "the retrieval probe's depths in exact prompt tokens, 'k' = 1000 (default 8k,32k that fit and the "
+            "model's own limit, which replaces a default within 10% below it; 1k,4k below the limit when only it "
+            "is left; 1k,4k on the embedded CPU default)."
         ),
         metavar="D1,D2",
         parse=v.depths,
@@ -315,11 +316,14 @@ class ProbeOptions:
         parse=v.choice("recall", "question"),
         default="recall",
     )
-    retrieval_keys: int = option(
-        help="needles in each haystack, one asked: 1 (default) or K > 1 for the multi-key variant.",
-        metavar="K",
-        parse=v.count(1, 16),
-        default=1,
+    retrieval_keys: tuple[int, ...] = option(
+        help=(
+            "needles in each haystack, one asked: 1 (default) or K > 1 for the multi-key variant; several "
+            "(1,4) run each variant on the same boot."
+        ),
+        metavar="K1,K2",
+        parse=v.key_counts,
+        default=(1,),
     )
     retrieval_haystack: str = option(
         help="texts (the committed prose and code, default) or filler (one repeated sentence).",

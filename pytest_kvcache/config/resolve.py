@@ -20,7 +20,7 @@ from pytest_kvcache.config import model_files
 from pytest_kvcache.config import values as v
 from pytest_kvcache.config.arms import Arm, engine_kind, looks_like_path, resolve_arms
 from pytest_kvcache.config.budget import Need, embedded_model, model_shape, need, refusal
-from pytest_kvcache.config.constants import CPU_KV_CACHE_DTYPES, SettingsError
+from pytest_kvcache.config.constants import BOOT_INVARIANT_PROBES, CPU_KV_CACHE_DTYPES, SettingsError
 from pytest_kvcache.config.kv_layout import KvLayout, KvPlan
 from pytest_kvcache.config.options import options_of, parse_as, pick
 from pytest_kvcache.config.plan import boot_budget
@@ -232,7 +232,8 @@ def resolve(
     max_replicates = boot_budget(
         get("max_replicates", v.count(1, v.MAX_BOOT_BUDGET), None),
         replicates,
-        gates=bool(gates),
+        # a gate on a probe measured the same on every boot never asks for another
+        gates=any(v.gate_probe(g) not in BOOT_INVARIANT_PROBES for g in gates),
         target_ci=target_ci,
         launcher=launcher,
     )

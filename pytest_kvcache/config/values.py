@@ -63,6 +63,8 @@ MAX_CAPACITY_SESSIONS = 4096
 MAX_CAPACITY_TRIALS = 20
 #: Simultaneous streams of one concurrency level.
 MAX_STREAMS = 1024
+#: Needles in one retrieval haystack (``--kv-retrieval-keys``): 16 distinct keys, one asked.
+MAX_KEYS = 16
 #: Top-k logprobs per scored position (vLLM's --max-logprobs is 20 by default).
 MAX_TOP_K = 100
 #: A seed: what numpy's generators take (0 to 2^32 - 1).
@@ -231,6 +233,13 @@ def depths(raw: Any) -> tuple[int, ...]:
         raise SettingsError(str(exc)) from None
 
 
+def gate_probe(text: str) -> str | None:
+    """The probe a gate text selects (``decode_tps[short@…]: …`` → ``short``); None when it has no selector."""
+    if "[" not in text.split(":", 1)[0]:
+        return None
+    return text.split("[", 1)[1].split("]", 1)[0].split("@", 1)[0].strip() or None
+
+
 def gates(raw: Any, arms: list[str] | None, points: Mapping[str, Sequence[str]] | None = None) -> tuple[str, ...]:
     """Gate texts, each parsed; with ``arms`` (and ``points``: each probe's points in the run, where known) a gate
     that could not be evaluated in this run is a usage error now, before anything boots, never dropped."""
@@ -336,6 +345,21 @@ def pct_or_off(raw: Any) -> float | None:
     if not 0 < value <= 100:
         raise SettingsError(f"expected a percentage between 0 and 100, got {raw!r}")
     return value
+
+
+def key_counts(raw: Any) -> tuple[int, ...]:
+    """The retrieval probe's needles per haystack: distinct counts from 1 to 16, in the order given."""
+    text = ",".join(map(str, raw)) if isinstance(raw, list | tuple) else str(raw)
+    one = count(1, MAX_KEYS)
+    found: list[int] = []
+    for part in text.split(","):
+        try:
+            found.append(one(part))
+        except SettingsError as exc:
+            raise SettingsError(f"needles per haystack like 1,4: {exc}") from None
+    if len(set(found)) != len(found):
+        raise SettingsError(f"needles per haystack must be distinct; got {text!r}")
+    return tuple(found)
 
 
 def levels(raw: Any) -> tuple[int, ...]:

@@ -202,15 +202,17 @@ def plan_line(
     positions: Sequence[float],
     needles: int,
     form: str,
-    keys: int,
+    keys: Sequence[int],
     haystack: str,
     ceiling: float,
     cpu: bool,
 ) -> str:
     """The boot plan's sentence: which form runs, the cells, the needles, and what the sizes can decide."""
-    cells = len(depths) * len(positions)
+    cells = len(depths) * len(positions) * len(keys)
     where = ", ".join(f"{p * 100:g}%" for p in positions)
-    variant = "one needle a haystack" if keys == 1 else f"{keys} needles a haystack with distinct keys, one asked"
+    variant = " and ".join(
+        "one needle a haystack" if k == 1 else f"{k} needles a haystack with distinct keys, one asked" for k in keys
+    )
     form_text = (
         "recall (a completion ending with the needle's lead-in)" if form == "recall" else "question (a chat question)"
     )

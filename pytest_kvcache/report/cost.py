@@ -8,7 +8,8 @@ decide it when the gate's result carries that estimate (``boots_to_decide``).
   (``ready_unix_s``; older runs: the start + ``ready_s``), plus its stop (``stopping_unix_s`` →
   ``stopped_unix_s``), × the boot's cards;
 * **measuring** — while a boot is up, the time some request was in flight (the union of every recorded
-  request's send → ``[DONE]``, warm-ups included, and the fidelity and agreement requests' wall time), × its cards;
+  request's send → ``[DONE]``, warm-ups included, and the fidelity, agreement and retrieval requests' wall time), × its
+  cards;
 * **waiting** — the rest: cards held while nothing booted or streamed (between requests and tests, the
   self-check, the report, a lane idle while another finishes).
 
@@ -80,7 +81,7 @@ def boot_times(run: RunData) -> list[BootTime]:
         if t0 is not None and t0 > 0:
             spans.setdefault(str(r.get("boot")), []).append((t0, t0 + (dur if dur is not None else 0.0)))
     extra: dict[str, float] = {}
-    for entry in [*run.fidelity, *run.agreement]:
+    for entry in [*run.fidelity, *run.agreement, *run.retrieval]:
         wall = _num(entry.get("wall_s"))
         if wall is not None:
             extra[str(entry.get("boot"))] = extra.get(str(entry.get("boot")), 0.0) + wall

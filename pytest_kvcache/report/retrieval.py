@@ -10,12 +10,16 @@ label (``32k``). The same needles go to every arm, so arms are compared needle b
 - Accuracy per arm and cell: found / needles, with the Wilson score 95% interval (good coverage near 0% and
   100%, where a retrieval accuracy usually sits; the Wald interval collapses there).
 - Paired difference per arm and cell against the baseline arm (``arms[0]``), over the needles both answered:
-  ``(c − b) / n`` with ``b`` = found by the baseline only, ``c`` = found by the arm only. Its 95% interval is
-  Newcombe's hybrid score interval for paired proportions (Newcombe 1998, *Statist. Med.* 17:2635, method 10):
-  the two Wilson intervals combined square-and-add, with the phi correlation of the paired outcomes
-  correcting for the pairing (:func:`paired_difference_interval`). The p-value is the exact McNemar test
-  (two-sided binomial on the discordant pairs); Holm's step-down procedure runs within each arm over the
-  cells it judges (family = arm × retrieval), as the report's deltas do (``report.multiplicity``).
+  ``(c − b) / n`` with ``b`` = found by the baseline only, ``c`` = found by the arm only. It is decided by the
+  exact McNemar test (two-sided binomial on the discordant pairs) with Holm's step-down procedure within each arm
+  over the cells it judges (family = arm × retrieval, as the report's deltas: ``report.multiplicity``). The
+  interval printed is the one that decided: exact (:func:`exact_difference_interval`) at the level of the cell's
+  Holm step (``stats.holm_levels``), so it excludes 0 exactly when the cell is better or worse; a cell it does
+  not decide is *inconclusive*, never "the same".
+- A gate pools a depth's judged cells and reads Newcombe's hybrid score interval for paired proportions
+  (Newcombe 1998, *Statist. Med.* 17:2635, method 10: the two Wilson intervals combined square-and-add, with the
+  phi correlation of the paired outcomes correcting for the pairing; :func:`paired_difference_interval`) at 95%:
+  a gate is one pre-registered hypothesis.
 - The baseline's ceiling: a cell where the baseline finds fewer than ``retrieval_ceiling`` (default 80%) of
   the needles measures the model's or haystack's limit, not the KV cache's: no verdict, outside the Holm
   family, and a gate there is an error saying so (never a pass or fail).
@@ -103,12 +107,45 @@ def paired_difference_interval(
 
 
 def mcnemar_p(base_only: int, arm_only: int) -> float:
-    """The exact McNemar test's two-sided p-value: the discordant pairs against a fair coin (1.0 with none)."""
+    """The exact McNemar test's two-sided p-value: the discordant pairs against a fair coin, twice the smaller
+    tail (the fair coin's distribution is symmetric: scipy's ``binomtest`` gives the same), 1.0 with none."""
     from scipy import stats as scipy_stats
 
     if base_only + arm_only == 0:
         return 1.0
-    return float(scipy_stats.binomtest(min(base_only, arm_only), base_only + arm_only, 0.5).pvalue)
+    return min(1.0, 2 * float(scipy_stats.binom.cdf(min(base_only, arm_only), base_only + arm_only, 0.5)))
+
+
+def clopper_pearson(found: int, n: int, alpha: float) -> tuple[float, float]:
+    """The exact (Clopper–Pearson) interval of a proportion at ``1 − alpha``: the central one, whose exclusion of
+    a value is the two-sided binomial test's (twice the smaller tail) below ``alpha``."""
+    from scipy import stats as scipy_stats
+
+    low = 0.0 if found == 0 else float(scipy_stats.beta.ppf(alpha / 2, found, n - found + 1))
+    high = 1.0 if found == n else float(scipy_stats.beta.ppf(1 - alpha / 2, found + 1, n - found))
+    return low, high
+
+
+def exact_difference_interval(base_only: int, arm_only: int, n: int, alpha: float) -> tuple[float, float]:
+    """The paired difference ``(arm_only − base_only) / n`` at ``1 − alpha``, from the exact test that decides it.
+
+    The difference is the discordance rate ``r`` (needles found by one arm only) times ``2s − 1``, where ``s`` is
+    the share of them the arm found. The exact McNemar test is the two-sided binomial test of ``s = ½``; its
+    Clopper–Pearson interval for ``s`` excludes ½ exactly when that p is below ``alpha``. The interval takes
+    ``2s − 1`` over that interval, scaled by the Clopper–Pearson bounds of ``r`` toward the wider side: it excludes
+    0 exactly when the test rejects, and it is conservative (the two ranges are taken together). With no
+    discordant needle ``s`` is unconstrained and the interval is ±the upper bound of ``r``."""
+    if n <= 0:
+        raise ValueError("a paired interval needs at least one pair")
+    discordant = base_only + arm_only
+    rate_low, rate_high = clopper_pearson(discordant, n, alpha)
+    low_s, high_s = -1.0, 1.0
+    if discordant:
+        share_low, share_high = clopper_pearson(arm_only, discordant, alpha)
+        low_s, high_s = 2 * share_low - 1, 2 * share_high - 1
+    low = low_s * (rate_high if low_s < 0 else rate_low)
+    high = high_s * (rate_high if high_s > 0 else rate_low)
+    return max(-1.0, low), min(1.0, high)
 
 
 def ceiling_of(settings: Mapping[str, Any]) -> float:
@@ -329,6 +366,7 @@ def _diffs(
                 "c": table.arm_only,
                 "diff": None,
                 "ci": [None, None],
+                "ci_level": None,
                 "p": None,
                 "p_holm": None,
                 "family_size": None,
@@ -336,20 +374,27 @@ def _diffs(
                 "ceiling": below.get(cell, False),
             }
             if table.n:
-                lo, hi = paired_difference_interval(table.both, table.base_only, table.arm_only, table.neither)
-                row.update({"diff": _r(table.diff), "ci": [_r(lo), _r(hi)]})
-                if not row["ceiling"]:
+                row["diff"] = _r(table.diff)
+                if row["ceiling"]:  # no verdict: the interval only describes, at 95%
+                    lo, hi = exact_difference_interval(table.base_only, table.arm_only, table.n, 1 - stats.CONFIDENCE)
+                    row.update({"ci": [_r(lo), _r(hi)], "ci_level": stats.CONFIDENCE})
+                else:
                     row["p"] = mcnemar_p(table.base_only, table.arm_only)
             mine.append(row)
         judged = [row for row in mine if row["p"] is not None]
-        for row, adjusted in zip(judged, stats.holm([row["p"] for row in judged]), strict=True):
+        p_values = [row["p"] for row in judged]
+        for row, adjusted, alpha in zip(judged, stats.holm(p_values), stats.holm_levels(p_values), strict=True):
+            # the printed interval is the one that decided: at the level of the cell's Holm step
+            lo, hi = exact_difference_interval(row["b"], row["c"], row["n"], alpha)
             significant = adjusted < stats.FAMILY_ALPHA and row["diff"] != 0
             row.update(
                 {
+                    "ci": [_r(lo), _r(hi)],
+                    "ci_level": _r(1 - alpha),
                     "p": _r(row["p"]),
                     "p_holm": _r(adjusted),
                     "family_size": len(judged),
-                    "verdict": ("worse" if row["diff"] < 0 else "better") if significant else "same",
+                    "verdict": ("worse" if row["diff"] < 0 else "better") if significant else "inconclusive",
                 }
             )
         rows += mine
@@ -363,8 +408,9 @@ def _points(value: float) -> str:
 def _sentences(
     diffs: Sequence[Mapping[str, Any]], arms: Sequence[str], ceiling: float, words: Mapping[str, bool]
 ) -> list[str]:
-    """One sentence per arm: its worst significant loss (else its largest gain) with the interval, the rest
-    within how many points; or that it finds what the baseline finds."""
+    """One sentence per arm: its worst decided loss (else its largest decided gain) with the interval that decided
+    it; for the cells nothing was decided on, the largest loss their intervals still allow (a cell that differs by
+    no more than its interval is not "the same": it is undecided)."""
     out: list[str] = []
     for arm in arms[1:]:
         mine = [d for d in diffs if d["arm"] == arm]
@@ -381,13 +427,18 @@ def _sentences(
         def where(d: Mapping[str, Any]) -> str:
             return _where((d["depth"], d["position"], d["form"], d["keys"]), words)
 
+        def allowed(rows: Sequence[Mapping[str, Any]]) -> str:
+            """The largest loss the undecided cells' intervals allow, and where."""
+            worst = min(rows, key=lambda row: float(row["ci"][0]))
+            if float(worst["ci"][0]) >= 0:
+                return "their intervals allow no loss"
+            return f"their intervals allow a loss of up to {_points(-float(worst['ci'][0]))} points, at {where(worst)}"
+
         moved = sorted((d for d in judged if d["verdict"] in ("worse", "better")), key=lambda d: d["diff"])
+        rest = [d for d in judged if d["verdict"] == "inconclusive"]
+        cells = f"{len(judged)} cell{'' if len(judged) == 1 else 's'}"
         if not moved:
-            largest = max(abs(d["diff"]) for d in judged)
-            out.append(
-                f"{arm} finds what {arms[0]} finds: no cell differs beyond its interval (largest difference "
-                f"{_points(largest)} points, {len(judged)} cells, Holm over {len(judged)}{cannot})"
-            )
+            out.append(f"{arm}: no cell differs from {arms[0]} (Holm over {cells}{cannot}); {allowed(rest)}")
             continue
         head = moved[0] if moved[0]["verdict"] == "worse" else moved[-1]
         lo, hi = head["ci"]
@@ -400,13 +451,9 @@ def _sentences(
             text += "; also " + ", ".join(
                 f"{d['verdict']} at {where(d)} ({float(d['diff']) * 100:+.0f} points)" for d in also
             )
-        rest = [d for d in judged if d["verdict"] == "same"]
         if rest:
-            largest = max(abs(d["diff"]) for d in rest)
-            text += f"; elsewhere within {_points(largest)} points ({len(rest)} cell{'' if len(rest) == 1 else 's'}"
-            text += f"{cannot})"
-        elif blocked:
-            text += f" ({cannot[2:]})"
+            text += f"; {len(rest)} more undecided, {allowed(rest)}"
+        text += f" (Holm over {cells}{cannot})"
         out.append(text)
     return out
 
@@ -634,9 +681,10 @@ def setup_line(sec: Mapping[str, Any]) -> str:
         f"Needle in a haystack: {cfg.get('needles')} needles per cell, asked as {', '.join(cfg.get('forms') or [])} "
         f"in {cfg.get('haystack') or 'the haystack'} ({key_words}); depths {depths}, needle positions {positions} "
         "of the context. A needle is found when at least half of its boots return it; accuracy with its Wilson 95% "
-        f"interval. Differences: each arm − {cfg.get('baseline')} in points over the needles both answered "
-        "(Newcombe's paired score interval), exact McNemar p, Holm within each arm; a cell where the baseline finds "
-        f"fewer than {_pct(float(cfg.get('ceiling') or DEFAULT_CEILING))} of the needles gets no verdict."
+        f"interval. Differences: each arm − {cfg.get('baseline')} in points over the needles both answered, decided "
+        "by the exact McNemar test with Holm within each arm; the interval printed is the exact one at the level of "
+        "the cell's Holm step (it excludes 0 exactly when the cell is better or worse). A cell where the baseline "
+        f"finds fewer than {_pct(float(cfg.get('ceiling') or DEFAULT_CEILING))} of the needles gets no verdict."
     )
 
 
@@ -667,7 +715,8 @@ def accuracy_table(sec: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 def diff_table(sec: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Each arm − the baseline per cell: points [95% CI], pairs, McNemar p, Holm p and the verdict."""
+    """Each arm − the baseline per cell: points [the deciding interval, its level], pairs, McNemar p, Holm p and
+    the verdict."""
     forms, keys = _cell_columns(sec["config"])
     header = [
         "Arm",
@@ -676,7 +725,7 @@ def diff_table(sec: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
         *(["Form"] if forms else []),
         *(["Keys"] if keys else []),
         "Pairs",
-        "Difference, points [95% CI]",
+        "Difference, points [deciding CI]",
         "p",
         "Holm p",
         "Verdict",
@@ -686,11 +735,18 @@ def diff_table(sec: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
         diff = "–"
         if d["diff"] is not None:
             lo, hi = d["ci"]
-            diff = f"{d['diff'] * 100:+.0f} [{lo * 100:+.0f}, {hi * 100:+.0f}]"
+            level = d.get("ci_level")
+            at = f" ({_level(float(level))})" if level is not None else ""
+            diff = f"{d['diff'] * 100:+.0f} [{lo * 100:+.0f}, {hi * 100:+.0f}]{at}"
         holm = "–" if d["p_holm"] is None else f"{_p(d['p_holm'])} (of {d['family_size']})"
         p = "–" if d["p"] is None else _p(d["p"])
         rows.append([str(d["arm"]), *_cell_cells(d, forms, keys), str(d["n"]), diff, p, holm, str(d["verdict"])])
     return header, rows
+
+
+def _level(level: float) -> str:
+    """A confidence level as the table prints it: 95%, 99.5%, 99.44%."""
+    return f"{level * 100:.4g}%"
 
 
 def _p(value: float) -> str:

@@ -102,7 +102,7 @@ def test_retrieval(
     kv_settings: Settings,
     kv_retrieval_depth: int,
 ) -> None:
-    depth, form, keys = kv_retrieval_depth, kv_settings.retrieval_form, kv_settings.retrieval_keys
+    depth, form = kv_retrieval_depth, kv_settings.retrieval_form
     label = f"retrieval@{retrieval.depth_label(depth)} on {kv_server.name}"
     max_len = kv_server.evidence.get("max_model_len")
     if max_len and depth + retrieval.answer_tokens(form=form) > int(max_len):
@@ -121,7 +121,8 @@ def test_retrieval(
         else depth - TEMPLATE_SLACK - len(encode(retrieval.Needle("Alice", "words", "").question))
     )
     failed = asked = 0
-    for position in kv_settings.retrieval_positions:
+    cells = [(k, p) for k in kv_settings.retrieval_keys for p in kv_settings.retrieval_positions]
+    for keys, position in cells:
         for index in range(kv_settings.retrieval_needles):
             needles = retrieval.needles_for(kv_settings.seed, depth, position, keys, index)
             text = retrieval.haystack_text(index, kv_settings.retrieval_haystack)

@@ -13,9 +13,9 @@ start_plugin() {
    echo "started pid $!")
 }
 
-# start_recorded WORKDIR PYTEST_ARGS...: as start_plugin, through a driver that also records the start time
+# write_recorded WORKDIR PYTEST_ARGS...: the driver of one recorded run, not started: it records the start time
 # (WORKDIR/started) and pytest's exit code (WORKDIR/rc); collect_recorded waits for it.
-start_recorded() {
+write_recorded() {
   local work=$1
   shift
   mkdir -p "$work"
@@ -26,23 +26,39 @@ start_recorded() {
     echo "python3 -m pytest -p pytest_kvcache.plugin ${*@Q} > pytest.log 2>&1"
     echo "echo \$? > rc"
   } > "$work/driver.sh"
-  rm -f "$work/rc"
-  setsid nohup bash "$work/driver.sh" > "$work/driver.log" 2>&1 < /dev/null &
+  rm -f "$work/rc" "$work/started"
+}
+
+# launch_recorded WORKDIR [THEN]: run WORKDIR's driver detached (setsid), then the shell command THEN (a second
+# driver, run after the first whatever its exit code).
+launch_recorded() {
+  local work=$1 then=${2:-true}
+  setsid nohup bash -c "bash ${work@Q}/driver.sh; $then" > "$work/driver.log" 2>&1 < /dev/null &
   echo "started driver pid $! in $work"
 }
 
-# collect_recorded WORKDIR ARCHIVE: wait (≤ 9 min) for the run start_recorded began, say how it ended and how
-# long it took, and pack its run folder and pytest.log into $OUT/ARCHIVE. Repeat until "finished".
+# start_recorded WORKDIR PYTEST_ARGS...: as start_plugin, through a recorded driver (write_recorded).
+start_recorded() {
+  write_recorded "$@"
+  launch_recorded "$1"
+}
+
+# collect_recorded WORKDIR ARCHIVE: wait (≤ WAIT seconds, default 530: a call's 10 minutes less the packing) for
+# the run start_recorded began, say how it ended and how long it took, and pack its run folder and pytest.log
+# into $OUT/ARCHIVE. Repeat until "finished".
 collect_recorded() {
-  local work=$1 archive=$2 out=${OUT:-/tmp/out}
-  for _ in $(seq 1 106); do
-    [ -e "$work/rc" ] && break
+  local work=$1 archive=$2 out=${OUT:-/tmp/out} waited=0
+  while [ ! -e "$work/rc" ] && [ "$waited" -lt "${WAIT:-530}" ]; do
     sleep 5
+    waited=$((waited + 5))
   done
   if [ -e "$work/rc" ]; then
     echo "finished: exit code $(cat "$work/rc") after $(( $(stat -c %Y "$work/rc") - $(cat "$work/started") )) s"
-  else
+  elif [ -e "$work/started" ]; then
     echo "still running ($(( $(date +%s) - $(cat "$work/started") )) s so far)"
+  else
+    echo "not started yet"
+    return 0
   fi
   grep -E "^kvcache: " "$work/pytest.log" | tail -20 || true
   tail -40 "$work/pytest.log"

@@ -55,10 +55,14 @@ def test_a_retrieval_gate_where_the_baseline_cannot_judge_is_an_error(
 
 
 def test_the_multi_key_variant_asks_one_of_its_needles(pytester: pytest.Pytester, standin_args: list[str]) -> None:
-    result = _run(pytester, standin_args, "--kv-retrieval-keys=3", "--kv-retrieval-haystack=filler")
+    """Two key counts on one boot: each is its own cell, beside the single needle, in the same test."""
+    result = _run(pytester, standin_args, "--kv-retrieval-keys=1,3", "--kv-retrieval-haystack=filler")
     out = result.stdout.str()
     assert result.ret == 0, out[-4000:]
-    assert "3 needles a haystack with distinct keys, one asked, in filler" in out
+    assert "one needle a haystack and 3 needles a haystack with distinct keys, one asked, in filler" in out
     lines = [json.loads(line) for line in (latest(pytester) / "retrieval.jsonl").read_text().splitlines()]
-    assert {r["keys"] for r in lines} == {3} and {r["haystack"] for r in lines} == {"filler"}
+    assert sorted({r["keys"] for r in lines}) == [1, 3] and {r["haystack"] for r in lines} == {"filler"}
     assert all(r["ok"] and r["prompt_tokens"] == 300 for r in lines)
+    assert len([r for r in lines if r["arm"] == "auto"]) == 2 * 2 * 2  # keys × positions × needles
+    cells = json.loads((latest(pytester) / "report.json").read_text())["retrieval"]["cells"]
+    assert sorted({c["keys"] for c in cells}) == [1, 3]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pytest_kvcache import stats
+from pytest_kvcache.config import values as v
 from pytest_kvcache.config.settings import Arm, SettingsError, boot_order
 from pytest_kvcache.probes import agreement, registry
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
@@ -96,6 +97,19 @@ def test_gates_plan_adaptive_rounds_up_to_a_budget_of_three_boots_per_arm(tmp_pa
     five = resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"], max_replicates="5")
     assert five.rounds == 5 and sum(b.extra for b in five.boots()) == 8
     assert resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"], replicates="4").max_replicates is None
+
+
+def test_gates_decided_the_same_on_every_boot_plan_no_adaptive_rounds(tmp_path: Path) -> None:
+    """Retrieval and fidelity gates are decided over needles and texts, which every boot answers alike: the plan
+    lists no rounds another boot could never fill; a timing gate beside them brings the rounds back."""
+    only = ["retrieval_acc[retrieval@1k]: float16 >= auto - 0.1", "logprob_drift[fidelity@1k]: float16 <= 0.1"]
+    same = resolve_cli(tmp_path, fail=only)
+    assert same.max_replicates is None and [b.boot_id for b in same.boots()] == ["auto", "float16"]
+    assert resolve_cli(tmp_path, fail=only, max_replicates="1").max_replicates is None
+    with pytest.raises(SettingsError, match="not fidelity or retrieval"):
+        resolve_cli(tmp_path, fail=only, max_replicates="3")
+    assert resolve_cli(tmp_path, fail=[*only, "decode_tps[short]: >= -5%"]).max_replicates == 3
+    assert [v.gate_probe(g) for g in [*only, "ttft_s[prefill@10k]: <= +10%"]] == ["retrieval", "fidelity", "prefill"]
 
 
 def test_target_ci_plans_adaptive_rounds_up_to_the_cap(tmp_path: Path) -> None:

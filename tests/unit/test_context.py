@@ -163,3 +163,19 @@ def test_the_fixture_is_scaled_to_fit_keeping_its_turns_and_growth() -> None:
     assert grown.scale > 1 and 0.97 * 2 * full < grown_tokens <= 2 * full
     with pytest.raises(agentic.FitError, match="without any tool result"):
         agentic.fit(stock, words, 50, last_turn=last, session_no=1, seed=0, grow=False)
+
+
+def test_the_retrieval_default_reaches_the_limit_without_a_near_duplicate_depth(tmp_path: Path) -> None:
+    def depths(context: int) -> tuple[int, ...]:
+        folder = tmp_path / f"m{context}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"max_position_embeddings": context}))
+        return tuple(settings(tmp_path, model=str(folder)).retrieval_depths)
+
+    assert depths(131072) == (8000, 32000, 131048)
+    assert depths(32768) == (8000, 32744)  # 32k is within 10% below the limit: the limit replaces it
+    assert depths(16384) == (8000, 16360)
+    assert depths(8192) == (1000, 4000, 8168)  # only the limit left: a shallow depth to compare with
+    assert depths(4096) == (1000, 4072)
+    explicit = settings(tmp_path, model=str(tmp_path / "m8192"), retrieval_depths="8k")
+    assert tuple(explicit.retrieval_depths) == (8000,)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_kvcache.config import values
+from pytest_kvcache.config.settings import SettingsError
 from pytest_kvcache.probes import retrieval
 from pytest_kvcache.probes.retrieval import Needle
 
@@ -87,3 +89,25 @@ def test_a_word_pair_is_found_whatever_its_case_and_spacing() -> None:
     assert retrieval.found(" Amber  falcon.", needle)
     assert not retrieval.found(" amber falconry", needle)
     assert needle.lead_in == "The secret words of Bruno are"
+
+
+def test_key_counts_are_distinct_counts_up_to_sixteen() -> None:
+    assert values.key_counts("1,4") == (1, 4) and values.key_counts("3") == (3,) and values.key_counts([1, 2]) == (1, 2)
+    for bad, said in (("0", ">= 1"), ("17", "from 1 to 16"), ("1,1", "distinct"), ("x", "whole number")):
+        with pytest.raises(SettingsError, match=said):
+            values.key_counts(bad)
+
+
+def test_the_plan_line_counts_every_key_variant_as_cells_of_its_own() -> None:
+    line = retrieval.plan_line(
+        depths=(1000, 4000),
+        positions=(0.1, 0.5, 0.9),
+        needles=90,
+        form="recall",
+        keys=(1, 4),
+        haystack="texts",
+        ceiling=0.8,
+        cpu=False,
+    )
+    assert "one needle a haystack and 4 needles a haystack with distinct keys, one asked" in line
+    assert "12 cells of 90 needle(s), 1080 requests an arm" in line

@@ -13,6 +13,7 @@ import matplotlib
 import numpy as np
 import pytest
 
+from pytest_kvcache import stats
 from pytest_kvcache.model import RetrievalRecord
 from pytest_kvcache.report import retrieval
 from pytest_kvcache.report.gates import parse
@@ -143,6 +144,54 @@ def test_the_paired_interval_is_narrowed_by_a_positive_correlation() -> None:
     assert retrieval.mcnemar_p(12, 0) == pytest.approx(2 * 0.5**12)
 
 
+@pytest.mark.parametrize(
+    "probs", [(0.85, 0.05, 0.05, 0.05), (0.7, 0.15, 0.02, 0.13), (0.45, 0.05, 0.3, 0.2), (0.97, 0.03, 0.0, 0.0)]
+)
+def test_the_exact_difference_interval_covers_the_true_difference_in_at_least_95_percent(
+    probs: tuple[float, float, float, float],
+) -> None:
+    """2,000 seeded tables of 90 pairs each: at 95% the exact interval covers the true difference at least as
+    often as it says (it is conservative), also where every discordant needle goes one way."""
+    rng = np.random.default_rng(5)
+    true = probs[2] - probs[1]
+    covered = 0
+    for _both, base_only, arm_only, _neither in rng.multinomial(90, probs, size=2000):
+        lo, hi = retrieval.exact_difference_interval(int(base_only), int(arm_only), 90, 0.05)
+        covered += lo <= true <= hi
+    assert covered / 2000 >= 0.95
+
+
+def test_the_printed_interval_excludes_zero_exactly_when_holm_decides() -> None:
+    """300 seeded families of 2–12 cells with losses of 0–25 points: a cell is better or worse exactly when the
+    interval printed beside it (the exact one at its Holm step's level) excludes 0."""
+    rng = np.random.default_rng(17)
+    checked = decided = 0
+    for _ in range(300):
+        cells = int(rng.integers(2, 13))
+        p_values, tables = [], []
+        for _cell in range(cells):
+            loss = float(rng.choice([0.0, 0.05, 0.1, 0.25]))
+            b, c = int(rng.binomial(90, loss + 0.02)), int(rng.binomial(90, 0.02))
+            tables.append((b, c))
+            p_values.append(retrieval.mcnemar_p(b, c))
+        adjusted = stats.holm(p_values)
+        for (b, c), p_holm, alpha in zip(tables, adjusted, stats.holm_levels(p_values), strict=True):
+            lo, hi = retrieval.exact_difference_interval(b, c, 90, alpha)
+            decides = p_holm < 0.05 and b != c
+            assert decides == (lo > 0 or hi < 0), (b, c, p_holm, alpha, lo, hi)
+            checked += 1
+            decided += decides
+    assert checked > 1000 and 0.2 < decided / checked < 0.8
+
+
+def test_holm_levels_are_each_steps_alpha_until_the_first_step_that_fails() -> None:
+    assert stats.holm_levels([0.001, 0.04, 0.012]) == pytest.approx([0.05 / 3, 0.05 / 1, 0.05 / 2])
+    # 0.03 fails its step (0.05/2): it and every later one get that step's level
+    assert stats.holm_levels([0.001, 0.03, 0.04]) == pytest.approx([0.05 / 3, 0.05 / 2, 0.05 / 2])
+    assert stats.holm([0.001, 0.03, 0.04]) == pytest.approx([0.003, 0.06, 0.06])
+    assert stats.holm_levels([]) == []
+
+
 # ---- the section ----------------------------------------------------------------------------------------------
 
 
@@ -157,10 +206,15 @@ def test_a_loss_of_20_points_in_one_cell_is_worse_and_named() -> None:
     assert lo <= -0.2 <= hi < 0
     assert (row["b"], row["c"], row["n"], row["family_size"]) == (12, 0, 60, 6)
     assert row["p_holm"] < 0.05
-    assert [d["verdict"] for d in sec["diffs"] if d is not row] == ["same"] * 5
+    assert [d["verdict"] for d in sec["diffs"] if d is not row] == ["inconclusive"] * 5
     assert sec["comparisons"] == 6
     (sentence,) = sec["sentences"]
-    assert sentence.startswith("fp8 loses 20 points [10, 32] at 32k, 90% of the context; elsewhere within 0 points")
+    # the interval that decided: exact, at Holm's first step over 6 cells (99.17%), conservative
+    assert row["ci_level"] == pytest.approx(1 - 0.05 / 6, abs=1e-4)
+    assert sentence == (
+        "fp8 loses 20 points [2, 37] at 32k, 90% of the context; 5 more undecided, their intervals allow a loss of "
+        "up to 8 points, at 8k, 10% of the context (Holm over 6 cells)"
+    )
     fp8 = [c for c in sec["cells"] if c["arm"] == "fp8" and c["depth"] == 32000 and c["position"] == 0.9]
     assert fp8[0]["acc"] == 0.8 and fp8[0]["found"] == 48 and fp8[0]["n"] == 60
     assert sec["config"]["needles"] == 60 and sec["config"]["haystack"] == "essays"
@@ -195,7 +249,7 @@ def test_an_aa_finds_no_cell_beyond_its_interval_in_95_percent_of_runs() -> None
         flips = {key: rng.random(NEEDLES) < 0.02 for key in base}
         sec = retrieval.section(records_for(aa_outcome(base, flips)), ARMS, {})
         assert sec is not None
-        quiet += all(d["verdict"] in ("same", "cannot judge") for d in sec["diffs"])
+        quiet += all(d["verdict"] in ("inconclusive", "cannot judge") for d in sec["diffs"])
     assert quiet / 200 >= 0.95
 
 
@@ -203,9 +257,11 @@ def test_nothing_differs_reads_as_finding_what_the_baseline_finds() -> None:
     sec = retrieval.section(records_for(loss_at([(8000, 0.5, "recall", 1)], missed=2)), ARMS, {})
     assert sec is not None
     assert sec["sentences"] == [
-        "fp8 finds what auto finds: no cell differs beyond its interval (largest difference 3 points, 6 cells, "
-        "Holm over 6)"
+        "fp8: no cell differs from auto (Holm over 6 cells); their intervals allow a loss of up to 15 points, at 8k, "
+        "50% of the context"
     ]
+    (row,) = [d for d in sec["diffs"] if d["b"]]
+    assert row["verdict"] == "inconclusive" and row["ci"][0] < row["diff"] < 0 <= row["ci"][1]
 
 
 def test_a_baseline_below_the_ceiling_cannot_judge_its_cells_or_gates() -> None:
@@ -224,7 +280,7 @@ def test_a_baseline_below_the_ceiling_cannot_judge_its_cells_or_gates() -> None:
         "the baseline finds 30 of 60 needles at 32k, 10% of the context: below the 80% ceiling, no verdict"
         in (sec["notes"])
     )
-    assert sec["sentences"][0].endswith("0 points, 3 cells, Holm over 3; 3 cells the baseline cannot judge)")
+    assert sec["sentences"][0].startswith("fp8: no cell differs from auto (Holm over 3 cells; 3 cells the baseline")
     for text in ("retrieval_acc[retrieval@32k]: fp8 >= auto - 0.05", "retrieval_acc[retrieval@32k]: >= 0.4"):
         results = gate(text, "32k", records)
         assert results and {r["outcome"] for r in results} == {"error"}
@@ -339,3 +395,13 @@ def test_frame_rows_give_the_probe_its_points() -> None:
     deep = frame[(frame["arm"] == "fp8") & (frame["point"] == "32k")]
     assert deep["retrieval_acc"].mean() == pytest.approx(1 - 12 / 180)
     assert retrieval.frame_rows([]).empty
+
+
+def test_the_exact_pieces_match_scipys_binomial_test() -> None:
+    from scipy.stats import binomtest
+
+    for found, n in [(0, 12), (3, 7), (12, 12), (45, 90)]:
+        ci = binomtest(found, n).proportion_ci(confidence_level=0.99, method="exact")
+        assert retrieval.clopper_pearson(found, n, 0.01) == pytest.approx((ci.low, ci.high), abs=1e-9)
+    for b, c in [(9, 0), (5, 3), (0, 1), (20, 31)]:
+        assert retrieval.mcnemar_p(b, c) == pytest.approx(binomtest(min(b, c), b + c, 0.5).pvalue, abs=1e-12)
