@@ -816,45 +816,58 @@ def terminal_lines(report: Mapping[str, Any]) -> list[str]:
 
 def heatmap_figure(report: Mapping[str, Any], plt: Any) -> Figure | None:
     """Accuracy per depth × position, one heat map per arm side by side (0–100%, the value in each square);
-    the baseline's ceiling cells hatched (the title says so). With several forms or keys: the first form,
-    single needles where present (the title says which)."""
+    the baseline's ceiling cells hatched (the title says so). With several forms or key counts, one row of maps
+    per variant (in the forms' order, fewer keys first), each map titled with its variant."""
     from matplotlib.patches import Rectangle
 
     sec = _section_of(report)
     if sec is None or not sec["cells"]:
         return None
     cfg = sec["config"]
-    form = (cfg.get("forms") or [sec["cells"][0]["form"]])[0]
-    keys_found = sorted({int(c["keys"]) for c in sec["cells"] if c["form"] == form})
-    keys = 1 if 1 in keys_found else keys_found[0]
-    mine = [c for c in sec["cells"] if c["form"] == form and c["keys"] == keys]
-    arms = list(dict.fromkeys(c["arm"] for c in mine))
-    depths = sorted({int(c["depth"]) for c in mine})
-    positions = sorted({float(c["position"]) for c in mine})
-    size = (2.2 + 0.9 * len(positions) * len(arms), 2.2 + 0.5 * len(depths))
-    fig, axes = plt.subplots(1, len(arms), figsize=size, squeeze=False)
-    axes = axes[0]
+    forms = list(cfg.get("forms") or dict.fromkeys(c["form"] for c in sec["cells"]))
+    variants = sorted({(str(c["form"]), int(c["keys"])) for c in sec["cells"]}, key=lambda v: (forms.index(v[0]), v[1]))
+    several = len(variants) > 1
+    arms = list(dict.fromkeys(c["arm"] for c in sec["cells"]))
+    depths = sorted({int(c["depth"]) for c in sec["cells"]})
+    positions = sorted({float(c["position"]) for c in sec["cells"]})
+    size = (2.6 + 0.9 * len(positions) * len(arms), 0.6 + (1.6 + 0.5 * len(depths)) * len(variants))
+    # a narrow last column holds each row's colour bar (tight_layout keeps it clear of the maps)
+    fig, grid_axes = plt.subplots(
+        len(variants),
+        len(arms) + 1,
+        figsize=size,
+        squeeze=False,
+        gridspec_kw={"width_ratios": [1.0] * len(arms) + [0.06]},
+    )
+    axes, bars = grid_axes[:, :-1], grid_axes[:, -1]
     image = None
-    for ax, arm in zip(axes, arms, strict=True):
-        grid = np.full((len(depths), len(positions)), np.nan)
-        for c in (c for c in mine if c["arm"] == arm):
-            i, j = depths.index(int(c["depth"])), positions.index(float(c["position"]))
-            if c["acc"] is not None:
-                grid[i, j] = float(c["acc"]) * 100
-            if c["ceiling"]:
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", edgecolor="grey", lw=0))
-            ax.text(j, i, "–" if c["acc"] is None else _pct(float(c["acc"])), ha="center", va="center", fontsize=8)
-        image = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", origin="lower", aspect="auto")
-        ax.set_xticks(range(len(positions)), [_pct(p) for p in positions])
-        ax.set_yticks(range(len(depths)), [depth_label(d) for d in depths])
-        ax.set_xlabel("needle position (share of the context)")
-        ax.set_ylabel("depth (prompt tokens)")
-        ax.set_title(arm)
-    fig.colorbar(image, ax=axes[-1], label="needles found (%)")
-    several = len(cfg.get("forms") or []) > 1 or len(cfg.get("keys") or []) > 1
-    which = f" ({form}, {'single needle' if keys == 1 else f'{keys} keys'})" if several else ""
+    for row, (form, keys) in enumerate(variants):
+        mine = [c for c in sec["cells"] if c["form"] == form and c["keys"] == keys]
+        for ax, arm in zip(axes[row], arms, strict=True):
+            grid = np.full((len(depths), len(positions)), np.nan)
+            for c in (c for c in mine if c["arm"] == arm):
+                i, j = depths.index(int(c["depth"])), positions.index(float(c["position"]))
+                if c["acc"] is not None:
+                    grid[i, j] = float(c["acc"]) * 100
+                if c["ceiling"]:
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", edgecolor="grey", lw=0))
+                text = "–" if c["acc"] is None else _pct(float(c["acc"]))
+                ax.text(j, i, text, ha="center", va="center", fontsize=8)
+            image = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", origin="lower", aspect="auto")
+            ax.set_xticks(range(len(positions)), [_pct(p) for p in positions])
+            ax.set_yticks(range(len(depths)), [depth_label(d) for d in depths])
+            ax.set_xlabel("needle position (share of the context)")
+            ax.set_ylabel("depth (prompt tokens)")
+            variant = f"{form}, {'single needle' if keys == 1 else f'{keys} keys'}"
+            ax.set_title(f"{arm} ({variant})" if several else arm)
+        fig.colorbar(image, cax=bars[row], label="needles found (%)")
+    which = (
+        ""
+        if several
+        else f" ({variants[0][0]}, {'single needle' if variants[0][1] == 1 else f'{variants[0][1]} keys'})"
+    )
     note = ""
-    if any(c["ceiling"] for c in mine):
+    if any(c["ceiling"] for c in sec["cells"]):
         note = (
             f"\nhatched: the baseline finds fewer than {_pct(float(cfg.get('ceiling') or DEFAULT_CEILING))}, no verdict"
         )

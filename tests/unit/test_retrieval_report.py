@@ -327,6 +327,17 @@ def test_several_forms_and_keys_are_named_in_the_sentence() -> None:
     assert sec is not None
     assert sec["config"]["forms"] == ["question", "recall"] and sec["config"]["keys"] == [1, 4]
     assert "at 32k, 90% of the context (question, 4 keys)" in sec["sentences"][0]
+    figure = retrieval.heatmap_figure({"retrieval": sec}, plt)
+    assert figure is not None  # one row of maps per variant, each arm a map, each row its colour bar
+    titles = [ax.get_title() for ax in figure.axes if ax.get_title()]
+    assert titles == [
+        "auto (question, 4 keys)",
+        "fp8 (question, 4 keys)",
+        "auto (recall, single needle)",
+        "fp8 (recall, single needle)",
+    ]
+    assert len(figure.axes) == 2 * (len(ARMS) + 1)
+    plt.close(figure)
 
 
 # ---- gates ----------------------------------------------------------------------------------------------------
