@@ -184,9 +184,18 @@ def normalise(text: str) -> str:
     return _SPACE.sub(" ", text).strip().strip("*`\"'“”").strip()
 
 
-def found(returned: str, needle: Needle) -> bool:
-    """Whether ``returned`` starts with the needle's value (whitespace normalised; case too for words), and the
-    value ends there: ``48213.`` finds 48213, ``482130`` does not."""
+def found(returned: str, needle: Needle, form: str = "recall") -> bool:
+    """Whether ``returned`` gives the needle's value.
+
+    ``recall``: the completion starts with the value (whitespace normalised; case too for words), and the value
+    ends there: ``48213.`` finds 48213, ``482130`` does not.
+
+    ``question``: a chat answer restates the question before its value ("The secret number of Alice is 48213."),
+    so its **first candidate** is scored: a number's first run of digits, a word pair's first word of the needles'
+    vocabulary with the word after it. Only the first counts: an answer listing every key's value, or quoting
+    another number first, is not found."""
+    if form == "question":
+        return _first_candidate(returned, needle.kind) == needle.value.lower()
     got, want = normalise(returned), needle.value
     if needle.kind == "words":
         got, want = got.lower(), want.lower()
@@ -194,6 +203,23 @@ def found(returned: str, needle: Needle) -> bool:
         return False
     rest = got[len(want) :]
     return not rest or not rest[0].isalnum()
+
+
+_DIGITS = re.compile(r"\d+")
+_WORD = re.compile(r"[A-Za-z]+")
+
+
+def _first_candidate(text: str, kind: str) -> str | None:
+    """A chat answer's first value of ``kind``: its first run of digits, or its first word of :data:`WORDS` with
+    the next word (lower case); None without one."""
+    if kind == "number":
+        digits = _DIGITS.search(text)
+        return digits.group(0) if digits else None
+    words = [w.lower() for w in _WORD.findall(text)]
+    for i, word in enumerate(words[:-1]):
+        if word in WORDS:
+            return f"{word} {words[i + 1]}"
+    return None
 
 
 def plan_line(

@@ -169,7 +169,7 @@ def test_retrieval(
                     {
                         "ok": True,
                         "returned": returned,
-                        "correct": retrieval.found(returned, asked_needle),
+                        "correct": retrieval.found(returned, asked_needle, form),
                         "prompt_tokens": prompt_tokens,
                         "needle_at": prompt.needle_at,
                         "wall_s": round(time.perf_counter() - sent, 4),

@@ -111,3 +111,22 @@ def test_the_plan_line_counts_every_key_variant_as_cells_of_its_own() -> None:
     )
     assert "one needle a haystack and 4 needles a haystack with distinct keys, one asked" in line
     assert "12 cells of 90 needle(s), 1080 requests an arm" in line
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "returned", "found"),
+    [  # answers SmolLM2-135M-Instruct gave on vLLM's CPU build (the question form, 2026-12-06)
+        ("number", "22754", "The secret number of Alice is 22754.", True),
+        ("number", "79553", "The secret number of Omar, as stated in the text, is 79553.", True),
+        ("number", "379398", "The secret number of Bruno is 3.", False),
+        ("words", "thunder ember", 'The secret two words of Greta, as stated in the text, are "thunder ember".', True),
+        ("words", "nectar apple", 'The secret two words of Greta are:\n\n- "nectar"\n- "apple"', True),
+        ("words", "cedar basket", 'The secret two words of Yara, as stated in the text, are "Y" and "A".', False),
+        ("words", "carpet saddle", 'The secret two words of Quentin are "scratch" and "carpet saddle"', True),
+        ("number", "48213", "It is 12345, or maybe 48213.", False),  # only the first candidate counts
+        ("words", "amber falcon", "silver raven, amber falcon", False),
+        ("number", "48213", "I cannot find it.", False),
+    ],
+)
+def test_a_chat_answer_is_scored_on_its_first_candidate(kind: str, value: str, returned: str, found: bool) -> None:
+    assert retrieval.found(returned, Needle("Alice", kind, value), "question") is found
