@@ -179,7 +179,7 @@ def ab_lines(report: Report) -> list[str]:
         ]
     elif ci and ci["order"] and len(ci["order"]) > len(arms):
         lines.append("boot order: " + " → ".join(ci["order"]))
-    if ci and ci["text"]:
+    if ci and ci["text"] and (ab_tables(report) or report.get("verdicts")):  # what the A/B's CIs cover
         lines.append(ci["text"])
     for row in agreement_table(report):
         lines.append(f"agreement {row[0]} {row[1]} {row[2]}: identical {row[3]}, first divergence {row[4]}")
@@ -238,8 +238,10 @@ def _capacity(report: Report) -> list[Line]:
 
 
 def _spec_decode(report: Report) -> list[Line]:
+    """Acceptance, or why there is none; nothing where no timed request ran (retrieval or fidelity alone)."""
     spec = report.get("spec_decode")
-    return [Line(""), Line(f"speculative decoding: {spec['line']}")] if spec else []
+    timed = any(row.get("probe") not in ("retrieval", "fidelity") for row in report.get("summary") or [])
+    return [Line(""), Line(f"speculative decoding: {spec['line']}")] if spec and (timed or spec["rows"]) else []
 
 
 def _flags(report: Report) -> list[Line]:
@@ -254,8 +256,10 @@ def _notes(report: Report) -> list[Line]:
 
 
 def _ab(report: Report) -> list[Line]:
+    """The A/B block; its head only where there is an A/B table (a run of retrieval or fidelity alone has none)."""
     head = "A/B (ratio of means − 1, [the 95% interval its verdict was judged on]):"
-    return [Line(""), Line(head), *[Line(text) for text in ab_lines(report)]]
+    lines = [Line(text) for text in ab_lines(report)]
+    return [Line(""), Line(head), *lines] if ab_tables(report) else [Line(""), *lines] if lines else []
 
 
 def _compare(report: Report) -> list[Line]:
