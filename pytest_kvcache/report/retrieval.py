@@ -29,10 +29,9 @@ Plain Python: no pytest.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,11 +40,12 @@ from pytest_kvcache import stats
 from pytest_kvcache.model import GateEvidence, GateResult, RetrievalRecord
 from pytest_kvcache.probes.registry import depth_label
 from pytest_kvcache.report.gates import Gate, _result, judge
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-    from pytest_kvcache.report.outputs.htmlpage import Table
+from pytest_kvcache.report.retrieval_stats import (
+    exact_difference_interval,
+    mcnemar_p,
+    paired_difference_interval,
+    wilson_interval,
+)
 
 PROBE = "retrieval"
 METRIC = "retrieval_acc"
@@ -60,92 +60,6 @@ CI_METHOD = "needles"
 Cell = tuple[int, float, str, int]
 #: One needle: its cell and its index within the cell.
 Needle = tuple[int, float, str, int, int]
-
-
-def wilson_interval(found: int, n: int, confidence: float = stats.CONFIDENCE) -> tuple[float, float]:
-    """The Wilson score interval for ``found`` successes in ``n`` trials (no continuity correction): the
-    proportions a score test does not reject. ``n`` must be positive."""
-    if n <= 0:
-        raise ValueError("a Wilson interval needs at least one trial")
-    z = stats.t_quantile(math.inf, confidence)
-    p = found / n
-    scale = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / scale
-    half = z / scale * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def paired_difference_interval(
-    both: int, base_only: int, arm_only: int, neither: int, confidence: float = stats.CONFIDENCE
-) -> tuple[float, float]:
-    """Newcombe's hybrid score interval (1998, method 10) for the paired difference ``p_arm − p_base``.
-
-    With ``(l1, u1)`` and ``(l2, u2)`` the Wilson intervals of the arm's and the baseline's accuracy:
-    ``L = D − √((p_arm − l1)² − 2φ(p_arm − l1)(u2 − p_base) + (u2 − p_base)²)`` and
-    ``U = D + √((u1 − p_arm)² − 2φ(u1 − p_arm)(p_base − l2) + (p_base − l2)²)``, where φ is the correlation of
-    the paired outcomes, ``(ad − bc) / √(marginal product)`` with its numerator shrunk by ``n/2`` when positive
-    (0 between 0 and ``n/2``), and 0 when a marginal is empty. A positive correlation (the usual case: both
-    arms find the easy needles) narrows the interval; the square-and-add of the two Wilson intervals keeps
-    its good coverage next to 0% and 100%. Clipped to [−1, 1]."""
-    n = both + base_only + arm_only + neither
-    if n <= 0:
-        raise ValueError("a paired interval needs at least one pair")
-    p_arm, p_base = (both + arm_only) / n, (both + base_only) / n
-    l1, u1 = wilson_interval(both + arm_only, n, confidence)
-    l2, u2 = wilson_interval(both + base_only, n, confidence)
-    marginals = (both + arm_only) * (base_only + neither) * (both + base_only) * (arm_only + neither)
-    phi = 0.0
-    if marginals > 0:
-        cross = both * neither - base_only * arm_only
-        phi = (cross - n / 2 if cross > n / 2 else 0.0 if cross >= 0 else cross) / math.sqrt(marginals)
-    diff = p_arm - p_base
-    down_arm, up_base = p_arm - l1, u2 - p_base
-    up_arm, down_base = u1 - p_arm, p_base - l2
-    lower = diff - math.sqrt(max(0.0, down_arm**2 - 2 * phi * down_arm * up_base + up_base**2))
-    upper = diff + math.sqrt(max(0.0, up_arm**2 - 2 * phi * up_arm * down_base + down_base**2))
-    return max(-1.0, lower), min(1.0, upper)
-
-
-def mcnemar_p(base_only: int, arm_only: int) -> float:
-    """The exact McNemar test's two-sided p-value: the discordant pairs against a fair coin, twice the smaller
-    tail (the fair coin's distribution is symmetric: scipy's ``binomtest`` gives the same), 1.0 with none."""
-    from scipy import stats as scipy_stats
-
-    if base_only + arm_only == 0:
-        return 1.0
-    return min(1.0, 2 * float(scipy_stats.binom.cdf(min(base_only, arm_only), base_only + arm_only, 0.5)))
-
-
-def clopper_pearson(found: int, n: int, alpha: float) -> tuple[float, float]:
-    """The exact (Clopper–Pearson) interval of a proportion at ``1 − alpha``: the central one, whose exclusion of
-    a value is the two-sided binomial test's (twice the smaller tail) below ``alpha``."""
-    from scipy import stats as scipy_stats
-
-    low = 0.0 if found == 0 else float(scipy_stats.beta.ppf(alpha / 2, found, n - found + 1))
-    high = 1.0 if found == n else float(scipy_stats.beta.ppf(1 - alpha / 2, found + 1, n - found))
-    return low, high
-
-
-def exact_difference_interval(base_only: int, arm_only: int, n: int, alpha: float) -> tuple[float, float]:
-    """The paired difference ``(arm_only − base_only) / n`` at ``1 − alpha``, from the exact test that decides it.
-
-    The difference is the discordance rate ``r`` (needles found by one arm only) times ``2s − 1``, where ``s`` is
-    the share of them the arm found. The exact McNemar test is the two-sided binomial test of ``s = ½``; its
-    Clopper–Pearson interval for ``s`` excludes ½ exactly when that p is below ``alpha``. The interval takes
-    ``2s − 1`` over that interval, scaled by the Clopper–Pearson bounds of ``r`` toward the wider side: it excludes
-    0 exactly when the test rejects, and it is conservative (the two ranges are taken together). With no
-    discordant needle ``s`` is unconstrained and the interval is ±the upper bound of ``r``."""
-    if n <= 0:
-        raise ValueError("a paired interval needs at least one pair")
-    discordant = base_only + arm_only
-    rate_low, rate_high = clopper_pearson(discordant, n, alpha)
-    low_s, high_s = -1.0, 1.0
-    if discordant:
-        share_low, share_high = clopper_pearson(arm_only, discordant, alpha)
-        low_s, high_s = 2 * share_low - 1, 2 * share_high - 1
-    low = low_s * (rate_high if low_s < 0 else rate_low)
-    high = high_s * (rate_high if high_s > 0 else rate_low)
-    return max(-1.0, low), min(1.0, high)
 
 
 def ceiling_of(settings: Mapping[str, Any]) -> float:
@@ -242,7 +156,7 @@ def _r(value: float | None) -> float | None:
     return None if value is None else round(float(value), 4)
 
 
-def _pct(value: float) -> str:
+def pct(value: float) -> str:
     return f"{value * 100:.0f}%"
 
 
@@ -253,7 +167,7 @@ def _where(cell: Cell, words: Mapping[str, bool]) -> str:
     extra = [form] if words["forms"] else []
     if words["multi_keys"]:
         extra.append("single needle" if keys == 1 else f"{keys} keys")
-    return f"{depth_label(depth)}, {_pct(position)} of the context" + (f" ({', '.join(extra)})" if extra else "")
+    return f"{depth_label(depth)}, {pct(position)} of the context" + (f" ({', '.join(extra)})" if extra else "")
 
 
 def section(
@@ -296,7 +210,7 @@ def section(
                 if below[cell]:
                     notes.append(
                         f"the baseline finds {found} of {n} needles at {_where(cell, words)}: below the "
-                        f"{_pct(ceiling)} ceiling, no verdict"
+                        f"{pct(ceiling)} ceiling, no verdict"
                     )
             cells.append(
                 {
@@ -419,7 +333,7 @@ def _sentences(
         cannot = f"; {blocked} cell{'' if blocked == 1 else 's'} the baseline cannot judge" if blocked else ""
         if not judged:
             out.append(
-                f"{arm} against {arms[0]}: no cell can be judged (the baseline finds fewer than {_pct(ceiling)} of "
+                f"{arm} against {arms[0]}: no cell can be judged (the baseline finds fewer than {pct(ceiling)} of "
                 "the needles, or no needle was answered by both)"
             )
             continue
@@ -508,7 +422,7 @@ def gate_results(
             return [], f"cannot judge: {reference} answered no needle at {point}"
         who = "the baseline" if reference == arms[0] else f"{reference} (the reference)"
         return [], (
-            f"cannot judge: {who} finds {_pct(found / n)} of the needles at {point}, below the {_pct(ceiling)} ceiling"
+            f"cannot judge: {who} finds {pct(found / n)} of the needles at {point}, below the {pct(ceiling)} ceiling"
         )
 
     def done(name: str, value: float | None, lo: float | None, hi: float | None, text: str, ratio: bool) -> GateResult:
@@ -645,231 +559,3 @@ def records_of(frame: pd.DataFrame) -> list[RetrievalRecord]:
 
 
 # ---- renderers over the finished report ------------------------------------------------------------------------
-
-
-def _section_of(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    found = report.get("retrieval")
-    return cast("Mapping[str, Any]", found) if found else None
-
-
-def _cell_columns(config: Mapping[str, Any]) -> tuple[bool, bool]:
-    """Whether the tables need a form column and a keys column (only when the run has several)."""
-    return len(config.get("forms") or []) > 1, len(config.get("keys") or []) > 1
-
-
-def _cell_cells(row: Mapping[str, Any], forms: bool, keys: bool) -> list[str]:
-    out = [str(row["point"]), _pct(float(row["position"]))]
-    if forms:
-        out.append(str(row["form"]))
-    if keys:
-        out.append(str(row["keys"]))
-    return out
-
-
-#: The footnote of a cell the baseline cannot judge (marked † in the accuracy table).
-CEILING_MARK = "†"
-
-
-def setup_line(sec: Mapping[str, Any]) -> str:
-    """The setup in one sentence: needles per cell, forms, haystack, keys, depths, positions, the ceiling."""
-    cfg = sec["config"]
-    keys = cfg.get("keys") or [1]
-    key_words = ", ".join("single needle" if k == 1 else f"{k} keys (one asked)" for k in keys)
-    depths = ", ".join(depth_label(int(d)) for d in cfg.get("depths") or [])
-    positions = ", ".join(_pct(float(p)) for p in cfg.get("positions") or [])
-    return (
-        f"Needle in a haystack: {cfg.get('needles')} needles per cell, asked as {', '.join(cfg.get('forms') or [])} "
-        f"in {cfg.get('haystack') or 'the haystack'} ({key_words}); depths {depths}, needle positions {positions} "
-        "of the context. A needle is found when at least half of its boots return it; accuracy with its Wilson 95% "
-        f"interval. Differences: each arm − {cfg.get('baseline')} in points over the needles both answered, decided "
-        "by the exact McNemar test with Holm within each arm; the interval printed is the exact one at the level of "
-        "the cell's Holm step (it excludes 0 exactly when the cell is better or worse). A cell where the baseline "
-        f"finds fewer than {_pct(float(cfg.get('ceiling') or DEFAULT_CEILING))} of the needles gets no verdict."
-    )
-
-
-def accuracy_table(sec: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Accuracy [95% CI] (found/needles) per cell, arms as columns; a ceiling cell marked †."""
-    cfg = sec["config"]
-    forms, keys = _cell_columns(cfg)
-    arms = list(cfg.get("arms") or dict.fromkeys(c["arm"] for c in sec["cells"]))
-    header = ["Depth", "Position", *(["Form"] if forms else []), *(["Keys"] if keys else []), *arms]
-    by_cell: dict[tuple[Any, ...], dict[str, Mapping[str, Any]]] = {}
-    for c in sec["cells"]:
-        by_cell.setdefault((c["depth"], c["position"], c["form"], c["keys"]), {})[c["arm"]] = c
-    rows = []
-    for of_arm in by_cell.values():
-        first = next(iter(of_arm.values()))
-        line = _cell_cells(first, forms, keys)
-        for arm in arms:
-            c = of_arm.get(arm)
-            if c is None or c["acc"] is None:
-                line.append("–")
-                continue
-            lo, hi = c["ci"]
-            mark = CEILING_MARK if c["ceiling"] and arm == cfg.get("baseline") else ""
-            text = f"{_pct(c['acc'])}{mark} [{_pct(lo)}, {_pct(hi)}] ({c['found']}/{c['n']})"
-            line.append(text + (f", {c['failed']} failed" if c["failed"] else ""))
-        rows.append(line)
-    return header, rows
-
-
-def diff_table(sec: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Each arm − the baseline per cell: points [the deciding interval, its level], pairs, McNemar p, Holm p and
-    the verdict."""
-    forms, keys = _cell_columns(sec["config"])
-    header = [
-        "Arm",
-        "Depth",
-        "Position",
-        *(["Form"] if forms else []),
-        *(["Keys"] if keys else []),
-        "Pairs",
-        "Difference, points [deciding CI]",
-        "p",
-        "Holm p",
-        "Verdict",
-    ]
-    rows = []
-    for d in sec["diffs"]:
-        diff = "–"
-        if d["diff"] is not None:
-            lo, hi = d["ci"]
-            level = d.get("ci_level")
-            at = f" ({_level(float(level))})" if level is not None else ""
-            diff = f"{d['diff'] * 100:+.0f} [{lo * 100:+.0f}, {hi * 100:+.0f}]{at}"
-        holm = "–" if d["p_holm"] is None else f"{_p(d['p_holm'])} (of {d['family_size']})"
-        p = "–" if d["p"] is None else _p(d["p"])
-        rows.append([str(d["arm"]), *_cell_cells(d, forms, keys), str(d["n"]), diff, p, holm, str(d["verdict"])])
-    return header, rows
-
-
-def _level(level: float) -> str:
-    """A confidence level as the table prints it: 95%, 99.5%, 99.44%."""
-    return f"{level * 100:.4g}%"
-
-
-def _p(value: float) -> str:
-    """A p-value as the section keeps it (4 decimals): one rounded to 0 reads as below 0.0001."""
-    return "< 0.0001" if value == 0 else f"{value:.3g}"
-
-
-def _footnote(sec: Mapping[str, Any]) -> str:
-    ceiling = _pct(float(sec["config"].get("ceiling") or DEFAULT_CEILING))
-    return (
-        f"{CEILING_MARK} the baseline finds fewer than {ceiling} of the needles here: the cell measures the model's "
-        "limit, not the KV cache's, and gets no verdict."
-    )
-
-
-def markdown_lines(report: Mapping[str, Any]) -> list[str]:
-    """report.md's retrieval section: the setup, a sentence per arm, accuracy and difference tables, notes."""
-    from pytest_kvcache.report.outputs.formats import _md_table
-
-    sec = _section_of(report)
-    if sec is None:
-        return []
-    lines = ["", "## Retrieval at depth", "", setup_line(sec), ""]
-    lines += [f"- {s}" for s in sec["sentences"]]
-    header, rows = accuracy_table(sec)
-    if rows:
-        lines += ["", *_md_table(header, rows)]
-        if any(c["ceiling"] for c in sec["cells"]):
-            lines += ["", _footnote(sec)]
-    header, rows = diff_table(sec)
-    if rows:
-        lines += ["", *_md_table(header, rows)]
-    if sec["notes"]:
-        lines += ["", *[f"- {n}" for n in sec["notes"]]]
-    return lines
-
-
-def html_tables(report: Mapping[str, Any]) -> list[Table]:
-    """report.html's retrieval tables (accuracy, differences), a verdict cell classed better/worse."""
-    from pytest_kvcache.report.outputs.htmlpage import Cell as HtmlCell
-    from pytest_kvcache.report.outputs.htmlpage import Table
-
-    sec = _section_of(report)
-    if sec is None:
-        return []
-    header, rows = accuracy_table(sec)
-    notes = [_footnote(sec)] if any(c["ceiling"] for c in sec["cells"]) else []
-    intro = " ".join([setup_line(sec), *sec["sentences"]])
-    tables = [Table("Retrieval at depth", header, [[HtmlCell(c) for c in row] for row in rows], intro, notes)]
-    header, rows = diff_table(sec)
-    if rows:
-        cells = [[HtmlCell(c) for c in row[:-1]] + [HtmlCell(row[-1], _verdict_class(row[-1]))] for row in rows]
-        tables.append(Table("Retrieval: each arm against the baseline", header, cells, notes=list(sec["notes"])))
-    return tables
-
-
-def _verdict_class(verdict: str) -> str:
-    """The HTML class of a verdict cell: its colour for a better or worse, none otherwise."""
-    return verdict if verdict in ("better", "worse") else ""
-
-
-def terminal_lines(report: Mapping[str, Any]) -> list[str]:
-    """The terminal's retrieval lines: one sentence per arm."""
-    sec = _section_of(report)
-    return [f"retrieval: {s}" for s in sec["sentences"]] if sec is not None else []
-
-
-def heatmap_figure(report: Mapping[str, Any], plt: Any) -> Figure | None:
-    """Accuracy per depth × position, one heat map per arm side by side (0–100%, the value in each square);
-    the baseline's ceiling cells hatched (the title says so). With several forms or key counts, one row of maps
-    per variant (in the forms' order, fewer keys first), each map titled with its variant."""
-    from matplotlib.patches import Rectangle
-
-    sec = _section_of(report)
-    if sec is None or not sec["cells"]:
-        return None
-    cfg = sec["config"]
-    forms = list(cfg.get("forms") or dict.fromkeys(c["form"] for c in sec["cells"]))
-    variants = sorted({(str(c["form"]), int(c["keys"])) for c in sec["cells"]}, key=lambda v: (forms.index(v[0]), v[1]))
-    several = len(variants) > 1
-    arms = list(dict.fromkeys(c["arm"] for c in sec["cells"]))
-    depths = sorted({int(c["depth"]) for c in sec["cells"]})
-    positions = sorted({float(c["position"]) for c in sec["cells"]})
-    size = (2.6 + 0.9 * len(positions) * len(arms), 0.6 + (1.6 + 0.5 * len(depths)) * len(variants))
-    # a narrow last column holds each row's colour bar (tight_layout keeps it clear of the maps)
-    fig, grid_axes = plt.subplots(
-        len(variants),
-        len(arms) + 1,
-        figsize=size,
-        squeeze=False,
-        gridspec_kw={"width_ratios": [1.0] * len(arms) + [0.06]},
-    )
-    axes, bars = grid_axes[:, :-1], grid_axes[:, -1]
-    image = None
-    for row, (form, keys) in enumerate(variants):
-        mine = [c for c in sec["cells"] if c["form"] == form and c["keys"] == keys]
-        for ax, arm in zip(axes[row], arms, strict=True):
-            grid = np.full((len(depths), len(positions)), np.nan)
-            for c in (c for c in mine if c["arm"] == arm):
-                i, j = depths.index(int(c["depth"])), positions.index(float(c["position"]))
-                if c["acc"] is not None:
-                    grid[i, j] = float(c["acc"]) * 100
-                if c["ceiling"]:
-                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", edgecolor="grey", lw=0))
-                text = "–" if c["acc"] is None else _pct(float(c["acc"]))
-                ax.text(j, i, text, ha="center", va="center", fontsize=8)
-            image = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", origin="lower", aspect="auto")
-            ax.set_xticks(range(len(positions)), [_pct(p) for p in positions])
-            ax.set_yticks(range(len(depths)), [depth_label(d) for d in depths])
-            ax.set_xlabel("needle position (share of the context)")
-            ax.set_ylabel("depth (prompt tokens)")
-            variant = f"{form}, {'single needle' if keys == 1 else f'{keys} keys'}"
-            ax.set_title(f"{arm} ({variant})" if several else arm)
-        fig.colorbar(image, cax=bars[row], label="needles found (%)")
-    which = (
-        ""
-        if several
-        else f" ({variants[0][0]}, {'single needle' if variants[0][1] == 1 else f'{variants[0][1]} keys'})"
-    )
-    note = ""
-    if any(c["ceiling"] for c in sec["cells"]):
-        note = (
-            f"\nhatched: the baseline finds fewer than {_pct(float(cfg.get('ceiling') or DEFAULT_CEILING))}, no verdict"
-        )
-    fig.suptitle(f"Retrieval accuracy by depth and position{which}{note}")
-    return cast("Figure", fig)

@@ -15,7 +15,7 @@ import pytest
 
 from pytest_kvcache import stats
 from pytest_kvcache.model import RetrievalRecord
-from pytest_kvcache.report import retrieval
+from pytest_kvcache.report import retrieval, retrieval_render, retrieval_stats
 from pytest_kvcache.report.gates import parse
 from pytest_kvcache.report.outputs.htmlpage import Table
 
@@ -105,7 +105,7 @@ def gate(text: str, point: str, records: list[RetrievalRecord], settings: dict[s
     [(0, 10, 0.0, 0.2775), (10, 10, 0.7225, 1.0), (7, 20, 0.1812, 0.5671), (48, 60, 0.6822, 0.8817)],
 )
 def test_the_wilson_interval_matches_known_values(found: int, n: int, lo: float, hi: float) -> None:
-    got = retrieval.wilson_interval(found, n)
+    got = retrieval_stats.wilson_interval(found, n)
     assert got == pytest.approx((lo, hi), abs=1e-4)
 
 
@@ -114,7 +114,7 @@ def test_the_wilson_interval_matches_scipys() -> None:
 
     for found, n in [(0, 1), (3, 7), (59, 60), (120, 180)]:
         ci = binomtest(found, n).proportion_ci(method="wilson")
-        assert retrieval.wilson_interval(found, n) == pytest.approx((ci.low, ci.high), abs=1e-12)
+        assert retrieval_stats.wilson_interval(found, n) == pytest.approx((ci.low, ci.high), abs=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -130,18 +130,18 @@ def test_newcombes_paired_interval_covers_the_true_difference_in_at_least_93_per
     true = probs[2] - probs[1]
     covered = 0
     for both, base_only, arm_only, neither in rng.multinomial(60, probs, size=2000):
-        lo, hi = retrieval.paired_difference_interval(int(both), int(base_only), int(arm_only), int(neither))
+        lo, hi = retrieval_stats.paired_difference_interval(int(both), int(base_only), int(arm_only), int(neither))
         covered += lo <= true <= hi
     assert covered / 2000 >= 0.93
 
 
 def test_the_paired_interval_is_narrowed_by_a_positive_correlation() -> None:
     """The same marginals (80% and 90%) paired concordantly give a narrower interval than independently."""
-    lo_c, hi_c = retrieval.paired_difference_interval(48, 6, 0, 6)
-    lo_i, hi_i = retrieval.paired_difference_interval(43, 11, 5, 1)
+    lo_c, hi_c = retrieval_stats.paired_difference_interval(48, 6, 0, 6)
+    lo_i, hi_i = retrieval_stats.paired_difference_interval(43, 11, 5, 1)
     assert hi_c - lo_c < hi_i - lo_i
-    assert retrieval.mcnemar_p(0, 0) == 1.0
-    assert retrieval.mcnemar_p(12, 0) == pytest.approx(2 * 0.5**12)
+    assert retrieval_stats.mcnemar_p(0, 0) == 1.0
+    assert retrieval_stats.mcnemar_p(12, 0) == pytest.approx(2 * 0.5**12)
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,7 @@ def test_the_exact_difference_interval_covers_the_true_difference_in_at_least_95
     true = probs[2] - probs[1]
     covered = 0
     for _both, base_only, arm_only, _neither in rng.multinomial(90, probs, size=2000):
-        lo, hi = retrieval.exact_difference_interval(int(base_only), int(arm_only), 90, 0.05)
+        lo, hi = retrieval_stats.exact_difference_interval(int(base_only), int(arm_only), 90, 0.05)
         covered += lo <= true <= hi
     assert covered / 2000 >= 0.95
 
@@ -173,10 +173,10 @@ def test_the_printed_interval_excludes_zero_exactly_when_holm_decides() -> None:
             loss = float(rng.choice([0.0, 0.05, 0.1, 0.25]))
             b, c = int(rng.binomial(90, loss + 0.02)), int(rng.binomial(90, 0.02))
             tables.append((b, c))
-            p_values.append(retrieval.mcnemar_p(b, c))
+            p_values.append(retrieval_stats.mcnemar_p(b, c))
         adjusted = stats.holm(p_values)
         for (b, c), p_holm, alpha in zip(tables, adjusted, stats.holm_levels(p_values), strict=True):
-            lo, hi = retrieval.exact_difference_interval(b, c, 90, alpha)
+            lo, hi = retrieval_stats.exact_difference_interval(b, c, 90, alpha)
             decides = p_holm < 0.05 and b != c
             assert decides == (lo > 0 or hi < 0), (b, c, p_holm, alpha, lo, hi)
             checked += 1
@@ -327,7 +327,7 @@ def test_several_forms_and_keys_are_named_in_the_sentence() -> None:
     assert sec is not None
     assert sec["config"]["forms"] == ["question", "recall"] and sec["config"]["keys"] == [1, 4]
     assert "at 32k, 90% of the context (question, 4 keys)" in sec["sentences"][0]
-    figure = retrieval.heatmap_figure({"retrieval": sec}, plt)
+    figure = retrieval_render.heatmap_figure({"retrieval": sec}, plt)
     assert figure is not None  # one row of maps per variant, each arm a map, each row its colour bar
     titles = [ax.get_title() for ax in figure.axes if ax.get_title()]
     assert titles == [
@@ -384,19 +384,19 @@ def test_the_renderers_carry_the_sentence_and_the_tables() -> None:
     sec = retrieval.section(records_for(outcome), ARMS, {})
     report = {"retrieval": sec}
     sentence = sec["sentences"][0] if sec else ""
-    lines = retrieval.markdown_lines(report)
+    lines = retrieval_render.markdown_lines(report)
     text = "\n".join(lines)
     assert "## Retrieval at depth" in text and sentence in text and "†" in text and "worse" in text
-    assert retrieval.terminal_lines(report) == [f"retrieval: {sentence}"]
-    tables = retrieval.html_tables(report)
+    assert retrieval_render.terminal_lines(report) == [f"retrieval: {sentence}"]
+    tables = retrieval_render.html_tables(report)
     assert len(tables) == 2 and all(isinstance(t, Table) and t.rows for t in tables)
     assert sentence in tables[0].intro
     assert any(cell.cls == "worse" for row in tables[1].rows for cell in row)
-    figure = retrieval.heatmap_figure(report, plt)
+    figure = retrieval_render.heatmap_figure(report, plt)
     assert isinstance(figure, Figure)
     plt.close(figure)
-    assert retrieval.markdown_lines({}) == [] and retrieval.terminal_lines({}) == []
-    assert retrieval.html_tables({}) == [] and retrieval.heatmap_figure({}, plt) is None
+    assert retrieval_render.markdown_lines({}) == [] and retrieval_render.terminal_lines({}) == []
+    assert retrieval_render.html_tables({}) == [] and retrieval_render.heatmap_figure({}, plt) is None
 
 
 def test_frame_rows_give_the_probe_its_points() -> None:
@@ -413,6 +413,6 @@ def test_the_exact_pieces_match_scipys_binomial_test() -> None:
 
     for found, n in [(0, 12), (3, 7), (12, 12), (45, 90)]:
         ci = binomtest(found, n).proportion_ci(confidence_level=0.99, method="exact")
-        assert retrieval.clopper_pearson(found, n, 0.01) == pytest.approx((ci.low, ci.high), abs=1e-9)
+        assert retrieval_stats.clopper_pearson(found, n, 0.01) == pytest.approx((ci.low, ci.high), abs=1e-9)
     for b, c in [(9, 0), (5, 3), (0, 1), (20, 31)]:
-        assert retrieval.mcnemar_p(b, c) == pytest.approx(binomtest(min(b, c), b + c, 0.5).pvalue, abs=1e-12)
+        assert retrieval_stats.mcnemar_p(b, c) == pytest.approx(binomtest(min(b, c), b + c, 0.5).pvalue, abs=1e-12)

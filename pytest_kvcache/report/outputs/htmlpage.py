@@ -17,7 +17,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from pytest_kvcache.model import DeltaRow, Report, SavedRow
-from pytest_kvcache.report import capacity, cost, energy, failures, kv_plan, retrieval
+from pytest_kvcache.report import capacity, cost, energy, failures, kv_plan, retrieval_render
 from pytest_kvcache.report.outputs import markdown as md
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def _compare(report: Report) -> list[Table]:
 TABLES: list[Callable[[Report], list[Table]]] = [
     _probe_tables,
     _fidelity,
-    retrieval.html_tables,
+    retrieval_render.html_tables,
     _energy,
     _capacity,
     _agentic,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pytest_kvcache.model import Report
-from pytest_kvcache.report import capacity, kv_plan, retrieval
+from pytest_kvcache.report import capacity, kv_plan, retrieval_render
 from pytest_kvcache.report.outputs import md_probes, md_setup, md_verdict
 from pytest_kvcache.report.outputs.formats import _md_table as _md_table
 from pytest_kvcache.report.outputs.formats import fmt as fmt
@@ -62,7 +62,7 @@ SECTIONS: list[Renderer] = [
     md_setup.render_confounds,
     md_probes.render_probe_tables,
     md_probes.fidelity_lines,
-    retrieval.markdown_lines,
+    retrieval_render.markdown_lines,
     md_probes.energy_lines,
     capacity.lines,
     md_probes.render_agreement,

@@ -13,7 +13,7 @@ import pandas as pd
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import FidelityRow, Report
 from pytest_kvcache.probes.registry import ProbeSpec
-from pytest_kvcache.report import capacity, deciding, retrieval
+from pytest_kvcache.report import capacity, deciding, retrieval_render
 from pytest_kvcache.report.frame import point_sort
 from pytest_kvcache.report.outputs.markdown import probe_specs
 
@@ -45,7 +45,7 @@ def render(report: Report) -> dict[str, bytes]:
         drawn = fidelity_figure(report, plt)
         if drawn is not None:
             save(drawn, "fidelity.png")
-        drawn = retrieval.heatmap_figure(report, plt)
+        drawn = retrieval_render.heatmap_figure(report, plt)
         if drawn is not None:
             save(drawn, "retrieval.png")
         return out
@@ -139,7 +139,7 @@ def render(report: Report) -> dict[str, bytes]:
     drawn = fidelity_figure(report, plt)
     if drawn is not None:
         save(drawn, "fidelity.png")
-    drawn = retrieval.heatmap_figure(report, plt)
+    drawn = retrieval_render.heatmap_figure(report, plt)
     if drawn is not None:
         save(drawn, "retrieval.png")
     for name, figure in capacity.figures(report, plt).items():  # goodput against sessions, per depth

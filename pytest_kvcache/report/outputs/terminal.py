@@ -13,7 +13,7 @@ import pandas as pd
 from pytest_kvcache.engines.kinds import find_kind
 from pytest_kvcache.model import Evidence, GpuCard, Report
 from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype
-from pytest_kvcache.report import capacity, cost, energy, greedy, kv_plan, left_out, retrieval
+from pytest_kvcache.report import capacity, cost, energy, greedy, kv_plan, left_out, retrieval_render
 from pytest_kvcache.report.outputs.markdown import (
     ab_tables,
     agentic_table,
@@ -297,7 +297,7 @@ def _gates(report: Report) -> list[Line]:
 
 
 def _retrieval(report: Report) -> list[Line]:
-    return [Line(text) for text in retrieval.terminal_lines(report)]
+    return [Line(text) for text in retrieval_render.terminal_lines(report)]
 
 
 def _cost(report: Report) -> list[Line]:
