@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from pytest_kvcache.report import cost
-from pytest_kvcache.report.build import boot_entries
 from pytest_kvcache.report.load import load
+from pytest_kvcache.report.sections.entries import boot_entries
 
 T0 = 1_700_000_000.0
 

@@ -207,9 +207,6 @@ KNOWN_CYCLES: dict[frozenset[str], str] = {
             "store.sqlite",
         }
     ): "issue 43 items 1 and 3: the kind registry and config at the bottom; grammars into config.values",
-    frozenset({"report.sections.arms", "report.sections.blocks", "report.sections.boots", "report.sections.context"}): (
-        "issue 43 item 2: BuildContext builds no section; each section module reads the context"
-    ),
     frozenset({"run.agreement", "run.monitors", "run.rounds", "run.run"}): (
         "issue 43 item 3: the run/ helpers take what they read, not the whole Run"
     ),

@@ -16,31 +16,6 @@ from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext
 
 
-def boot_entries(run: RunData) -> list[BootEntry]:
-    """Every planned boot in run order: position, arm, replicate, whether it ran (or why not)."""
-    out: list[BootEntry] = []
-    for position, entry in enumerate(run.meta.get("plan") or [], 1):
-        boot = str(entry.get("boot"))
-        evidence = run.evidence.get(boot) or {}
-        out.append(
-            {
-                "position": position,
-                "boot": boot,
-                "arm": entry.get("arm"),
-                "replicate": entry.get("replicate", 1),
-                "extra": bool(entry.get("extra")),
-                "status": evidence.get("status") or ("skipped" if entry.get("skipped") else "not booted"),
-                "skipped": entry.get("skipped"),
-                "ready_s": evidence.get("ready_s"),
-                "started_unix_s": evidence.get("started_unix_s"),
-                "compile_s": (evidence.get("log") or {}).get("compile_s"),
-                "compile_cache": (evidence.get("log") or {}).get("compile_cache"),
-                "init_engine_s": (evidence.get("log") or {}).get("init_engine_s"),
-            }
-        )
-    return out
-
-
 def boot_results(data: pd.DataFrame, boots: Sequence[BootEntry], specs: Specs) -> list[BootResult]:
     """Per boot, per probe point: the probe's primary metric (mean and n of valid samples)."""
     rows: list[BootResult] = []

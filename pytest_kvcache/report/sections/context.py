@@ -15,6 +15,7 @@ from pytest_kvcache.model import ArmEntry, BlockEntry, BootEntry, CrossoverRow, 
 from pytest_kvcache.report import bands, spread
 from pytest_kvcache.report.frame import Specs, host_busy
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.sections.entries import arm_entries, block_entries, boot_entries
 
 #: A report section: the keys it adds to the report, from the loaded run and the build's context.
 Section = Callable[[RunData, "BuildContext"], dict[str, Any]]
@@ -104,18 +105,12 @@ class BuildContext:
 
     @cached_property
     def boots(self) -> list[BootEntry]:
-        from pytest_kvcache.report.sections.boots import boot_entries
-
         return boot_entries(self.run)
 
     @cached_property
     def entries(self) -> list[ArmEntry]:
-        from pytest_kvcache.report.sections.arms import arm_entries
-
         return arm_entries(self.run, self.arms)
 
     @cached_property
     def blocks(self) -> list[BlockEntry]:
-        from pytest_kvcache.report.sections.blocks import block_entries
-
         return block_entries(self.run)
