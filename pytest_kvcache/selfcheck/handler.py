@@ -14,7 +14,7 @@ from collections.abc import Generator
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pytest_kvcache.selfcheck.pacing import _SPIN_S, _Aborted
 from pytest_kvcache.selfcheck.schedule import SCHEDULE_HEADER, Outcome, Schedule, ServedRequest, _dumps
@@ -28,7 +28,50 @@ from pytest_kvcache.selfcheck.vllm_output import (
 )
 
 if TYPE_CHECKING:
-    from pytest_kvcache.selfcheck.stream import StreamServer
+    import threading
+    from collections.abc import Callable
+
+    from pytest_kvcache.selfcheck.schedule import PromptCache
+
+
+class Owner(Protocol):
+    """What the handler reads of the server it answers for (``stream.StreamServer``): its settings, its records
+    and its pacer. Declared here so that the handler needs no import of the server that builds it."""
+
+    prompt_cache: PromptCache | None
+    rejected_fields: frozenset[str]
+    prompt_counter: Callable[[dict[str, Any]], int] | None
+    logprob_shift: float
+    enforce_max_model_len: bool
+    unstreamed_delay_s: float
+    count_prompt_tokens: bool
+    disabled_paths: frozenset[str]
+    model_name: str
+    max_model_len: int
+    _closing: threading.Event
+
+    @property
+    def schedule(self) -> Schedule: ...
+
+    def _register(self, conn: socket.socket) -> None: ...
+
+    def _unregister(self, conn: socket.socket) -> None: ...
+
+    def _record_error(self, text: str) -> None: ...
+
+    def _add_record(self, record: ServedRequest) -> None: ...
+
+    def _finish_record(self, record: ServedRequest) -> None: ...
+
+    def _pace(self, steps: Generator[float, None, Outcome], first_deadline: float) -> Outcome: ...
+
+    def _started(self) -> None: ...
+
+    def _stopped(self, run: _Run, record: ServedRequest, outcome: Outcome) -> None: ...
+
+    def _models_body(self) -> dict[str, Any]: ...
+
+    def _metrics_text(self) -> str: ...
 
 
 _ENGINE_ERROR = "EngineCore encountered an issue (fault injected by StreamServer)"
@@ -42,7 +85,7 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, host: str, port: int, owner: StreamServer, reuse_port: bool = False) -> None:
+    def __init__(self, host: str, port: int, owner: Owner, reuse_port: bool = False) -> None:
         self.owner = owner
         self.allow_reuse_port = reuse_port
         if ":" in host:
@@ -71,7 +114,7 @@ class _Handler(BaseHTTPRequestHandler):
     # --- plumbing -------------------------------------------------------------------------------
 
     @property
-    def _owner(self) -> StreamServer:
+    def _owner(self) -> Owner:
         return cast(_HTTPServer, self.server).owner
 
     def handle(self) -> None:
