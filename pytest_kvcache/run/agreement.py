@@ -4,18 +4,30 @@ after every measured request of the boot and logged to ``agreement.jsonl``."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import httpx
 
 from pytest_kvcache.client import Client
+from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines import engine_profile
-from pytest_kvcache.engines.base import salient_error, tail
-from pytest_kvcache.model import AgreementRecord
+from pytest_kvcache.engines.base import Engine, salient_error, tail
+from pytest_kvcache.model import AgreementRecord, Evidence
 from pytest_kvcache.run.measure import alive_after
 
-if TYPE_CHECKING:
-    from pytest_kvcache.run.run import Run
+
+class Run(Protocol):
+    """What output agreement reads of the run (``run.run.Run`` meets it): the requests each boot queued, its
+    engines and evidence, whether it was interrupted, and its logs."""
+
+    settings: Settings
+    agreement_due: dict[str, list[tuple[str, str, Mapping[str, Any]]]]
+    engines: dict[str, Engine]
+    evidence: dict[str, Evidence]
+    interrupted: bool
+
+    def log(self, name: str, record: Mapping[str, object]) -> None: ...
 
 
 def run_agreement(run: Run, boot_id: str) -> None:

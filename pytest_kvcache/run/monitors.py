@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines import visible_devices
@@ -15,8 +15,10 @@ from pytest_kvcache.model import Evidence, GpuSnapshot
 from pytest_kvcache.run.folder import RunFolder
 from pytest_kvcache.run.hostload import HostSampler, MeasuredProcesses
 
-if TYPE_CHECKING:
-    from pytest_kvcache.run.run import Role
+#: ``single``: one process boots and measures; under pytest-xdist a ``worker`` boots and measures its lane's
+#: blocks and forwards every write (``run.forward``), and the ``controller`` collects them into the run's
+#: one folder and builds the report, booting nothing. (Here: what the GPU monitor opens depends on it.)
+Role = Literal["single", "controller", "worker"]
 
 
 def open_gpu(settings: Settings, path: Path, role: Role, lane: int, lanes_used: set[int]) -> Any:

@@ -4,13 +4,36 @@ everything measured so far (``--kv-max-replicates``, ``--kv-target-ci``); each d
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from pytest_kvcache.config.settings import Boot
+from pytest_kvcache.config.plan import BootPlan
+from pytest_kvcache.config.settings import Boot, Settings
+from pytest_kvcache.model import Evidence, ModelSize, PlanEntry, Record
 from pytest_kvcache.probes import registry as probe_registry
 
-if TYPE_CHECKING:
-    from pytest_kvcache.run.run import Run
+
+class Run(Protocol):
+    """What the round decisions read and write of the run (``run.run.Run`` meets it): its settings, plan, records
+    and evidence so far, the decisions taken, and its logs."""
+
+    settings: Settings
+    boot_plan: BootPlan
+    plan: list[PlanEntry]
+    records: list[Record]
+    evidence: dict[str, Evidence]
+    round_decisions: dict[int, str | None]
+    _judging: tuple[dict[tuple[str, str, str], Any], Any] | None
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def model_size(self) -> ModelSize: ...
+
+    def write_meta(self, status: str) -> None: ...
+
+    def log(self, name: str, record: Mapping[str, object]) -> None: ...
 
 
 def skip_reason(run: Run, boot: Boot) -> str | None:

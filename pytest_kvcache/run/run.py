@@ -26,7 +26,7 @@ from functools import cached_property
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Protocol, cast
 
 from pytest_kvcache.client import Sample
 from pytest_kvcache.config.plan import BootPlan
@@ -52,12 +52,9 @@ from pytest_kvcache.run.folder import RunFolder, make_record
 from pytest_kvcache.run.forward import Outbox
 from pytest_kvcache.run.hostload import HostSampler, judge
 from pytest_kvcache.run.measure import Server
+from pytest_kvcache.run.monitors import Role as Role
 
 MakeEngine = Callable[[Boot, Path, EngineRegistry], Engine | None]
-#: ``single``: one process boots and measures; under pytest-xdist a ``worker`` boots and measures its lane's
-#: blocks and forwards every write (``run.forward``), and the ``controller`` collects them into the run's
-#: one folder and builds the report, booting nothing.
-Role = Literal["single", "controller", "worker"]
 Payload = Mapping[str, Any]
 
 
