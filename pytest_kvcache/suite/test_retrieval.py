@@ -67,11 +67,13 @@ def _haystacks(tokenizer: Tokenizer, kind: str, depth: int) -> dict[str, list[in
     return {name: tokenizer.encode(fidelity.load_text(name).text) for name in retrieval.HAYSTACK_TEXTS}
 
 
-def _ask(
-    client: ArmClient, server: Server, settings: Settings, ids: list[int], form: str, text: str
-) -> tuple[str, int]:
-    """Send one needle's request; (the answer, the prompt's tokens as the server counted them, else as sent)."""
-    timeout = settings.request_timeout_s
+def _ask(client: ArmClient, server: Server, ids: list[int], form: str, text: str) -> tuple[str, int]:
+    """Send one needle's request; (the answer, the prompt's tokens as the server counted them, else as sent). It is
+    not streamed, so nothing arrives before its prefill ends: it may take the first-token limit of a prompt of its
+    depth (``--kv-first-token-floor`` + tokens / ``--kv-min-prefill-tps``), not only the stall timeout — q4_0 KV on
+    llama.cpp's CPU path takes minutes for a 4k prompt on a busy host."""
+    timeout = client.client.limits.first_token_limit_s(len(ids))
+    post = client.client.post_json
     if form == "question":
         body: dict[str, Any] = {
             "model": server.model,
@@ -80,16 +82,16 @@ def _ask(
             "temperature": 0.0,
             "stream": False,
         }
-        reply = client.post_json("/v1/chat/completions", body, timeout)
+        reply = post("/v1/chat/completions", body, timeout)
         usage = reply.get("usage") or {}
         return str(reply["choices"][0]["message"]["content"] or ""), int(usage.get("prompt_tokens") or 0)
     n = retrieval.answer_tokens(form=form)
     if server.profile.tokens == "llamacpp":  # llama-server's own endpoint takes token ids as they are
         body = {"prompt": ids, "n_predict": n, "temperature": 0.0, "cache_prompt": True}
-        reply = client.post_json("/completion", body, timeout)
+        reply = post("/completion", body, timeout)
         return str(reply["content"]), int(reply.get("tokens_evaluated") or len(ids))
     body = {"model": server.model, "prompt": ids, "max_tokens": n, "temperature": 0.0, "stream": False}
-    reply = client.post_json("/v1/completions", body, timeout)
+    reply = post("/v1/completions", body, timeout)
     usage = reply.get("usage") or {}
     return str(reply["choices"][0]["text"]), int(usage.get("prompt_tokens") or len(ids))
 
@@ -156,7 +158,7 @@ def test_retrieval(
                     "" if form == "recall" else tokenizer.decode(prompt.ids[len(prefix) :]) + asked_needle.question
                 )
                 sent = time.perf_counter()
-                returned, prompt_tokens = _ask(kv_client, kv_server, kv_settings, prompt.ids, form, message)
+                returned, prompt_tokens = _ask(kv_client, kv_server, prompt.ids, form, message)
             except retrieval.HaystackTooShort as exc:
                 pytest.fail(f"{label}: {exc}", pytrace=False)
             except EngineDied as exc:

@@ -66,3 +66,18 @@ def test_the_multi_key_variant_asks_one_of_its_needles(pytester: pytest.Pytester
     assert len([r for r in lines if r["arm"] == "auto"]) == 2 * 2 * 2  # keys × positions × needles
     cells = json.loads((latest(pytester) / "report.json").read_text())["retrieval"]["cells"]
     assert sorted({c["keys"] for c in cells}) == [1, 3]
+
+
+def test_a_needle_may_take_its_prompts_first_token_limit_not_only_the_stall_timeout(
+    pytester: pytest.Pytester, standin_args: list[str], tag: str
+) -> None:
+    """A retrieval request is not streamed: nothing arrives until its prefill ends. An engine slower than the stall
+    timeout per request (llama.cpp's q4_0 KV at 4k on a busy 2-core host: over 2 minutes) still answers within the
+    first-token limit of a prompt of that depth (--kv-first-token-floor + tokens / --kv-min-prefill-tps)."""
+    slow = [a for a in standin_args if not a.startswith("--kv-engine-args")]
+    slow.append(f"--kv-engine-args={tag} --standin-unstreamed-delay=1.5")
+    result = _run(pytester, slow, "--kv-stall-timeout=1", "--kv-first-token-floor=10")
+    out = result.stdout.str()
+    assert result.ret == 0, out[-4000:]
+    lines = [json.loads(line) for line in (latest(pytester) / "retrieval.jsonl").read_text().splitlines()]
+    assert len(lines) == 8 and all(r["ok"] and r["wall_s"] >= 1.5 for r in lines), lines
