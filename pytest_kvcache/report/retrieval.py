@@ -262,7 +262,10 @@ def _diffs(
             arm_found, base_found = got.needles(arm, [cell]), got.needles(base, [cell])
             table, _ = _pair(arm_found, base_found)
             unpaired = len(set(arm_found) ^ set(base_found))
-            if unpaired:
+            if not arm_found or not base_found:  # a cell one side never answered (a run stopped before it)
+                missing = arm if not arm_found else base
+                notes.append(f"{missing} at {_where(cell, words)}: not measured (no needle answered)")
+            elif unpaired:
                 notes.append(
                     f"{arm} at {_where(cell, words)}: {unpaired} needle(s) answered on one side only, left out "
                     "of the pairing"
@@ -284,7 +287,7 @@ def _diffs(
                 "p": None,
                 "p_holm": None,
                 "family_size": None,
-                "verdict": "cannot judge",
+                "verdict": "cannot judge" if table.n else "not measured",
                 "ceiling": below.get(cell, False),
             }
             if table.n:
@@ -330,7 +333,9 @@ def _sentences(
         mine = [d for d in diffs if d["arm"] == arm]
         judged = [d for d in mine if d["family_size"] is not None]
         blocked = sum(1 for d in mine if d["ceiling"])
+        unmeasured = sum(1 for d in mine if d["verdict"] == "not measured")
         cannot = f"; {blocked} cell{'' if blocked == 1 else 's'} the baseline cannot judge" if blocked else ""
+        cannot += f"; {unmeasured} cell{'' if unmeasured == 1 else 's'} not measured" if unmeasured else ""
         if not judged:
             out.append(
                 f"{arm} against {arms[0]}: no cell can be judged (the baseline finds fewer than {pct(ceiling)} of "

@@ -416,3 +416,19 @@ def test_the_exact_pieces_match_scipys_binomial_test() -> None:
         assert retrieval_stats.clopper_pearson(found, n, 0.01) == pytest.approx((ci.low, ci.high), abs=1e-9)
     for b, c in [(9, 0), (5, 3), (0, 1), (20, 31)]:
         assert retrieval_stats.mcnemar_p(b, c) == pytest.approx(binomtest(min(b, c), b + c, 0.5).pvalue, abs=1e-12)
+
+
+def test_a_cell_one_arm_never_answered_is_not_measured_not_a_ceiling() -> None:
+    """A run stopped before an arm reached a cell: the cell says "not measured", the sentence counts it, and it is
+    neither judged nor called one the baseline cannot judge."""
+    records = [
+        r
+        for r in records_for(lambda arm, cell, i: True)
+        if not (r["arm"] == "fp8" and r["depth"] == 32000 and r["position"] == 0.9)
+    ]
+    sec = retrieval.section(records, ARMS, {})
+    assert sec is not None
+    row = diff_at(sec, 32000, 0.9)
+    assert row["verdict"] == "not measured" and row["n"] == 0 and not row["ceiling"]
+    assert "fp8 at 32k, 90% of the context: not measured (no needle answered)" in sec["notes"]
+    assert sec["sentences"][0].startswith("fp8: no cell differs from auto (Holm over 5 cells; 1 cell not measured)")
