@@ -233,11 +233,12 @@ def depths(raw: Any) -> tuple[int, ...]:
         raise SettingsError(str(exc)) from None
 
 
-def gate_probe(text: str) -> str | None:
-    """The probe a gate text selects (``decode_tps[short@…]: …`` → ``short``); None when it has no selector."""
-    if "[" not in text.split(":", 1)[0]:
-        return None
-    return text.split("[", 1)[1].split("]", 1)[0].split("@", 1)[0].strip() or None
+def gate_probe(text: str) -> str:
+    """The probe a gate text selects (``decode_tps[short@…]: …`` → ``short``), read by the gate grammar itself
+    (``report.gates.parse``; :func:`gates` has already checked the text)."""
+    from pytest_kvcache.report.gates import parse
+
+    return parse(text).probe
 
 
 def gates(raw: Any, arms: list[str] | None, points: Mapping[str, Sequence[str]] | None = None) -> tuple[str, ...]:

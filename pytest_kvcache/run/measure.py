@@ -158,6 +158,12 @@ class ArmClient:
     def get_json(self, path: str, timeout_s: float = 10.0) -> Any:
         return self.client.get_json(path, min(timeout_s, self.client.read_timeout_s))
 
+    def post_unstreamed(self, path: str, body: Payload, prompt_tokens: int) -> Any:
+        """A generation that is not streamed, over a prompt of ``prompt_tokens``: nothing arrives before its prefill
+        ends, so it may take that prompt's first-token limit (``--kv-first-token-floor`` + tokens /
+        ``--kv-min-prefill-tps``), not only the stall timeout. Unmeasured: its caller times it."""
+        return self.client.post_json(path, body, self.client.limits.first_token_limit_s(prompt_tokens))
+
     def post_json(self, path: str, body: Payload, timeout_s: float | None = None) -> Any:
         """An unmeasured call (``/tokenize`` …), bounded by the request and stall limits."""
         return self.client.post_json(path, body, min(timeout_s or 60.0, self.client.read_timeout_s))

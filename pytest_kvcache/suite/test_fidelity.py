@@ -158,8 +158,7 @@ def _score_forced(
         nonlocal steps
         steps += 1
         # a window's first position prefills everything before it: the first-token limit of that prompt
-        timeout = kv_client.client.limits.first_token_limit_s(position)
-        body = kv_client.client.post_json("/completion", fidelity.forced_payload(ids, position, top_k), timeout)
+        body = kv_client.post_unstreamed("/completion", fidelity.forced_payload(ids, position, top_k), position)
         return fidelity.parse_forced(body, ids[position], top_k)
 
     started = time.perf_counter()

@@ -68,12 +68,13 @@ def _haystacks(tokenizer: Tokenizer, kind: str, depth: int) -> dict[str, list[in
 
 
 def _ask(client: ArmClient, server: Server, ids: list[int], form: str, text: str) -> tuple[str, int]:
-    """Send one needle's request; (the answer, the prompt's tokens as the server counted them, else as sent). It is
-    not streamed, so nothing arrives before its prefill ends: it may take the first-token limit of a prompt of its
-    depth (``--kv-first-token-floor`` + tokens / ``--kv-min-prefill-tps``), not only the stall timeout — q4_0 KV on
-    llama.cpp's CPU path takes minutes for a 4k prompt on a busy host."""
-    timeout = client.client.limits.first_token_limit_s(len(ids))
-    post = client.client.post_json
+    """Send one needle's request; (the answer, the prompt's tokens as the server counted them, else as sent). Not
+    streamed: it may take its prompt's first-token limit (``ArmClient.post_unstreamed``) — q4_0 KV on llama.cpp's
+    CPU path takes minutes for a 4k prompt on a busy host."""
+
+    def post(path: str, body: dict[str, Any]) -> Any:
+        return client.post_unstreamed(path, body, len(ids))
+
     if form == "question":
         body: dict[str, Any] = {
             "model": server.model,
@@ -82,16 +83,16 @@ def _ask(client: ArmClient, server: Server, ids: list[int], form: str, text: str
             "temperature": 0.0,
             "stream": False,
         }
-        reply = post("/v1/chat/completions", body, timeout)
+        reply = post("/v1/chat/completions", body)
         usage = reply.get("usage") or {}
         return str(reply["choices"][0]["message"]["content"] or ""), int(usage.get("prompt_tokens") or 0)
     n = retrieval.answer_tokens(form=form)
     if server.profile.tokens == "llamacpp":  # llama-server's own endpoint takes token ids as they are
         body = {"prompt": ids, "n_predict": n, "temperature": 0.0, "cache_prompt": True}
-        reply = post("/completion", body, timeout)
+        reply = post("/completion", body)
         return str(reply["content"]), int(reply.get("tokens_evaluated") or len(ids))
     body = {"model": server.model, "prompt": ids, "max_tokens": n, "temperature": 0.0, "stream": False}
-    reply = post("/v1/completions", body, timeout)
+    reply = post("/v1/completions", body)
     usage = reply.get("usage") or {}
     return str(reply["choices"][0]["text"]), int(usage.get("prompt_tokens") or len(ids))
 

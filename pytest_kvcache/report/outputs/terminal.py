@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
+from pytest_kvcache.config.constants import BOOT_INVARIANT_PROBES
 from pytest_kvcache.engines.kinds import find_kind
 from pytest_kvcache.model import Evidence, GpuCard, Report
 from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype
@@ -240,7 +241,7 @@ def _capacity(report: Report) -> list[Line]:
 def _spec_decode(report: Report) -> list[Line]:
     """Acceptance, or why there is none; nothing where no timed request ran (retrieval or fidelity alone)."""
     spec = report.get("spec_decode")
-    timed = any(row.get("probe") not in ("retrieval", "fidelity") for row in report.get("summary") or [])
+    timed = any(row.get("probe") not in BOOT_INVARIANT_PROBES for row in report.get("summary") or [])
     return [Line(""), Line(f"speculative decoding: {spec['line']}")] if spec and (timed or spec["rows"]) else []
 
 
