@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -111,9 +112,15 @@ def test_ab_records_are_complete_and_token_identical(ab_run: Run) -> None:
     assert all(r["metrics"]["ttft_s"] > 0 for r in measured)
     # decode_tps is there unless a flag voided it (a stall on a loaded machine can), and then it says why.
     assert all(r["metrics"]["decode_tps"] or r["voided"].get("decode_tps") for r in measured)
-    # Most samples keep it: on the 2-core CI machine 2 of 12 32-token decodes once arrived in too short a
-    # window (decode_window_short), so "all but one" was too tight; "none" or "a few" would be a bug.
-    assert sum(1 for r in measured if r["metrics"]["decode_tps"]) >= len(measured) // 2
+    # How many keep it is the host's doing, not the tool's, so it is not asserted: on a quiet 2-core host
+    # (2026-12-06) every measured auto decode arrived in one burst at the end of its request (window 0.3% of
+    # the wall: the engine's worker threads starve its API server) while every fp8 one streamed (window 90%);
+    # on the CI machine 8 of 12 were voided. What is asserted: the report's decode_tps n per arm and shape
+    # counts exactly the samples that kept it, so a voided decode never becomes a speed.
+    kept = collections.Counter((r["arm"], r["shape"]) for r in measured if r["metrics"]["decode_tps"])
+    report = json.loads((ab_run.folder / "report.json").read_text())
+    rows = [s for s in report["summary"] if s["probe"] == "short" and s["metric"] == "decode_tps"]
+    assert len(rows) == 4 and all(s["n"] == kept[(s["arm"], s["point"])] for s in rows), (rows, kept)
     assert "Short-context probes (measured samples" in ab_run.output
 
 
