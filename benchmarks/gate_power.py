@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_kvcache.config.settings import GATE_BOOT_BUDGET
+from pytest_kvcache.config.plan import GATE_BOOT_BUDGET
 from pytest_kvcache.model import Record
 from pytest_kvcache.probes import registry
 from pytest_kvcache.report import bands, gates

@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from pytest_kvcache.report import bands
-from pytest_kvcache.report.frame import spec_of
 from pytest_kvcache.report.load import load
+from pytest_kvcache.report.points import spec_of
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The committed multi-boot runs (and A/A pairs) the default bands come from. Left out:

@@ -1,7 +1,9 @@
 """pytest-kvcache: LLM-serving A/B benchmarks as pytest tests."""
 
 from pytest_kvcache.client import Client, Sample
-from pytest_kvcache.config.settings import Arm, Boot, Settings
+from pytest_kvcache.config.arms import Arm
+from pytest_kvcache.config.plan import Boot
+from pytest_kvcache.config.settings import Settings
 
 __all__ = ["Arm", "Boot", "Client", "Sample", "Settings"]
 __version__ = "0.1.0.dev0"

@@ -19,16 +19,22 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pytest_kvcache.report.options import ReportOptions
+from pytest_kvcache import store
+from pytest_kvcache.config import locations
+from pytest_kvcache.finish import finish
+from pytest_kvcache.model.options import ReportOptions
+from pytest_kvcache.report.judge import EXIT_INTERRUPTED, EXIT_USAGE
+from pytest_kvcache.report.load import RunFolderError, read_meta
+from pytest_kvcache.report.outputs.terminal import outcome_lines
+from pytest_kvcache.report.pipeline import ReportInputError, produce
+from pytest_kvcache.run.folder import iter_run_folders
+from pytest_kvcache.store import history
+from pytest_kvcache.store.record import row_of_folder
 
 
 def rerender(run: Path, options: ReportOptions, out: Callable[[str], None] = print) -> int:
     """Rebuild a stored run's report with ``options``; print what a run's terminal summary prints; return
     the exit code. Without a noise run in ``options``, the one the run itself was judged against is used."""
-    from pytest_kvcache.finish import finish
-    from pytest_kvcache.report.judge import EXIT_INTERRUPTED, EXIT_USAGE
-    from pytest_kvcache.report.outputs.terminal import outcome_lines
-    from pytest_kvcache.report.pipeline import ReportInputError, produce
 
     try:
         if options.noise is None:
@@ -48,8 +54,6 @@ def rerender(run: Path, options: ReportOptions, out: Callable[[str], None] = pri
 def stored_noise_run(run: Path, options: ReportOptions) -> ReportOptions:
     """A re-render without ``--kv-noise`` is judged against the A/A run the run itself named, when that
     stored run is still there (``run.json``'s settings); a vanished one is a usage error."""
-    from pytest_kvcache.report.load import RunFolderError, read_meta
-    from pytest_kvcache.report.pipeline import ReportInputError
 
     try:
         meta = read_meta(run)
@@ -61,11 +65,9 @@ def stored_noise_run(run: Path, options: ReportOptions) -> ReportOptions:
         return options
     noise = Path(root).parent / "baselines" / str(name)
     if isinstance(location, str) and location:
-        from pytest_kvcache import store
-
         try:
             with store.open_store(location) as opened:
-                noise = opened.baseline(str(name)) or store.baselines_dir_of(location) / str(name)
+                noise = opened.baseline(str(name)) or locations.baselines_dir_of(location) / str(name)
         except store.StoreError as exc:
             raise ReportInputError(f"{run} was judged against the A/A run {name!r} in a store: {exc}") from None
     if not (noise / "run.json").is_file():
@@ -73,16 +75,11 @@ def stored_noise_run(run: Path, options: ReportOptions) -> ReportOptions:
     return dataclasses.replace(options, noise=noise)
 
 
-EXIT_USAGE = 4
-
-
 def _store_location(raw: str | None) -> str:
-    from pytest_kvcache import store
-
     if raw:
-        return store.normalise(raw, Path.cwd())
+        return locations.normalise(raw, Path.cwd())
     env = os.environ.get("PYTEST_KVCACHE_STORE", "")
-    return store.normalise(env, Path.cwd()) if env else store.default_location(os.environ)
+    return locations.normalise(env, Path.cwd()) if env else locations.default_location(os.environ)
 
 
 def _add_store_option(parser: argparse.ArgumentParser) -> None:
@@ -96,9 +93,6 @@ def _add_store_option(parser: argparse.ArgumentParser) -> None:
 
 def history_main(argv: Sequence[str], out: Callable[[str], None] = print) -> int:
     """``kvcache-report history``: print the trend table, change points and breaks; write the HTML page."""
-    from pytest_kvcache import store
-    from pytest_kvcache.store import history
-
     parser = argparse.ArgumentParser(prog="kvcache-report history", description=history_main.__doc__)
     _add_store_option(parser)
     parser.add_argument("--metric", action="append", default=[], metavar="METRIC", help="only this metric")
@@ -127,7 +121,7 @@ def history_main(argv: Sequence[str], out: Callable[[str], None] = print) -> int
         rows, metrics=args.metric, probes=args.probe, arms=args.arm, branch=args.branch, alpha=args.alpha
     )
     if not series:
-        out(f"history: no runs match in the store {store.redact(location)} ({len(rows)} run(s) in it)")
+        out(f"history: no runs match in the store {locations.redact(location)} ({len(rows)} run(s) in it)")
         return 1 if args.gate else 0
     with __import__("pandas").option_context("display.width", 200, "display.max_columns", 12):
         out(history.table(series).to_string())
@@ -136,7 +130,9 @@ def history_main(argv: Sequence[str], out: Callable[[str], None] = print) -> int
     results = history.gate(series, alpha=args.alpha, min_shift_pct=args.min_shift) if args.gate else []
     try:
         args.html.write_text(
-            history.html_page(series, store=store.redact(location), runs=len(rows), alpha=args.alpha, gates=results),
+            history.html_page(
+                series, store=locations.redact(location), runs=len(rows), alpha=args.alpha, gates=results
+            ),
             encoding="utf-8",
         )
     except OSError as exc:
@@ -158,9 +154,6 @@ def history_main(argv: Sequence[str], out: Callable[[str], None] = print) -> int
 
 def store_main(argv: Sequence[str], out: Callable[[str], None] = print) -> int:
     """``kvcache-report store rebuild RUN_DIR…`` / ``kvcache-report store baselines``."""
-    from pytest_kvcache import store
-    from pytest_kvcache.report.load import RunFolderError
-    from pytest_kvcache.store.record import row_of_folder
 
     parser = argparse.ArgumentParser(prog="kvcache-report store", description=store_main.__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
@@ -187,7 +180,6 @@ def store_main(argv: Sequence[str], out: Callable[[str], None] = print) -> int:
             for entry in entries:
                 out(f"{entry['name']}: run {entry['run_id']}")
             return 0
-        from pytest_kvcache.run.folder import iter_run_folders
 
         folders: list[Path] = []
         for given in args.runs:
@@ -209,7 +201,7 @@ def store_main(argv: Sequence[str], out: Callable[[str], None] = print) -> int:
                 out(f"ERROR: pytest-kvcache: {exc}")
                 return EXIT_USAGE
             added += 1
-        out(f"store: {added} run(s) recorded in {store.redact(location)} ({len(folders) - added} skipped)")
+        out(f"store: {added} run(s) recorded in {locations.redact(location)} ({len(folders) - added} skipped)")
     return 0
 
 

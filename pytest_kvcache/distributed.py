@@ -24,8 +24,10 @@ from typing import Any, Protocol
 
 import pytest
 
-from pytest_kvcache.config.plan import BootPlan
-from pytest_kvcache.config.settings import Boot, Settings, SettingsError
+from pytest_kvcache.config.constants import SettingsError
+from pytest_kvcache.config.plan import Boot, BootPlan
+from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.gpu.nvml import open_nvml
 
 LANE_KEY = "kvcache_lane"
 RUN_ID_KEY = "kvcache_run_id"
@@ -390,8 +392,6 @@ class Worker:
 
 def nvml_count() -> int | None:
     """The GPUs NVML sees on this host, None without NVML."""
-    from pytest_kvcache.gpu.nvml import open_nvml
-
     nvml = open_nvml()
     if nvml is None:
         return None

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from pytest_kvcache import store
-from pytest_kvcache.report.options import ReportOptions
+from pytest_kvcache.model.options import ReportOptions
 from pytest_kvcache.report.pipeline import Outcome
 from pytest_kvcache.store.record import Vcs, read_vcs, run_row, stamp_vcs
 

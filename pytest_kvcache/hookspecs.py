@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_kvcache.config.settings import Boot, Settings
+    from pytest_kvcache.config.plan import Boot
+    from pytest_kvcache.config.settings import Settings
     from pytest_kvcache.engines.base import Engine
     from pytest_kvcache.engines.registry import EngineRegistry
 

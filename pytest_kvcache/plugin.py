@@ -17,24 +17,24 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvcache import hookspecs
+from pytest_kvcache import distributed, hookspecs
+from pytest_kvcache.client import Client
+from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.hostcpu import fp8_kv_unsupported_reason
+from pytest_kvcache.config.locations import store_location
 from pytest_kvcache.config.options import pick
-from pytest_kvcache.config.plan import BootPlan
-from pytest_kvcache.config.settings import (
-    OPTION_BY_NAME,
-    OPTIONS,
-    Boot,
-    Settings,
-    SettingsError,
-    report_options,
-    resolve,
-)
-from pytest_kvcache.config.stored import Stored, open_stored, store_location
+from pytest_kvcache.config.plan import Boot, BootPlan
+from pytest_kvcache.config.resolve import resolve
+from pytest_kvcache.config.settings import OPTION_BY_NAME, OPTIONS, Settings
+from pytest_kvcache.engines import make_engine
 from pytest_kvcache.engines.base import EngineError
+from pytest_kvcache.engines.kinds import load_entry_points
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.concurrency import level_label
 from pytest_kvcache.probes.prefill import depth_label
+from pytest_kvcache.run.measure import ArmClient, death_notice
+from pytest_kvcache.session import KvSession
+from pytest_kvcache.stored import Stored, open_stored, report_options
 
 if TYPE_CHECKING:
     from pytest_kvcache.client import Sample
@@ -112,8 +112,6 @@ def _raw(config: pytest.Config) -> tuple[dict[str, Any], dict[str, Any]]:
 def load_settings(config: pytest.Config, lanes: int = 1) -> Settings:
     """The run's settings, resolved once from the CLI, the environment and the ini file (``lanes``: the
     pytest-xdist workers the boots are placed on)."""
-    from pytest_kvcache.engines.kinds import load_entry_points
-
     load_entry_points()  # the engine kinds other packages register: --kv-engine takes their names
     cli, ini = _raw(config)
     return resolve(
@@ -174,8 +172,6 @@ def pytest_configure(config: pytest.Config) -> None:
     role = None
     cli, ini = _raw(config)
     if config.pluginmanager.hasplugin("xdist") and pick(OPTION_BY_NAME["arms"], cli, os.environ, ini)[0] is not None:
-        from pytest_kvcache import distributed
-
         role = distributed.role_of(config)  # its lanes are part of resolution: Settings is never patched after
     try:
         settings = load_settings(config, lanes=role.lanes if role is not None else 1)
@@ -184,8 +180,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if not settings.active:
         return
     if role is not None:
-        from pytest_kvcache import distributed
-
         try:
             distributed.check(settings, role)
             if role.kind == "worker" or distributed.all_local(config):
@@ -203,14 +197,11 @@ def pytest_configure(config: pytest.Config) -> None:
         stored = open_run_store(config, settings)
     except SettingsError as exc:
         raise pytest.UsageError(f"pytest-kvcache: {exc}") from None
-    from pytest_kvcache.session import KvSession
 
     session = KvSession(config=config, settings=settings, role=role, boot_plan=BootPlan.of(settings), stored=stored)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "kvcache-session")
     if role is not None:
-        from pytest_kvcache import distributed
-
         side = distributed.Controller(session) if role.kind == "controller" else distributed.Worker(session)
         config.pluginmanager.register(side, f"kvcache-{role.kind}")
     session.install()
@@ -269,8 +260,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_kvcache_make_engine(
     config: pytest.Config, settings: Settings, boot: Boot, arm_dir: Path, registry: EngineRegistry
 ) -> Engine:
-    from pytest_kvcache.engines import make_engine
-
     return make_engine(settings, boot, arm_dir, registry)
 
 
@@ -321,9 +310,6 @@ def kv_server(request: pytest.FixtureRequest, kv_arm: Boot) -> Iterator[Server]:
 @pytest.fixture
 def kv_client(kv_server: Server, kv_settings: Settings) -> Iterator[ArmClient]:
     """A measuring client for this arm's server (``stream_chat(payload) -> Sample``, ``measure(payload)``)."""
-    from pytest_kvcache.client import Client
-    from pytest_kvcache.run.measure import ArmClient, death_notice
-
     if not kv_server.engine.alive():
         pytest.fail(
             EngineError(*death_notice(kv_server)).render() + "\n(the engine died before this test)", pytrace=False

@@ -19,17 +19,25 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_kvcache import interrupt
-from pytest_kvcache.config.plan import BootPlan
-from pytest_kvcache.config.settings import FIDELITY_DEPTHS, Boot, Settings
-from pytest_kvcache.config.stored import Stored
+from pytest_kvcache.config.budget import fmt_bytes
+from pytest_kvcache.config.constants import FIDELITY_DEPTHS
+from pytest_kvcache.config.grammars import GateError
+from pytest_kvcache.config.plan import Boot, BootPlan
+from pytest_kvcache.config.resolve import arm_need
+from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.distributed import EVENTS_KEY, LANE_KEY, boot_of_nodeid
+from pytest_kvcache.engines import prepare_embedded
 from pytest_kvcache.engines.base import Engine
-from pytest_kvcache.engines.registry import EngineRegistry
+from pytest_kvcache.engines.kinds import DEFAULT_KIND, get_kind
+from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
 from pytest_kvcache.model import Json, PlanEntry, Report
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.prefill import depth_label
 from pytest_kvcache.probes.retrieval import plan_line as retrieval_line
+from pytest_kvcache.run.forward import ForwardingListener, Outbox, apply
 from pytest_kvcache.run.progress import Mode, Progress
-from pytest_kvcache.run.run import Run
+from pytest_kvcache.run.run import Run, reap_dead_containers
+from pytest_kvcache.stored import Stored
 
 if TYPE_CHECKING:
     from pytest_kvcache.distributed import Role
@@ -89,9 +97,6 @@ def budget_text(settings: Settings, entry: PlanEntry) -> str:
     """``, KV budget 32 MiB (16,384 tokens at 2,048 B/token; max_model_len 8,192), concurrency 2.00x planned`` for a
     boot with a budget: the tokens and concurrency the engine kind's arithmetic plans (``kv_plan``, vLLM's groups
     and windows), or why it plans none."""
-    from pytest_kvcache.config.budget import fmt_bytes
-    from pytest_kvcache.config.resolve import arm_need
-
     budget = entry.get("kv_cache_bytes")
     if budget is None:
         return ""
@@ -127,8 +132,6 @@ def kv_plan_lines(plan: Sequence[PlanEntry]) -> list[str]:
     """The KV cache planned for arms without a budget of the plugin's (the CPU build's ``VLLM_CPU_KVCACHE_SPACE``),
     one line per arm: ``KV planned for auto in 2 GiB of KV (VLLM_CPU_KVCACHE_SPACE): 1,048,576 tokens, concurrency
     8.00x at max_model_len 131,072``."""
-    from pytest_kvcache.config.budget import fmt_bytes
-
     lines: dict[str, str] = {}
     for entry in plan:
         kv = entry.get("kv_plan")
@@ -197,8 +200,6 @@ class KvSession:
     usage_error: str | None = None
 
     def __post_init__(self) -> None:
-        from pytest_kvcache.run.forward import ForwardingListener, Outbox
-
         kind = self.role.kind if self.role is not None else "single"
         worker = kind == "worker"
         self.run = Run(
@@ -316,24 +317,16 @@ class KvSession:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Every test file is imported now, so a user's probe has registered its spec: check the gates
         against the registry before anything boots (a gate on an unknown probe is a usage error)."""
-        from pytest_kvcache.report.gates import GateError, check, parse, unusable
+        from pytest_kvcache.report.gates import check_all
 
         specs = probe_registry.resolve()
-        arms = [a.name for a in self.settings.arms]
         # the probes the selected tests measure (-m, -k): a gate on another one would have nothing to judge. A probe
         # test that carries no probe's marker may record any probe: then the selection tells nothing.
         tests = [i for i in session.items if boot_of(i) is not None]
         marked = [{s.name for s in specs.values() if i.get_closest_marker(s.marker)} for i in tests]
-        selected = set().union(*marked) if all(marked) else None
+        selected = set().union(*marked) if all(marked) and self.role is None else None
         try:
-            for text in self.settings.gates:
-                gate = parse(text, arms=arms)
-                check(gate, specs)
-                why = unusable(gate, arms, specs)
-                if why is None and self.role is None and selected is not None and gate.probe not in selected:
-                    why = f"no {gate.probe} test is selected (-m, -k)"
-                if why is not None:
-                    raise GateError(f"gate {gate.text!r} cannot be evaluated: {why}")
+            check_all(self.settings.gates, [a.name for a in self.settings.arms], specs, selected)
         except GateError as exc:
             raise pytest.UsageError(f"pytest-kvcache: --kv-fail: {exc}") from None
         boots_here = self.role is None or self.role.kind == "worker"  # a pytest-xdist controller boots nothing
@@ -343,8 +336,6 @@ class KvSession:
     def prepare_model(self) -> None:
         """The embedded model found, checked and (for vLLM, once per machine) converted before any boot; a
         missing wheel, a GGUF or cache that fails its check, or a failed conversion is a usage error."""
-        from pytest_kvcache.engines import prepare_embedded
-
         writer = TerminalWriter(self.config)
         error = prepare_embedded(self.settings, on_convert=lambda message: writer.line(f"kvcache: {message}"))
         if error is not None:
@@ -354,8 +345,6 @@ class KvSession:
         return self.plan_lines()
 
     def plan_lines(self) -> list[str]:
-        from pytest_kvcache.engines.kinds import DEFAULT_KIND, get_kind
-
         st = self.settings
         spec = st.embedded_spec
         kind = get_kind(st.engine)
@@ -553,8 +542,6 @@ class KvSession:
         events = getattr(report, "kvcache_events", None)
         node = getattr(report, "node", None)
         if events and node is not None and self.run.role == "controller":
-            from pytest_kvcache.distributed import LANE_KEY
-
             self.forwarded(int(node.workerinput[LANE_KEY]), events)
         if report.when == "teardown" and "[" in report.nodeid and self.progress is not None:
             self.progress.test_done(report.nodeid.split("::")[-1])
@@ -576,8 +563,6 @@ class KvSession:
         be built change pytest's exit status here, for every way the run can end."""
         self.run.stop_all()
         if self.run.role == "worker":  # what the last reports did not carry goes with the worker's end
-            from pytest_kvcache.distributed import EVENTS_KEY
-
             self.run.close(status="interrupted" if self.run.interrupted else "finished")
             outbox = self.run.outbox
             self.config.workeroutput[EVENTS_KEY] = outbox.drain() if outbox is not None else []  # type: ignore[attr-defined]
@@ -615,14 +600,10 @@ class KvSession:
         self.run.lanes_info.setdefault(lane, {}).setdefault("workers", []).append(worker)
 
     def forwarded(self, lane: int, events: Sequence[Sequence[str]]) -> None:
-        from pytest_kvcache.run.forward import apply
-
         apply(self.run, lane, events)
 
     def block_lost(self, lane: int, block: int | None, worker: str, tests: Sequence[str]) -> None:
         """A worker died in a block: the block's boots that had tests left are lost (the report names them)."""
-        from pytest_kvcache.distributed import boot_of_nodeid
-
         info = self.run.lanes_info.setdefault(lane, {})
         planned = self.boot_plan.boots
         boots = sorted({b.boot_id for t in tests if (b := boot_of_nodeid(t, planned)) is not None})
@@ -648,12 +629,8 @@ class KvSession:
     def reap_workers(self) -> None:
         """Stop engines that dead local workers left running: process groups in their registries (under
         ``workers/``), and containers labelled with a pytest process that is gone."""
-        from pytest_kvcache.engines.registry import reap_orphans
-
         self.run.reaped += reap_orphans(self.settings.report_dir / "workers")
         if self.settings.launcher == "docker":
-            from pytest_kvcache.run.run import reap_dead_containers
-
             self.run.reaped += reap_dead_containers()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -34,7 +34,7 @@ def run_folders() -> list[Path]:
 def render(folder: Path) -> dict[str, str]:
     """sha256 of each output of ``folder`` re-rendered in a temporary copy."""
     sys.path.insert(0, str(ROOT))
-    from pytest_kvcache.report.options import ReportOptions
+    from pytest_kvcache.model.options import ReportOptions
     from pytest_kvcache.report.pipeline import produce
 
     with tempfile.TemporaryDirectory() as tmp:

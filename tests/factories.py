@@ -6,8 +6,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_kvcache.config.settings import Settings, resolve
-from pytest_kvcache.config.stored import Stored, open_stored, store_location
+from pytest_kvcache.config.locations import store_location
+from pytest_kvcache.config.resolve import resolve
+from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.stored import Stored, open_stored
 
 # ------------------------------------------------------------------------------------------------ settings
 

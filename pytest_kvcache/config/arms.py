@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-from pytest_kvcache.config.constants import ALIASES, ARM_NAME, KV_CACHE_DTYPES, SettingsError
-from pytest_kvcache.config.engine_kinds import EngineKind
+from pytest_kvcache.config.constants import ALIASES, KV_CACHE_DTYPES, SettingsError
 from pytest_kvcache.config.values import args as split_args
 from pytest_kvcache.model import ArmData
-
-if TYPE_CHECKING:
-    from pytest_kvcache.engines.kinds import Kind
 
 
 @dataclass(frozen=True)
@@ -94,28 +90,6 @@ def _named_arm(name: str, table: Mapping[str, Any]) -> Arm:
     )
 
 
-def engine_kind(name: str) -> Kind:
-    """The registered engine kind (``engines/kinds/``) that carries everything kind-specific about ``name``:
-    its arms, the launchers it runs with, its model's shape, its KV budget."""
-    from pytest_kvcache.engines.kinds import get_kind, kind_names
-
-    try:
-        return get_kind(name)
-    except KeyError:
-        raise SettingsError(f"unknown engine kind {name!r}; registered: {', '.join(kind_names())}") from None
-
-
-def kind_names() -> tuple[str, ...]:
-    from pytest_kvcache.engines.kinds import kind_names as names
-
-    return names()
-
-
-def resolve_arm(name: str, named: Mapping[str, Mapping[str, Any]], engine: EngineKind = "vllm") -> Arm:
-    """Resolve one typed arm name: named arm > alias > raw dtype (the engine kind's own names)."""
-    return engine_kind(engine).resolve_arm(name, named)
-
-
 def _typed_arm(
     name: str, named: Mapping[str, object], aliases: Mapping[str, str], dtypes: Sequence[str], what: str
 ) -> Arm:
@@ -126,23 +100,6 @@ def _typed_arm(
         return Arm(name=name, kv_cache_dtype=name, source="dtype", typed_as=name)
     valid = [*sorted(named), *aliases, *dtypes]
     raise SettingsError(f"unknown {what} {name!r}; valid arms: {', '.join(valid)}")
-
-
-def resolve_arms(
-    names: Sequence[str], named: Mapping[str, Mapping[str, Any]], engine: EngineKind = "vllm"
-) -> tuple[Arm, ...]:
-    """Resolve the arm list; a repeated name is an A/A comparison (``fp8,fp8`` → ``fp8``, ``fp8.2``)."""
-    arms: list[Arm] = []
-    seen: dict[str, int] = {}
-    for name in names:
-        if not ARM_NAME.match(name):
-            raise SettingsError(f"arm name {name!r} must be letters, digits, '-' or '_'")
-        arm = resolve_arm(name, named, engine)
-        seen[name] = seen.get(name, 0) + 1
-        if seen[name] > 1:
-            arm = replace(arm, name=f"{name}.{seen[name]}")
-        arms.append(arm)
-    return tuple(arms)
 
 
 def looks_like_path(model: str) -> bool:

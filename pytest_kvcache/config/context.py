@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvcache.config.budget import flag_value
-from pytest_kvcache.config.constants import CPU_RETRIEVAL_DEPTHS, RETRIEVAL_DEPTHS
+from pytest_kvcache.config.constants import CPU_RETRIEVAL_DEPTHS, RETRIEVAL_DEPTHS, SettingsError
+from pytest_kvcache.config.kinds import engine_kind
+from pytest_kvcache.config.model_files import read
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.settings import Settings
@@ -52,8 +54,6 @@ def config_context(folder: Path) -> int | None:
     """A model folder's context from its ``config.json`` (None when it has none, or names no context);
     :class:`~pytest_kvcache.config.model_files.ModelFileError` (a usage error) when it is not a JSON object or
     a field has the wrong type (``config/model_files.py``, the one reader of a model's metadata)."""
-    from pytest_kvcache.config.model_files import read
-
     config = read(folder)
     if config is None:
         return None
@@ -88,9 +88,8 @@ def known_context(settings: Settings) -> tuple[int | None, str | None]:
     a booted engine can tell (a hub id, an external server)."""
     if settings.launcher == "external":
         return None, None
-    from pytest_kvcache.engines.kinds import get_kind
 
-    kind = get_kind(settings.engine)
+    kind = engine_kind(settings.engine)
     found: list[tuple[int, str]] = []
     if settings.embedded:
         spec = settings.embedded_spec
@@ -219,8 +218,6 @@ def problems(settings: Settings, context: int, source: str) -> tuple[list[str], 
 def fit_context(settings: Settings) -> Settings:
     """``settings`` with the context known before any boot, its default depths that cannot fit left out
     (``context_notes``); SettingsError (a usage error) for an explicit value that cannot fit."""
-    from pytest_kvcache.config.settings import SettingsError
-
     if not settings.active:
         return settings
     context, source = known_context(settings)

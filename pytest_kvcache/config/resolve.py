@@ -4,7 +4,7 @@ Every option declared with a parser on a ``Settings`` field resolves the same wa
 (:func:`_declared`); the few whose value depends on others (arms, engine, launcher, model, the boot budget
 and order, the self-check) are resolved by hand below. Resolution reads configuration only — the folders
 it names are checked, but the run store is opened and stored runs are loaded after it, by
-:func:`pytest_kvcache.config.stored.open_stored`. It ends with the context known before any boot
+:func:`pytest_kvcache.stored.open_stored`. It ends with the context known before any boot
 (:func:`config.context.fit_context`) and the KV budgets checked, and returns a Settings nothing modifies.
 """
 
@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any, cast
 
 from pytest_kvcache.config import embedded as embedded_models
-from pytest_kvcache.config import model_files
+from pytest_kvcache.config import locations, model_files
 from pytest_kvcache.config import values as v
-from pytest_kvcache.config.arms import Arm, engine_kind, looks_like_path, resolve_arms
+from pytest_kvcache.config.arms import Arm, looks_like_path
 from pytest_kvcache.config.budget import Need, embedded_model, model_shape, need, refusal
 from pytest_kvcache.config.constants import BOOT_INVARIANT_PROBES, CPU_KV_CACHE_DTYPES, SettingsError
+from pytest_kvcache.config.context import fit_context, planned_points
+from pytest_kvcache.config.kinds import engine_kind, resolve_arms
 from pytest_kvcache.config.kv_layout import KvLayout, KvPlan
+from pytest_kvcache.config.locations import store_location
 from pytest_kvcache.config.options import options_of, parse_as, pick
 from pytest_kvcache.config.plan import boot_budget
 from pytest_kvcache.config.settings import OPTION_BY_NAME, Settings
@@ -219,9 +222,6 @@ def resolve(
     if model is None and launcher != "external" and kind.cpu_build:
         _check_cpu_arms(arms, fp8_kv_unsupported)
 
-    from pytest_kvcache import store
-    from pytest_kvcache.config.stored import store_location
-
     location, _ = store_location(cli, env, ini, rootdir)  # checked (a URL: connected to) by open_stored
     gates = get("fail", lambda raw: v.gates(raw, [a.name for a in arms]), ())
     replicates, runs, target_ci, max_runs = (values[k] for k in ("replicates", "runs", "target_ci_pct", "max_runs"))
@@ -259,17 +259,14 @@ def resolve(
         order_seed=values["seed"] if order_seed is None else order_seed,
         max_replicates=max_replicates,
         store=location,
-        store_baselines=store.baselines_dir_of(location, env),
+        store_baselines=locations.baselines_dir_of(location, env),
         self_check="off" if no_check else "full" if full_check else "quick",
         lanes=lanes,
         explicit=frozenset(explicit),
     )
-    from pytest_kvcache.config.context import fit_context
 
     settings = fit_context(settings)
     if gates:  # a gate on a point the run will not have (a depth not in --kv-depths …): before any boot
-        from pytest_kvcache.config.context import planned_points
-
         parse_as(gates, raw_of("fail")[1], lambda raw: v.gates(raw, [a.name for a in arms], planned_points(settings)))
     check_budgets(settings)
     return settings

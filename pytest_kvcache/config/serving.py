@@ -12,8 +12,8 @@ from typing import Any
 from pytest_kvcache.config import embedded as embedded_models
 from pytest_kvcache.config import values as v
 from pytest_kvcache.config.constants import HostCpuAction, LauncherKind, Progress, SelfCheck
-from pytest_kvcache.config.engine_kinds import EngineKind
 from pytest_kvcache.config.options import option, to_dict
+from pytest_kvcache.kind_registry import EngineKind
 
 
 def _embedded(name: str, settings: Any) -> dict[str, Any]:

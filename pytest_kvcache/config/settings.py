@@ -4,11 +4,11 @@ Precedence is CLI > environment (``PYTEST_KVCACHE_â€¦``) > ini/pyproject (``kv_â
 declared with :func:`~pytest_kvcache.config.options.option` is an option: its flag, ini key, environment
 variable, help, parser, default and serialisation follow from that one declaration (``config/options.py``).
 Resolution (``config/resolve.py``) reads configuration only; the run store and stored runs are opened after
-it (``config/stored.py``), and the boot plan is built from the result once (``config/plan.py``).
+it (``stored.py``, after the report), and the boot plan is built from the result once (``config/plan.py``).
 
-The package is split along its old dividers, and this module re-exports what it used to hold:
-``config/constants.py`` (data), ``config/options.py`` (the declaration), ``config/values.py`` (value parsers),
-``config/arms.py``, ``config/plan.py`` (the boot plan), ``config/resolve.py`` and ``config/stored.py``.
+Each name is imported from where it lives (this module re-exports nothing): ``config/constants.py`` (data),
+``config/options.py`` (the declaration), ``config/values.py`` and ``config/grammars.py`` (value parsers),
+``config/arms.py`` and ``config/kinds.py`` (arms), ``config/plan.py`` (the boot plan), ``config/resolve.py``.
 
 This module is plain Python (no pytest): the plugin feeds it the raw values it read.
 """
@@ -21,110 +21,15 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from pytest_kvcache.config import embedded as embedded_models
-from pytest_kvcache.config.arms import Arm as Arm
-from pytest_kvcache.config.arms import looks_like_path as looks_like_path
-from pytest_kvcache.config.arms import resolve_arm as resolve_arm
-from pytest_kvcache.config.arms import resolve_arms as resolve_arms
+from pytest_kvcache.config.arms import Arm
+from pytest_kvcache.config.budget import arm_budget
 from pytest_kvcache.config.constants import (
-    ALIASES as ALIASES,
+    HALF_KV_ON_FLOAT32,
 )
-from pytest_kvcache.config.constants import (
-    ARM_NAME as ARM_NAME,
-)
-from pytest_kvcache.config.constants import (
-    CAPACITY_DEPTHS as CAPACITY_DEPTHS,
-)
-from pytest_kvcache.config.constants import (
-    CAPACITY_MAX_SESSIONS as CAPACITY_MAX_SESSIONS,
-)
-from pytest_kvcache.config.constants import (
-    CAPACITY_MAX_TOKENS as CAPACITY_MAX_TOKENS,
-)
-from pytest_kvcache.config.constants import (
-    CAPACITY_THINK_S as CAPACITY_THINK_S,
-)
-from pytest_kvcache.config.constants import (
-    CAPACITY_WINDOW_S as CAPACITY_WINDOW_S,
-)
-from pytest_kvcache.config.constants import (
-    CPU_CAPACITY_DEPTHS as CPU_CAPACITY_DEPTHS,
-)
-from pytest_kvcache.config.constants import (
-    CPU_CAPACITY_MAX_SESSIONS as CPU_CAPACITY_MAX_SESSIONS,
-)
-from pytest_kvcache.config.constants import (
-    CPU_CAPACITY_MAX_TOKENS as CPU_CAPACITY_MAX_TOKENS,
-)
-from pytest_kvcache.config.constants import (
-    CPU_CAPACITY_THINK_S as CPU_CAPACITY_THINK_S,
-)
-from pytest_kvcache.config.constants import (
-    CPU_CAPACITY_WINDOW_S as CPU_CAPACITY_WINDOW_S,
-)
-from pytest_kvcache.config.constants import (
-    CPU_KV_CACHE_DTYPES as CPU_KV_CACHE_DTYPES,
-)
-from pytest_kvcache.config.constants import (
-    CPU_SLO as CPU_SLO,
-)
-from pytest_kvcache.config.constants import (
-    FIDELITY_DEPTHS as FIDELITY_DEPTHS,
-)
-from pytest_kvcache.config.constants import (
-    FIDELITY_TEXTS as FIDELITY_TEXTS,
-)
-from pytest_kvcache.config.constants import (
-    GPU_SLO as GPU_SLO,
-)
-from pytest_kvcache.config.constants import (
-    HALF_KV_ON_FLOAT32 as HALF_KV_ON_FLOAT32,
-)
-from pytest_kvcache.config.constants import (
-    KV_CACHE_DTYPES as KV_CACHE_DTYPES,
-)
-from pytest_kvcache.config.constants import (
-    SEED_DEPTHS as SEED_DEPTHS,
-)
-from pytest_kvcache.config.constants import (
-    AgenticMode as AgenticMode,
-)
-from pytest_kvcache.config.constants import (
-    HostCpuAction as HostCpuAction,
-)
-from pytest_kvcache.config.constants import (
-    LauncherKind as LauncherKind,
-)
-from pytest_kvcache.config.constants import (
-    Order as Order,
-)
-from pytest_kvcache.config.constants import (
-    Progress as Progress,
-)
-from pytest_kvcache.config.constants import (
-    Sampling as Sampling,
-)
-from pytest_kvcache.config.constants import (
-    SelfCheck as SelfCheck,
-)
-from pytest_kvcache.config.constants import (
-    SettingsError as SettingsError,
-)
-from pytest_kvcache.config.options import NOT_SERIALISED, TO_DICT, UNBOUND, option, options_of, serialise
-from pytest_kvcache.config.options import OptionSpec as OptionSpec
-from pytest_kvcache.config.plan import GATE_BOOT_BUDGET as GATE_BOOT_BUDGET
-from pytest_kvcache.config.plan import Boot as Boot
-from pytest_kvcache.config.plan import BootPlan as BootPlan
-from pytest_kvcache.config.plan import boot_budget as boot_budget
-from pytest_kvcache.config.plan import boot_order as boot_order
-from pytest_kvcache.config.plan import lane_order as lane_order
+from pytest_kvcache.config.options import NOT_SERIALISED, TO_DICT, UNBOUND, OptionSpec, option, options_of, serialise
 from pytest_kvcache.config.probing import ProbeOptions
 from pytest_kvcache.config.serving import ServingOptions
-from pytest_kvcache.config.values import BLOCK_MIN as BLOCK_MIN
-from pytest_kvcache.config.values import DEPTH as DEPTH
-from pytest_kvcache.config.values import DOTTED as DOTTED
-from pytest_kvcache.config.values import parse_depths as parse_depths
-from pytest_kvcache.config.values import parse_gpu_groups as parse_gpu_groups
-from pytest_kvcache.report.options import ReportOptions
+from pytest_kvcache.model.options import ReportOptions
 
 
 class ClientLimits(TypedDict):
@@ -160,7 +65,7 @@ class Settings(ProbeOptions, ServingOptions):
     context_source: str | None = None
     #: default probe points left out before any boot because they cannot fit ``context_tokens``
     context_notes: tuple[str, ...] = ()
-    #: Where the run store's baselines are on this machine (``store.baselines_dir_of``: no I/O).
+    #: Where the run store's baselines are on this machine (``config.locations.baselines_dir_of``: no I/O).
     store_baselines: Path | None = field(default=None, metadata=NOT_SERIALISED)
     #: the options given explicitly (CLI, environment or ini), by name: an explicit depth that cannot fit
     #: is an error, a default one is left out and said so
@@ -199,13 +104,6 @@ class Settings(ProbeOptions, ServingOptions):
         :func:`boot_budget`). Rounds past ``--kv-replicates`` are adaptive: booted only while needed."""
         return max(self.replicates, self.max_replicates or 0)
 
-    def boots(self) -> tuple[Boot, ...]:
-        """The boot plan's boots (``BootPlan.of(settings).boots``). The plugin builds the plan once, at configure,
-        and hands it on; this is for callers that hold only settings (tests, scripts)."""
-        from pytest_kvcache.config.plan import BootPlan
-
-        return BootPlan.of(self).boots
-
     def lane_cards(self, lane: int) -> str | None:
         """The cards lane ``lane``'s engines see (its ``--kv-gpu-groups`` group), or None: not pinned."""
         return self.gpu_groups[lane] if self.gpu_groups and lane < len(self.gpu_groups) else None
@@ -232,7 +130,6 @@ class Settings(ProbeOptions, ServingOptions):
 
     def kv_budget(self, arm: Arm) -> int | None:
         """``arm``'s KV budget in bytes (its own ``--kv-cache-memory-bytes``, else ``--kv-cache-bytes``)."""
-        from pytest_kvcache.config.budget import arm_budget
 
         return arm_budget(self.engine_args, arm.args, self.cache_bytes)
 
@@ -261,12 +158,3 @@ class Settings(ProbeOptions, ServingOptions):
 #: Every option: the ones declared on ``Settings`` fields, in field order, then those that set no field.
 OPTIONS: tuple[OptionSpec, ...] = tuple(sorted((*options_of(Settings), *UNBOUND), key=lambda o: o.name != "arms"))
 OPTION_BY_NAME: Mapping[str, OptionSpec] = {spec.name: spec for spec in OPTIONS}
-
-from pytest_kvcache.config.resolve import check_budgets as check_budgets  # noqa: E402
-from pytest_kvcache.config.resolve import report_dir_of as report_dir_of  # noqa: E402
-from pytest_kvcache.config.resolve import resolve as resolve  # noqa: E402
-from pytest_kvcache.config.resolve import unwritable_folder as unwritable_folder  # noqa: E402
-from pytest_kvcache.config.stored import Stored as Stored  # noqa: E402
-from pytest_kvcache.config.stored import open_stored as open_stored  # noqa: E402
-from pytest_kvcache.config.stored import report_options as report_options  # noqa: E402
-from pytest_kvcache.config.stored import store_of as store_of  # noqa: E402

@@ -9,7 +9,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_kvcache import kind_registry
+from pytest_kvcache.config import grammars
+from pytest_kvcache.config.budget import parse_bytes
 from pytest_kvcache.config.constants import ARM_NAME, FIDELITY_TEXTS, Order, SettingsError
+from pytest_kvcache.config.model_files import TOKENIZER_CONFIG, check_folder
 
 
 def parse_gpu_groups(raw: str) -> tuple[str, ...]:
@@ -106,7 +110,6 @@ def tokenizer_dir(rootdir: Path) -> Callable[[Any], str]:
         path = path if path.is_absolute() else rootdir / path
         if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
             raise SettingsError(f"{raw!r} is not a tokenizer folder (no tokenizer.json or tokenizer_config.json)")
-        from pytest_kvcache.config.model_files import TOKENIZER_CONFIG, check_folder
 
         check_folder(path.resolve(), (TOKENIZER_CONFIG,))
         return str(path.resolve())
@@ -126,9 +129,7 @@ def choice(*choices: str) -> Callable[[str], str]:
 def kind_choice(raw: str) -> str:
     """``--kv-engine``: the name of a registered engine kind (``engines/kinds/``, and other packages' entry
     points), checked when it is parsed, so a kind registered after import counts."""
-    from pytest_kvcache.engines.kinds import kind_names
-
-    return choice(*kind_names())(raw)
+    return choice(*kind_registry.names())(raw)
 
 
 def args(raw: str) -> tuple[str, ...]:
@@ -235,34 +236,28 @@ def depths(raw: Any) -> tuple[int, ...]:
 
 def gate_probe(text: str) -> str:
     """The probe a gate text selects (``decode_tps[short@…]: …`` → ``short``), read by the gate grammar itself
-    (``report.gates.parse``; :func:`gates` has already checked the text)."""
-    from pytest_kvcache.report.gates import parse
-
-    return parse(text).probe
+    (:func:`gates` has already checked the text)."""
+    return grammars.parse_gate(text).probe
 
 
 def gates(raw: Any, arms: list[str] | None, points: Mapping[str, Sequence[str]] | None = None) -> tuple[str, ...]:
     """Gate texts, each parsed; with ``arms`` (and ``points``: each probe's points in the run, where known) a gate
     that could not be evaluated in this run is a usage error now, before anything boots, never dropped."""
-    from pytest_kvcache.report.gates import GateError, parse, unusable
-
     texts = [raw] if isinstance(raw, str) else list(raw)
     for text in texts:
         try:
-            gate = parse(text, arms=arms)
-        except GateError as exc:
+            gate = grammars.parse_gate(text, arms)
+        except grammars.GateError as exc:
             raise SettingsError(str(exc)) from None
-        why = unusable(gate, arms, points=points) if arms else None
+        why = grammars.unusable(gate, arms, points) if arms else None
         if why is not None:
             raise SettingsError(f"gate {gate.text!r} cannot be evaluated: {why}")
     return tuple(texts)
 
 
 def power_limit(raw: Any) -> str:
-    from pytest_kvcache.gpu.power import parse_power_limit
-
     try:
-        parse_power_limit(str(raw))
+        grammars.parse_power_limit(str(raw))
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     return str(raw)
@@ -382,7 +377,6 @@ def levels(raw: Any) -> tuple[int, ...]:
 
 
 def size(raw: Any) -> int:
-    from pytest_kvcache.config.budget import parse_bytes
 
     try:
         return parse_bytes(str(raw))
@@ -391,10 +385,8 @@ def size(raw: Any) -> int:
 
 
 def slo(raw: Any) -> str:
-    from pytest_kvcache.probes.capacity import parse_slo
-
     try:
-        return parse_slo(str(raw)).text()
+        return grammars.parse_slo(str(raw)).text()
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
 

@@ -8,40 +8,12 @@ from typing import Any, cast
 import httpx
 
 from pytest_kvcache import metrics
-from pytest_kvcache.engines.kinds import EngineProfile, find_kind
-from pytest_kvcache.engines.kinds.llamacpp import LLAMA_BUILD as LLAMA_BUILD
-from pytest_kvcache.engines.kinds.llamacpp import LLAMA_FLASH as LLAMA_FLASH
-from pytest_kvcache.engines.kinds.llamacpp import LLAMA_KV as LLAMA_KV
-from pytest_kvcache.engines.kinds.llamacpp import LLAMA_N_CTX as LLAMA_N_CTX
-from pytest_kvcache.engines.kinds.llamacpp import parse_llamacpp_log as parse_llamacpp_log
-from pytest_kvcache.engines.kinds.vllm import BACKEND as BACKEND
-from pytest_kvcache.engines.kinds.vllm import COMPILE_HIT as COMPILE_HIT
-from pytest_kvcache.engines.kinds.vllm import COMPILE_MISS as COMPILE_MISS
-from pytest_kvcache.engines.kinds.vllm import COMPILE_TOTAL as COMPILE_TOTAL
-from pytest_kvcache.engines.kinds.vllm import ENGINE_INIT as ENGINE_INIT
-from pytest_kvcache.engines.kinds.vllm import GRAPH_CAPTURE as GRAPH_CAPTURE
-from pytest_kvcache.engines.kinds.vllm import INIT_ENGINE as INIT_ENGINE
-from pytest_kvcache.engines.kinds.vllm import KV_DTYPE_IN_CONFIG as KV_DTYPE_IN_CONFIG
-from pytest_kvcache.engines.kinds.vllm import KV_SIZE as KV_SIZE
-from pytest_kvcache.engines.kinds.vllm import NON_DEFAULT_ARGS as NON_DEFAULT_ARGS
-from pytest_kvcache.engines.kinds.vllm import SPEC_IN_CONFIG as SPEC_IN_CONFIG
-from pytest_kvcache.engines.kinds.vllm import VLLM
-from pytest_kvcache.engines.kinds.vllm import parse_log as parse_log
+from pytest_kvcache.engines.kinds.base import EngineProfile, find_kind, get_endpoint
+from pytest_kvcache.engines.kinds.vllm import (
+    VLLM,
+    parse_log,
+)
 from pytest_kvcache.model import Evidence
-from pytest_kvcache.model.evidence import SPEC_FIELD as SPEC_FIELD
-from pytest_kvcache.model.evidence import kv_capacity_tokens as kv_capacity_tokens
-from pytest_kvcache.model.evidence import resolved_cache_dtype as resolved_cache_dtype
-from pytest_kvcache.model.evidence import speculative as speculative
-
-
-def _get(client: httpx.Client, path: str) -> tuple[Any, str | None]:
-    try:
-        response = client.get(path)
-        if response.status_code != 200:
-            return None, f"HTTP {response.status_code}"
-        return (response.text if path == "/metrics" else response.json()), None
-    except (httpx.HTTPError, ValueError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
 
 
 def collect(url: str, log_path: Path | None, timeout_s: float = 10.0, profile: EngineProfile = VLLM) -> Evidence:
@@ -55,14 +27,14 @@ def collect(url: str, log_path: Path | None, timeout_s: float = 10.0, profile: E
     paths = profile.evidence_paths
     with httpx.Client(base_url=url, timeout=timeout_s) as client:
         if "/version" in paths:
-            version, err = _get(client, "/version")
+            version, err = get_endpoint(client, "/version")
             if err:
                 errors["/version"] = err
             elif isinstance(version, dict):
                 evidence["engine_version"] = version.get("version")
         if kind is not None:
             kind.collect(client, evidence, errors)
-        models, err = _get(client, "/v1/models")
+        models, err = get_endpoint(client, "/v1/models")
         if err:
             errors["/v1/models"] = err
         elif isinstance(models, dict) and models.get("data"):
@@ -71,7 +43,7 @@ def collect(url: str, log_path: Path | None, timeout_s: float = 10.0, profile: E
             evidence["model_root"] = first.get("root")
             evidence["max_model_len"] = first.get("max_model_len") or evidence.get("max_model_len")
             evidence["models"] = [m.get("id") for m in models["data"]]
-        text, err = _get(client, "/metrics") if "/metrics" in paths else (None, None)
+        text, err = get_endpoint(client, "/metrics") if "/metrics" in paths else (None, None)
         if err:
             errors["/metrics"] = err
         elif isinstance(text, str) and info is not None:

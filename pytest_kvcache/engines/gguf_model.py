@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pytest_kvcache.config.model_files import CONFIG, TOKENIZER_CONFIG, ModelFileError, read
+
 #: Bump when the writer changes what it writes for the same inputs.
 WRITER_VERSION = "1"
 DEFAULT_STD = 0.05
@@ -62,7 +64,6 @@ def write_gguf(model_dir: Path, out: Path, *, seed: int = 0, std: float = DEFAUL
             f"writing the embedded model as GGUF needs the 'gguf' package ({exc}); "
             "pip install 'pytest-kvcache[llamacpp]'"
         ) from None
-    from pytest_kvcache.config.model_files import CONFIG, TOKENIZER_CONFIG, ModelFileError, read
 
     try:  # the one checked reader of a model's metadata (config/model_files.py)
         config: dict[str, Any] = read(model_dir, CONFIG) or {}

@@ -42,6 +42,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pytest_kvcache.engines.llamacpp_build import BuildError, cached_tokenize, ensure_tokenize
 from pytest_kvcache.jsonio import file_sha256
 
 #: gguf token types (``gguf.TokenType``).
@@ -374,8 +375,6 @@ def find_llama_tokenize(*, build: bool = False) -> Path:
     once; a concurrent build of it is waited for). TokenizerRefused (one line, saying how to build it) when
     there is none: the check is never skipped."""
     import os
-
-    from pytest_kvcache.engines.llamacpp_build import BuildError, cached_tokenize, ensure_tokenize
 
     if found := cached_tokenize():
         return found

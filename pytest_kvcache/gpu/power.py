@@ -1,15 +1,14 @@
-"""The ``--kv-gpu-power-limit`` pinning: ``parse_power_limit()`` → ``PowerPlan``,
-``apply_power_limits()`` (setting needs root), ``verify_power_limits()`` against a snapshot,
+"""The ``--kv-gpu-power-limit`` pinning: a ``PowerPlan`` (``config.grammars.parse_power_limit``) on the cards
+(``plan_targets()``), ``apply_power_limits()`` (setting needs root), ``verify_power_limits()`` against a snapshot,
 ``restore_power_limits()``. Plain Python: no pytest, no server access."""
 
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_kvcache.config.grammars import PowerPlan
 from pytest_kvcache.gpu.cards import CardRef, _all_cards
 from pytest_kvcache.gpu.nvml import GpuError, RootRequiredError
 from pytest_kvcache.gpu.snapshot import _card_label
@@ -18,90 +17,28 @@ if TYPE_CHECKING:
     from pytest_kvcache.gpu.nvml import Nvml
 
 
-_WATTS = re.compile(r"(?i)^(\d+(?:\.\d+)?)\s*w?$")
-
-
-@dataclass(frozen=True)
-class PowerPlan:
-    """A parsed ``--kv-gpu-power-limit``: watts for every card, per NVML index, or per UUID prefix.
-
-    ``verify_only`` plans (``verify:…``) never set anything; they only check the limits in place.
-    """
-
-    spec: str
-    verify_only: bool = False
-    all_w: float | None = None
-    by_index: Mapping[int, float] = field(default_factory=dict)
-    by_uuid_prefix: Mapping[str, float] = field(default_factory=dict)
-
-    def targets(self, cards: Sequence[CardRef]) -> dict[str, float]:
-        """UUID → watts for ``cards``. GpuError when an index or prefix names no card (or several)."""
-        if self.all_w is not None:
-            return {card.uuid: self.all_w for card in cards}
-        out: dict[str, float] = {}
-        for index, watts in self.by_index.items():
-            match = [c for c in cards if c.index == index]
-            if not match:
-                raise GpuError(
-                    f"--kv-gpu-power-limit {self.spec!r}: GPU index {index} is not a visible card "
-                    f"(visible: {', '.join(str(c.index) for c in cards) or 'none'})"
-                )
-            out[match[0].uuid] = watts
-        for prefix, watts in self.by_uuid_prefix.items():
-            match = [c for c in cards if c.uuid.lower().startswith(prefix.lower())]
-            if len(match) != 1:
-                what = "no visible card" if not match else f"{len(match)} cards"
-                raise GpuError(f"--kv-gpu-power-limit {self.spec!r}: {prefix} matches {what}")
-            if match[0].uuid in out:
-                raise GpuError(f"--kv-gpu-power-limit {self.spec!r}: {match[0].label} is named twice")
-            out[match[0].uuid] = watts
-        return out
-
-
-def _parse_watts(text: str, part: str) -> float:
-    m = _WATTS.match(text.strip())
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"power limit {part!r}: {text.strip()!r} is not a positive number of watts")
-    return float(m.group(1))
-
-
-def parse_power_limit(spec: str) -> PowerPlan:
-    """Parse ``300`` | ``0:300,1:250`` | ``GPU-abc…:300`` | ``verify:`` + any of those.
-
-    Indices are NVML indices (``nvidia-smi -i``), not CUDA's renumbering after ``CUDA_VISIBLE_DEVICES``.
-    Raises ValueError naming the bad part.
-    """
-    text = spec.strip()
-    verify = False
-    if text.lower().startswith("verify:"):
-        verify, text = True, text[len("verify:") :].strip()
-    if not text:
-        raise ValueError(f"power limit {spec!r}: nothing after {'verify:' if verify else 'the option'}")
-    if ":" not in text and "," not in text:
-        return PowerPlan(spec=spec, verify_only=verify, all_w=_parse_watts(text, text))
-    by_index: dict[int, float] = {}
-    by_uuid: dict[str, float] = {}
-    for raw in text.split(","):
-        part = raw.strip()
-        key, sep, value = part.rpartition(":")
-        key = key.strip()
-        if not sep or not key:
-            raise ValueError(
-                f"power limit {spec!r}: {part!r} needs the form INDEX:WATTS or GPU-UUID:WATTS "
-                "(a bare number applies to all cards and must stand alone)"
+def plan_targets(plan: PowerPlan, cards: Sequence[CardRef]) -> dict[str, float]:
+    """UUID → watts for ``cards``. GpuError when an index or prefix names no card (or several)."""
+    if plan.all_w is not None:
+        return {card.uuid: plan.all_w for card in cards}
+    out: dict[str, float] = {}
+    for index, watts in plan.by_index.items():
+        match = [c for c in cards if c.index == index]
+        if not match:
+            raise GpuError(
+                f"--kv-gpu-power-limit {plan.spec!r}: GPU index {index} is not a visible card "
+                f"(visible: {', '.join(str(c.index) for c in cards) or 'none'})"
             )
-        watts = _parse_watts(value, part)
-        if re.fullmatch(r"\d+", key):
-            if int(key) in by_index:
-                raise ValueError(f"power limit {spec!r}: GPU index {key} is given twice")
-            by_index[int(key)] = watts
-        elif re.fullmatch(r"(?i)GPU-[0-9a-f][0-9a-f-]*", key):
-            if key.lower() in (k.lower() for k in by_uuid):
-                raise ValueError(f"power limit {spec!r}: {key} is given twice")
-            by_uuid[key] = watts
-        else:
-            raise ValueError(f"power limit {spec!r}: {key!r} in {part!r} is neither a GPU index nor a GPU-… UUID")
-    return PowerPlan(spec=spec, verify_only=verify, by_index=by_index, by_uuid_prefix=by_uuid)
+        out[match[0].uuid] = watts
+    for prefix, watts in plan.by_uuid_prefix.items():
+        match = [c for c in cards if c.uuid.lower().startswith(prefix.lower())]
+        if len(match) != 1:
+            what = "no visible card" if not match else f"{len(match)} cards"
+            raise GpuError(f"--kv-gpu-power-limit {plan.spec!r}: {prefix} matches {what}")
+        if match[0].uuid in out:
+            raise GpuError(f"--kv-gpu-power-limit {plan.spec!r}: {match[0].label} is named twice")
+        out[match[0].uuid] = watts
+    return out
 
 
 def apply_power_limits(nvml: Nvml, cards: Sequence[CardRef], plan: PowerPlan) -> dict[str, float]:
@@ -113,7 +50,7 @@ def apply_power_limits(nvml: Nvml, cards: Sequence[CardRef], plan: PowerPlan) ->
     """
     if plan.verify_only:
         return {}
-    targets = plan.targets(cards)
+    targets = plan_targets(plan, cards)
     by_uuid = {card.uuid: card for card in cards}
     for uuid, watts in targets.items():
         card = by_uuid[uuid]
@@ -157,7 +94,7 @@ def verify_power_limits(snap: Mapping[str, Any], plan: PowerPlan, *, tolerance_w
     states = snap.get("cards") or []
     cards = [CardRef(int(c["index"]), str(c["uuid"])) for c in states]
     try:
-        targets = plan.targets(cards)
+        targets = plan_targets(plan, cards)
     except GpuError as exc:
         return [str(exc)]
     problems: list[str] = []

@@ -11,18 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_kvcache.config.grammars import PowerPlan, parse_power_limit
 from pytest_kvcache.gpu.cards import CardRef, visible_cards
 from pytest_kvcache.gpu.drift import DriftRules
 from pytest_kvcache.gpu.drift import drift as drift_flags
 from pytest_kvcache.gpu.energy import EnergyMeter
 from pytest_kvcache.gpu.nvml import GpuError, Nvml, last_open_error, open_nvml
-from pytest_kvcache.gpu.power import (
-    PowerPlan,
-    apply_power_limits,
-    parse_power_limit,
-    restore_power_limits,
-    verify_power_limits,
-)
+from pytest_kvcache.gpu.power import apply_power_limits, restore_power_limits, verify_power_limits
 from pytest_kvcache.gpu.sampler import Sampler
 from pytest_kvcache.gpu.snapshot import no_gpu_snapshot, require_idle, settle
 from pytest_kvcache.gpu.snapshot import snapshot as take_snapshot

@@ -21,18 +21,16 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
+from pytest_kvcache.config.grammars import Slo, SloTerm, parse_slo
 from pytest_kvcache.fanout import SessionPlan
 from pytest_kvcache.metrics import Scrape, engine_delta
 from pytest_kvcache.probes.prefill import haystack, salt_for
-
-SloMetric = Literal["ttft", "itl"]
 
 #: Warmup turns (turn 0: the whole context prefilled) in flight at once per client process: enough to keep an
 #: engine's prefill busy, few enough that none waits past its first-token limit behind the others.
@@ -42,66 +40,6 @@ WARM_CONCURRENCY = 8
 #: requests (a model's own replies would differ between arms and change the contexts' sizes).
 ASSISTANT = "Done: I ran the step, read its output and noted what changed. Next I will check the {k}-th result."
 USER = "Turn {k} of session {salt}: run the next check, then tell me in one line what it found."
-
-
-@dataclass(frozen=True)
-class SloTerm:
-    """One bound of an SLO: the ``quantile``-th percentile of a turn measure ``metric`` at most ``limit_s``."""
-
-    metric: SloMetric
-    quantile: int
-    limit_s: float
-
-    @property
-    def name(self) -> str:
-        return f"{self.metric}_p{self.quantile}"
-
-    def text(self) -> str:
-        limit = f"{self.limit_s:g}s" if self.limit_s >= 1 else f"{self.limit_s * 1000:g}ms"
-        return f"{self.name}<={limit}"
-
-
-@dataclass(frozen=True)
-class Slo:
-    """A latency SLO over a trial's measured turns, e.g. ``ttft_p95<=2s,itl_p95<=60ms``."""
-
-    terms: tuple[SloTerm, ...]
-
-    def text(self) -> str:
-        return ",".join(t.text() for t in self.terms)
-
-    def to_dict(self) -> dict[str, float]:
-        return {t.name: t.limit_s for t in self.terms}
-
-    def limit(self, metric: SloMetric) -> float:
-        """The tightest limit on ``metric`` (a single turn above it does not meet the SLO); inf: unbounded."""
-        return min((t.limit_s for t in self.terms if t.metric == metric), default=math.inf)
-
-
-SLO_TERM = re.compile(r"^\s*(ttft|itl)_p(\d{1,2})\s*<=\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
-
-
-def parse_slo(text: str) -> Slo:
-    """``ttft_p95<=2s,itl_p95<=60ms`` → :class:`Slo`; ValueError naming the bad part. A bare number is seconds."""
-    terms: list[SloTerm] = []
-    for part in str(text).split(","):
-        m = SLO_TERM.match(part)
-        if not m:
-            raise ValueError(
-                f"expected an SLO like ttft_p95<=2s,itl_p95<=60ms (ttft or itl, a percentile p1–p99, a limit in s "
-                f"or ms); bad part {part.strip()!r}"
-            )
-        quantile = int(m.group(2))
-        if not 1 <= quantile <= 99:
-            raise ValueError(f"an SLO percentile is p1 to p99; got {part.strip()!r}")
-        value = float(m.group(3)) / (1000.0 if m.group(4) == "ms" else 1.0)
-        if value <= 0:
-            raise ValueError(f"an SLO limit must be positive; got {part.strip()!r}")
-        terms.append(SloTerm(metric=m.group(1), quantile=quantile, limit_s=value))  # type: ignore[arg-type]
-    names = [t.name for t in terms]
-    if len(set(names)) != len(names):
-        raise ValueError(f"each SLO term once; got {text!r}")
-    return Slo(tuple(terms))
 
 
 # ------------------------------------------------------------------------------------------ one turn

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_kvcache.config.settings import parse_depths
+from pytest_kvcache.config.values import parse_depths
 from pytest_kvcache.probes.registry import depth_label
 
 __all__ = ["depth_label", "parse_depths", "salt_for", "size_prompt"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_kvcache.config.settings import Sampling
+from pytest_kvcache.config.constants import Sampling
 
 
 @dataclass(frozen=True)

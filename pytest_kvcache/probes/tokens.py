@@ -15,6 +15,7 @@ from typing import Any
 
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.datafiles import embedded_folder
+from pytest_kvcache.engines.trained_model import TrainedModelError
 
 Messages = list[dict[str, Any]]
 
@@ -32,7 +33,6 @@ def tokenizer_dir(settings: Settings) -> Path:
         if path.is_dir():
             return path
         raise TokenizerError(f"--kv-model {settings.model!r} is not a local folder; give --kv-tokenizer=DIR")
-    from pytest_kvcache.engines.trained_model import TrainedModelError
 
     try:
         return embedded_folder(settings.embedded_model, trained=settings.embedded_spec.trained)

@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from pytest_kvcache import stats
+from pytest_kvcache.config.budget import fmt_bytes
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import (
     CapacityRow,
@@ -49,9 +50,12 @@ from pytest_kvcache.model import (
     Json,
     Record,
 )
+from pytest_kvcache.model.evidence import kv_capacity_tokens
 from pytest_kvcache.probes import capacity as probe
 from pytest_kvcache.probes.registry import depth_label
 from pytest_kvcache.report import deciding
+from pytest_kvcache.report.outputs.formats import _md_table
+from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI, point_sort, provisional_note
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -521,8 +525,6 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
     tried level; boots resampled too). No CI where a one-boot side's knee was not tried enough
     (:func:`unmeasured`; ``ci_note`` says why). From 2 boots on a side, the pooled SD of the log knees
     (``boot_sd``: the run's own spread, ``report.spread``)."""
-    from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI, provisional_note
-
     bu, au = _units(base, metric), _units(other, metric)
     base_value = float(np.mean([_knee(s, metric) for _, s in bu])) if bu else None
     arm_value = float(np.mean([_knee(s, metric) for _, s in au])) if au else None
@@ -574,8 +576,6 @@ def capacity_ci(
     """An arm's capacity (or residency knee: ``metric``; mean over its boots), its CI (nearest-rank percentiles
     of the replicates' knees, boots resampled too; none where :func:`unmeasured` says why) and the CI's method,
     for the section and absolute gates (``capacity[capacity@2k]: >= 6``)."""
-    from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI
-
     units = _units(group, metric)
     if not units:
         return None, None, None, "within-boot"
@@ -704,8 +704,6 @@ def section(
 ) -> CapacitySection:
     """The report's capacity section: per arm and depth the capacity, its bracket and its CI, the ratio to the
     baseline (the delta the gates judge), the KV each arm had, the figures at the knee; every trial; notes."""
-    from pytest_kvcache.model.evidence import kv_capacity_tokens
-
     config: dict[str, Json] = {
         key: settings.get(key)
         for key in (
@@ -726,7 +724,6 @@ def section(
         return out
     ratios = {(d["arm"], d["point"]): d for d in deltas if d["probe"] == PROBE and d["metric"] == METRIC}
     kv_ratios = {(d["arm"], d["point"]): d for d in deltas if d["probe"] == PROBE and d["metric"] == RESIDENCY_METRIC}
-    from pytest_kvcache.report.frame import point_sort
 
     for point in sorted(sub["point"].unique(), key=point_sort):
         for arm in arms:
@@ -1010,8 +1007,6 @@ def table(section: CapacitySection | None) -> tuple[list[str], list[list[str]]]:
         tokens = r.get("kv_tokens")
         kv = f"{tokens:,}" if tokens else "–"
         if budget:
-            from pytest_kvcache.config.budget import fmt_bytes
-
             kv += f" ({fmt_bytes(budget)})"
         rows.append(
             [
@@ -1125,8 +1120,6 @@ def setup_line(section: CapacitySection | None) -> str:
     budget = c.get("cache_bytes")
     kv = "each arm's own KV cache (no --kv-cache-bytes)"
     if isinstance(budget, int):
-        from pytest_kvcache.config.budget import fmt_bytes
-
         kv = f"a KV budget of {fmt_bytes(budget)} per arm"
     trials = c.get("capacity_trials")
     confirm = ""
@@ -1161,7 +1154,6 @@ def lines(report: Mapping[str, Any]) -> list[str]:
     found = cast("CapacitySection | None", report.get("capacity"))
     if not found or not found["rows"]:
         return []
-    from pytest_kvcache.report.outputs.markdown import _md_table
 
     out = ["", "## Capacity under the SLO", "", setup_line(found), ""]
     out += _md_table(*table(found))

@@ -16,15 +16,8 @@ import pandas as pd
 from pytest_kvcache import stats
 from pytest_kvcache.model import CrossoverRow, DeltaRow, SummaryRow
 from pytest_kvcache.report import bands
-from pytest_kvcache.report.frame import (
-    MIN_BOOTS_FOR_BOOT_CI,
-    Specs,
-    compare,
-    metrics_for,
-    point_sort,
-    spec_of,
-    values,
-)
+from pytest_kvcache.report.frame import compare, metrics_for, values
+from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI, Specs, point_sort, spec_of
 
 
 def _probes(data: pd.DataFrame, specs: Specs) -> list[str]:

@@ -39,6 +39,7 @@ from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.metrics.catalogue import joules_text as joules_text
 from pytest_kvcache.model import EnergyRow, EnergySection, Evidence, Json
 from pytest_kvcache.probes.registry import ProbeSpec
+from pytest_kvcache.report.points import point_sort, spec_of
 
 #: Each energy metric's window of a request (``probes.registry.ENERGY_METRICS``).
 WINDOW_OF = {"energy_per_token": "decode", "energy_per_prompt_token": "prefill"}
@@ -356,8 +357,6 @@ def section(data: pd.DataFrame, energy: Energy, arms: Sequence[str], specs: Mapp
     metric of the probe, the joules, tokens, window time, mean power and J/token over the boots whose windows
     were long enough (``rows``, each with ``reason`` for the boots left out); and, in a few lines, the points
     that got no figure at all and why (``not_reported``)."""
-    from pytest_kvcache.report.frame import point_sort, spec_of
-
     how = how_measured(energy)
     rows: list[EnergyRow] = []
     if not data.empty and "decode_j" in data:

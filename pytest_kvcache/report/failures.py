@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pytest_kvcache.model import EmptyPoint, FailureRow, FailuresSection, Record
-from pytest_kvcache.report.frame import Specs, point_of, point_sort, spec_of
+from pytest_kvcache.report.points import Specs, point_of, point_sort, spec_of
 
 
 def kind_of(record: Record) -> tuple[str, str, str]:

@@ -39,11 +39,12 @@ from pytest_kvcache import stats
 from pytest_kvcache.model import DeltaRow, FidelityRecord, FidelityRow, FidelitySection, Json
 from pytest_kvcache.probes import fidelity
 from pytest_kvcache.probes.registry import FIDELITY_METRICS
-from pytest_kvcache.report.frame import point_sort
+from pytest_kvcache.report.gate_outcome import gate_result, judge
+from pytest_kvcache.report.points import point_sort
 
 if TYPE_CHECKING:
+    from pytest_kvcache.config.grammars import Gate
     from pytest_kvcache.model import GateEvidence, GateResult
-    from pytest_kvcache.report.gates import Gate
 
 PROBE = "fidelity"
 KINDS = ("between arms", "across boots")
@@ -234,7 +235,6 @@ def gate_results(gate: Gate, label: str, at: pd.DataFrame, arms: Sequence[str]) 
     absolute one on :func:`over_texts` per arm (every arm but the baseline when it names none), one between
     two arms on :func:`ratio_over_texts`. Evidence ``texts``; with fewer than ``MIN_TEXTS`` texts the gate
     is inconclusive and says why (:func:`no_ci`). No ``boots_to_decide``: boots cannot decide it."""
-    from pytest_kvcache.report.gates import _result, judge
 
     def of(arm: str | None) -> dict[str, float]:
         mine = at[at["arm"] == arm] if not at.empty else at
@@ -246,7 +246,7 @@ def gate_results(gate: Gate, label: str, at: pd.DataFrame, arms: Sequence[str]) 
         ratio = gate.kind == "between"
         if not means or value is None:
             why = f"{gate.other}'s {gate.metric} averages 0 over the texts: no ratio" if means else "no valid samples"
-            result = _result(gate, name, "inconclusive", value, None, None, why, ratio=ratio)
+            result = gate_result(gate, name, "inconclusive", value, None, None, why, ratio=ratio)
             result["evidence"] = {"kind": "none"}
             return result
         n = len(means)
@@ -262,7 +262,7 @@ def gate_results(gate: Gate, label: str, at: pd.DataFrame, arms: Sequence[str]) 
             evidence["df"] = n - 1
             how = "Fieller's interval for the ratio, paired by text" if ratio else "t-interval"
             evidence["text"] = f"CI over texts ({_texts_words(means)}: {how}, {n - 1} df)"
-        result = _result(gate, name, judge(gate.op, lo, hi, gate.threshold), value, lo, hi, evidence["text"], ratio)
+        result = gate_result(gate, name, judge(gate.op, lo, hi, gate.threshold), value, lo, hi, evidence["text"], ratio)
         result["ci_method"] = "texts"
         result["evidence"] = evidence
         return result

@@ -15,34 +15,16 @@ import pandas as pd
 from pytest_kvcache import stats
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import Comparison, Record
-from pytest_kvcache.probes.registry import ProbeSpec, user_spec
+from pytest_kvcache.probes.registry import ProbeSpec
+from pytest_kvcache.report import capacity
 from pytest_kvcache.report.energy import request_windows, trial_windows
+from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI, Specs, point_of, provisional_note, spec_of
 
-#: With this many boots per arm or more, CIs are computed over boots (hierarchical bootstrap).
-MIN_BOOTS_FOR_BOOT_CI = 3
 #: A sample's flag that the host was busy outside the engine and the client (``run.hostload``): its boot may
 #: have measured the other work (``report.spread``: no one-boot claim on the default band then).
 HOST_BUSY = "host_cpu_busy"
 
-Specs = Mapping[str, ProbeSpec]
 PairKey = tuple[object, ...]
-
-
-def spec_of(probe: str | None, specs: Specs) -> ProbeSpec:
-    name = str(probe)
-    return specs.get(name) or user_spec(name)
-
-
-def point_of(record: Record, specs: Specs) -> str:
-    """The position a record occupies on its probe's axis: shape, depth label (``10k``) or ``turnN``."""
-    spec = spec_of(record.get("probe"), specs)
-    if spec.point == "turn" and record.get("turn") is not None:
-        return f"turn{record.get('turn')}"
-    depth = record.get("depth")
-    if spec.point == "depth" and depth is not None:
-        depth = int(depth)
-        return f"{depth // 1000}k" if depth % 1000 == 0 else str(depth)
-    return str(record.get("shape") or "-")
 
 
 def pair_key(record: Record, specs: Specs) -> PairKey | None:
@@ -95,8 +77,6 @@ def frame(records: Sequence[Record], specs: Specs) -> pd.DataFrame:
         rows.append(row)
     rows += trial_rows(trial_records, specs)
     if search_records:  # one row per boot and point: the search's result (the capacity probe's)
-        from pytest_kvcache.report import capacity
-
         rows += capacity.frame_rows(search_records)
     return pd.DataFrame(rows)
 
@@ -151,19 +131,6 @@ def values(group: pd.DataFrame, metric: str) -> list[float]:
     return [float(v) for v in group.loc[group["valid"], metric].tolist() if v is not None and v == v]
 
 
-def point_sort(point: str) -> tuple[int, float, str]:
-    """Axis order: depths by size (``4k`` < ``10k``), turns and concurrency levels by number, then shapes."""
-    if point.startswith("turn") and point[4:].isdigit():
-        return (1, float(point[4:]), point)
-    if point.startswith("c") and point[1:].isdigit():  # concurrency level
-        return (1, float(point[1:]), point)
-    digits = point[:-1] if point.endswith("k") else point
-    try:
-        return (0, float(digits) * (1000 if point.endswith("k") else 1), point)
-    except ValueError:
-        return (2, 0.0, point)
-
-
 def metrics_for(spec: ProbeSpec, data: pd.DataFrame) -> tuple[str, ...]:
     """The spec's metrics that this slice of data actually has."""
     return tuple(m for m in spec.metrics if m in data and data[m].notna().any())
@@ -208,8 +175,6 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
     capacity: one value per boot) carries its own bootstrap, over turns and boots (``report.capacity.compare``).
     """
     if any("search" in g and g["search"].notna().any() for g in (base, other)):
-        from pytest_kvcache.report import capacity
-
         return capacity.compare(base, other, metric, seed=seed)
     if catalogue.family(metric) in OVER_PROMPTS:
         return compare_over_prompts(base, other, metric)
@@ -344,8 +309,3 @@ def host_busy(group: pd.DataFrame) -> int:
     if group.empty or "host_busy" not in group:
         return 0
     return int(group.loc[group["valid"], "host_busy"].fillna(False).astype(bool).sum())
-
-
-def provisional_note(boots: int) -> str:
-    """Why a better/worse verdict (or a gate) from a within-boot CI is provisional."""
-    return f"{boots} boot{'' if boots == 1 else 's'} per arm: within-boot CI only"

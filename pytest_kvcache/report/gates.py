@@ -15,17 +15,23 @@ lies wholly on the wrong side, and is inconclusive when it straddles it (or when
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
+from pytest_kvcache import stats
+from pytest_kvcache.config import grammars
+from pytest_kvcache.config.grammars import Gate, GateError, parse_gate
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model import Comparison, GateEvidence, GateResult, Outcome
+from pytest_kvcache.model import Comparison, GateEvidence, GateResult
 from pytest_kvcache.probes import registry
+from pytest_kvcache.report import bands, retrieval, spread
+from pytest_kvcache.report.capacity import capacity_ci
+from pytest_kvcache.report.fidelity import gate_results
+from pytest_kvcache.report.frame import OVER_PROMPTS, by_boot, compare, host_busy, prompt_means, too_few_prompts, values
+from pytest_kvcache.report.gate_outcome import gate_result, judge
 from pytest_kvcache.report.judging import QUALITY_PROBES
+from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI, point_sort
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,116 +40,15 @@ if TYPE_CHECKING:
     from pytest_kvcache.report.bands import Platform
     from pytest_kvcache.report.spread import Spread
 
-Op = Literal[">=", "<=", ">", "<"]
-Kind = Literal["between", "baseline", "absolute", "saved"]
-
-NAME = r"[A-Za-z0-9][\w.\-]*"
-NUM = r"\d+(?:\.\d+)?"
-GATE = re.compile(r"^\s*(?P<metric>[^\[\s]+)\s*\[(?P<sel>[^\]]*)\]\s*:\s*(?P<cond>.*?)\s*$")
-OP = r"(?P<op>>=|<=|>|<)"
-BETWEEN = re.compile(
-    rf"^(?P<arm>{NAME})\s*{OP}\s*(?P<arm2>{NAME})\s*(?:\*\s*(?P<factor>{NUM})|(?P<sign>[+-])\s*(?P<offset>{NUM}))?$"
-)
-SAVED = re.compile(rf"^{OP}\s*saved\s*(?:\*\s*(?P<factor>{NUM})|(?P<pct>[+-]{NUM})\s*%)?$")
-BASELINE = re.compile(rf"^{OP}\s*(?P<pct>[+-]{NUM})\s*%$")
-ABSOLUTE = re.compile(rf"^(?:(?P<arm>{NAME})\s*)?{OP}\s*(?P<num>-?{NUM})$")
-
-
-class GateError(ValueError):
-    """A malformed gate or one naming an unknown metric, probe or arm."""
-
-
-@dataclass(frozen=True)
-class Gate:
-    text: str
-    metric: str
-    probe: str
-    point: str | None
-    kind: Kind
-    op: Op
-    threshold: float
-    arm: str | None = None
-    other: str | None = None
-    #: a between-arm gate on a difference, not a ratio (``retrieval_acc[retrieval@32k]: fp8 >= auto - 0.05``):
-    #: ARM − ARM2 is held to ``offset`` (the threshold is then this offset); only for the metrics the catalogue
-    #: compares as differences (accuracies)
-    offset: float | None = None
-
-
-OPS: dict[str, Op] = {">=": ">=", "<=": "<=", ">": ">", "<": "<"}
-
-
-def _op(text: str) -> Op:
-    return OPS[text]
-
 
 def parse(text: str, *, arms: Sequence[str] | None = None, specs: Mapping[str, ProbeSpec] | None = None) -> Gate:
     """Parse one gate; ``arms`` (when known) are checked, and the probe and metric against ``specs`` when
     given (:func:`check` does that later for gates parsed before a user's probe registered). Errors point
     at the bad part."""
-    gate = _parse(text, arms)
+    gate = parse_gate(text, arms)
     if specs is not None:
         check(gate, specs)
     return gate
-
-
-def _parse(text: str, arms: Sequence[str] | None) -> Gate:
-    m = GATE.match(text)
-    if not m:
-        raise GateError(f"gate {text!r}: expected METRIC[SELECTOR]: CONDITION, e.g. 'decode_tps[short]: >= -5%'")
-    metric, sel, cond = m.group("metric"), m.group("sel").strip(), m.group("cond")
-    probe, _, point = sel.partition("@")
-    if not re.fullmatch(r"\w+", metric):
-        raise GateError(f"gate {text!r}: a metric is a name like decode_tps, got {metric!r}")
-    if not re.fullmatch(r"\w+", probe):
-        raise GateError(f"gate {text!r}: a selector is PROBE or PROBE@POINT, got [{sel}]")
-    if "@" in sel and not point:
-        raise GateError(f"gate {text!r}: empty point after '@' in [{sel}]")
-
-    def check_arm(name: str | None) -> None:
-        if name is not None and arms is not None and name not in arms:
-            raise GateError(f"gate {text!r}: unknown arm {name!r}; arms: {', '.join(arms)}")
-
-    make = functools.partial(Gate, text=text.strip(), metric=metric, probe=probe, point=point or None)
-    b = BETWEEN.match(cond)
-    if b and b.group("arm2") != "saved" and not re.fullmatch(NUM, b.group("arm2")):
-        check_arm(b.group("arm"))
-        check_arm(b.group("arm2"))
-        if b.group("offset") is not None:
-            offset = float(b.group("offset")) * (-1 if b.group("sign") == "-" else 1)
-            if not catalogue.additive(metric):
-                raise GateError(
-                    f"gate {text!r}: '{b.group('arm2')} {b.group('sign')} {b.group('offset')}' holds a difference, "
-                    f"which only an accuracy takes ({', '.join(catalogue.additive_names())}); gate {metric} as a "
-                    f"ratio ('{b.group('arm')} >= {b.group('arm2')} * 0.95')"
-                )
-            return make(
-                kind="between",
-                op=_op(b.group("op")),
-                threshold=offset,
-                arm=b.group("arm"),
-                other=b.group("arm2"),
-                offset=offset,
-            )
-        return make(
-            kind="between",
-            op=_op(b.group("op")),
-            threshold=float(b.group("factor") or 1.0),
-            arm=b.group("arm"),
-            other=b.group("arm2"),
-        )
-    if s := SAVED.match(cond):
-        factor = float(s.group("factor")) if s.group("factor") else 1.0 + float(s.group("pct") or 0) / 100
-        return make(kind="saved", op=_op(s.group("op")), threshold=factor)
-    if p := BASELINE.match(cond):
-        return make(kind="baseline", op=_op(p.group("op")), threshold=1.0 + float(p.group("pct")) / 100)
-    if a := ABSOLUTE.match(cond):
-        check_arm(a.group("arm"))
-        return make(kind="absolute", op=_op(a.group("op")), threshold=float(a.group("num")), arm=a.group("arm"))
-    raise GateError(
-        f"gate {text!r}: cannot read the condition {cond!r}; expected 'ARM >= ARM2 [* F | - D]', '<= +10%', "
-        f"'>= 30', '[ARM] >= 30' or '<= saved [+P% | * F]'"
-    )
 
 
 def check(gate: Gate, specs: Mapping[str, ProbeSpec]) -> None:
@@ -175,46 +80,26 @@ def unusable(
     specs: Mapping[str, ProbeSpec] | None = None,
     points: Mapping[str, Sequence[str]] | None = None,
 ) -> str | None:
-    """Why ``gate`` cannot be evaluated in a run of ``arms`` (the baseline first), or None. ``specs``: the
-    probes registered (a probe measured against the baseline already has no figures for it); ``points``: the
-    points each probe has in the run (its depths, levels …), where known. Every gate given is evaluated or
-    reported as an ``error`` with this reason (:func:`evaluate`); where it is known before any boot, it is a
-    usage error then."""
+    """Why ``gate`` cannot be evaluated in a run of ``arms`` (the baseline first), or None: the grammar's reasons
+    (``config.grammars.unusable``), and ``specs``' (the probes registered: a probe measured against the baseline
+    already has no figures for it). Every gate given is evaluated or reported as an ``error`` with this reason
+    (:func:`evaluate`); where it is known before any boot, it is a usage error then."""
     spec = (specs or {}).get(gate.probe)
-    relative = spec is not None and spec.own_section
-    if gate.kind == "baseline" and len(arms) < 2:
-        return (
-            f"it compares every other arm with the baseline arm {arms[0]!r}, and the run has no second arm; give "
-            f"one (--kv-arms={arms[0]},OTHER) or gate an absolute value ('{gate.metric}[{gate.probe}]: <= N')"
-        )
-    if relative and gate.kind == "absolute" and gate.arm is None and len(arms) < 2:
-        return (
-            f"{gate.probe} measures every other arm against the baseline arm {arms[0]!r}, and the run has no "
-            "second arm to measure"
-        )
-    if relative and gate.kind == "absolute" and gate.arm == arms[0]:
-        return (
-            f"{gate.probe} measures every other arm against the baseline arm {arms[0]!r}: the baseline has no figures"
-        )
-    known = (points or {}).get(gate.probe)
-    if gate.point is not None and known is not None and gate.point not in known:
-        have = ", ".join(known) if known else "none"
-        return f"{gate.probe} has no point {gate.point} in this run (its points: {have})"
-    return None
+    return grammars.unusable(gate, arms, points, relative=spec is not None and spec.own_section)
 
 
-def judge(op: str, lo: float | None, hi: float | None, threshold: float) -> Outcome:
-    """pass / fail / inconclusive for a CI [lo, hi] against ``op threshold``: fail only when the whole CI is
-    on the wrong side (the data show the miss), pass only when it is wholly on the right side."""
-    if lo is None or hi is None:
-        return "inconclusive"
-    if op in (">=", ">"):
-        ok = lo >= threshold if op == ">=" else lo > threshold
-        bad = hi < threshold if op == ">=" else hi <= threshold
-    else:
-        ok = hi <= threshold if op == "<=" else hi < threshold
-        bad = lo > threshold if op == "<=" else lo >= threshold
-    return "pass" if ok else "fail" if bad else "inconclusive"
+def check_all(
+    texts: Sequence[str], arms: Sequence[str], specs: Mapping[str, ProbeSpec], selected: set[str] | None
+) -> None:
+    """Every gate parsed, checked against the registered probes and evaluable in a run of ``arms``; GateError
+    names the first that is not. ``selected``: the probes the run's selected tests measure (None: unknown)."""
+    for text in texts:
+        gate = parse(text, arms=arms, specs=specs)
+        why = unusable(gate, arms, specs)
+        if why is None and selected is not None and gate.probe not in selected:
+            why = f"no {gate.probe} test is selected (-m, -k)"
+        if why is not None:
+            raise GateError(f"gate {gate.text!r} cannot be evaluated: {why}")
 
 
 #: How far :func:`boots_to_decide` looks: beyond this many boots per arm a gate is "not within reach".
@@ -234,9 +119,6 @@ def boots_to_decide(
     ``1/sqrt(boots)`` (its quantile from the normal one below 3 boots to Student's t over boots from 3 on),
     against the distance of the estimate from the threshold (log scale for a ratio). None: not within
     :data:`MAX_BOOTS_AHEAD` boots per arm (the estimate sits on the threshold), or no CI to start from."""
-    from pytest_kvcache import stats
-    from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI
-
     if value is None or lo is None or hi is None or hi <= lo:
         return None
     if ratio:
@@ -289,8 +171,6 @@ def evaluate(
     are deterministic across boots, so its absolute and between-arm gates are decided over texts instead
     (evidence ``texts``: ``report.fidelity.gate_results``), inconclusive with fewer than 3 texts.
     """
-    from pytest_kvcache.report.frame import OVER_PROMPTS, by_boot, compare, host_busy, point_sort, values
-
     results: list[GateResult] = []
     run_busy = host_busy(data) if not data.empty else 0  # a host busy anywhere in the run is a loaded host
     for gate in gates:
@@ -309,7 +189,7 @@ def evaluate(
         if why is None and unjudgeable is not None and gate.probe in QUALITY_PROBES:
             why = unjudgeable  # a baseline that cannot read its text judges no quality gate, either way
         if why is not None:  # never silently dropped: an error, which fails the run (exit 1)
-            results.append(_result(gate, gate.text, "error", None, None, None, f"cannot be evaluated: {why}"))
+            results.append(gate_result(gate, gate.text, "error", None, None, None, f"cannot be evaluated: {why}"))
             continue
         points = [gate.point] if gate.point else measured
         for point in points:
@@ -317,14 +197,12 @@ def evaluate(
             label = f"{gate.metric}[{gate.probe}@{point}]: {gate.text.split(':', 1)[1].strip()}"
             if gate.probe == "fidelity" and gate.kind in ("absolute", "between"):
                 # deterministic across boots: judged over texts, never boots (report.fidelity)
-                from pytest_kvcache.report.fidelity import gate_results
 
                 results += gate_results(gate, label, at, arms)
                 continue
             if gate.probe == "retrieval":
                 # greedy needles, deterministic across boots: judged over needles (report.retrieval), against the
                 # baseline's ceiling
-                from pytest_kvcache.report import retrieval
 
                 needles = retrieval.records_of(at)
                 results += retrieval.gate_results(gate, label, point, needles, arms, {"retrieval_ceiling": ceiling})
@@ -337,7 +215,7 @@ def evaluate(
             elif gate.kind == "saved":
                 if saved is None:
                     reason = "no stored run to compare with (--kv-compare)"
-                    results.append(_result(gate, label, "inconclusive", None, None, None, reason))
+                    results.append(gate_result(gate, label, "inconclusive", None, None, None, reason))
                     continue
                 old = saved[(saved["probe"] == gate.probe) & (saved["point"] == point)] if not saved.empty else saved
                 pairs += [
@@ -355,8 +233,6 @@ def evaluate(
                     groups = by_boot(mine, gate.metric) if not mine.empty else []
                     ci = None
                     if "search" in mine and mine["search"].notna().any():  # a search's own bootstrap
-                        from pytest_kvcache.report.capacity import capacity_ci
-
                         ci = capacity_ci(mine, seed, gate.metric)[:3]
                     results.append(
                         _absolute(
@@ -376,7 +252,9 @@ def evaluate(
             for who, base, other in pairs:
                 if base.empty or other.empty:
                     results.append(
-                        _result(gate, f"{label} ({who})", "inconclusive", None, None, None, "no samples on one side")
+                        gate_result(
+                            gate, f"{label} ({who})", "inconclusive", None, None, None, "no samples on one side"
+                        )
                     )
                     continue
                 cmp = compare(base, other, gate.metric, seed=seed)
@@ -393,8 +271,6 @@ def _finite(interval: tuple[float, float]) -> tuple[float | None, float | None]:
 
 def _spread_evidence(found: Spread, within: list[float | None], platform: Platform, metric: str) -> GateEvidence:
     """A gate's evidence for a within-boot CI widened by ``found`` (``report.spread``)."""
-    from pytest_kvcache.report import bands
-
     evidence: GateEvidence = {"kind": found.kind, "within_ci": within, "platform": platform, "source": found.text}
     if math.isfinite(found.sd):
         evidence["boot_sd_pct"] = found.sd * 100
@@ -420,8 +296,6 @@ def _ratio(
 ) -> GateResult:
     """One ratio gate (between arms, against the baseline, against a saved run) on its deciding evidence:
     over boots its own CI, else the within-boot CI widened by the spread ``report.spread`` chooses."""
-    from pytest_kvcache.report import spread
-
     lo, hi, ratio = cmp["ci_low"], cmp["ci_high"], cmp["ratio"]
     boots_base, boots_arm = max(cmp["boots_baseline"], 1), max(cmp["boots_arm"], 1)
     evidence: GateEvidence = {"kind": "none", "boots_baseline": cmp["boots_baseline"], "boots_arm": cmp["boots_arm"]}
@@ -445,7 +319,7 @@ def _ratio(
         lo, hi = _finite(spread.ratio_interval(ratio, lo, hi, found, boots))
     outcome = judge(gate.op, lo, hi, gate.threshold)
     reason = reason or str(evidence.get("text", ""))
-    result = _result(gate, name, outcome, ratio, lo, hi, reason, ratio=True)
+    result = gate_result(gate, name, outcome, ratio, lo, hi, reason, ratio=True)
     result["ci_method"] = cmp["ci_method"] if evidence["kind"] != "noise run" else "noise band"
     result["evidence"] = evidence
     if outcome == "inconclusive" and evidence["kind"] not in ("none", "prompts"):  # a boot cannot decide prompts
@@ -470,10 +344,6 @@ def _absolute(
 ) -> GateResult:
     """One absolute gate (one arm's mean against a number) on its deciding evidence. ``ci`` (mean, low, high)
     replaces the CI of the mean where the metric has its own (a capacity search's bootstrap)."""
-    from pytest_kvcache import stats
-    from pytest_kvcache.report import spread
-    from pytest_kvcache.report.frame import MIN_BOOTS_FOR_BOOT_CI
-
     boots = len(groups)
     evidence: GateEvidence = {"kind": "none", "boots_arm": boots}
     if boots >= MIN_BOOTS_FOR_BOOT_CI:  # the boot is the unit: boot-to-boot variation is in the CI
@@ -494,7 +364,7 @@ def _absolute(
             lo, hi = _finite(spread.mean_interval(mean, lo, hi, chosen, max(boots, 1)))
     outcome = judge(gate.op, lo, hi, gate.threshold)
     reason = "no valid samples" if not found else "too few samples for a CI" if lo is None else ""
-    result = _result(gate, name, outcome, mean, lo, hi, reason or str(evidence.get("text", "")))
+    result = gate_result(gate, name, outcome, mean, lo, hi, reason or str(evidence.get("text", "")))
     if found:
         result["ci_method"] = "boots" if evidence["kind"] == "boots" else "within-boot"
     result["evidence"] = evidence
@@ -506,9 +376,6 @@ def _absolute(
 def _over_prompts(gate: Gate, name: str, mine: pd.DataFrame) -> GateResult:
     """An absolute gate on a metric deterministic across boots and repeats (acceptance): Student's t over its
     prompts' means (``report.frame.compare_over_prompts``), none with fewer than 3 prompts; a boot decides nothing."""
-    from pytest_kvcache import stats
-    from pytest_kvcache.report.frame import prompt_means, too_few_prompts
-
     means = list(prompt_means(mine, gate.metric).values())
     mean, lo, hi = stats.mean_ci_clusters(means)
     if mean is None:
@@ -517,38 +384,7 @@ def _over_prompts(gate: Gate, name: str, mine: pd.DataFrame) -> GateResult:
         reason = too_few_prompts(gate.metric, len(means))
     else:
         reason = f"CI over {len(means)} prompts (t-interval)"
-    result = _result(gate, name, judge(gate.op, lo, hi, gate.threshold), mean, lo, hi, reason)
+    result = gate_result(gate, name, judge(gate.op, lo, hi, gate.threshold), mean, lo, hi, reason)
     result["ci_method"] = "prompts"
     result["evidence"] = {"kind": "prompts", "text": reason}
     return result
-
-
-def _result(
-    gate: Gate,
-    name: str,
-    outcome: Outcome,
-    value: float | None,
-    lo: float | None,
-    hi: float | None,
-    reason: str,
-    ratio: bool = False,
-) -> GateResult:
-    def num(v: float | None) -> str:
-        if v is None:
-            return "–"
-        return f"{v:.3f}×" if ratio else f"{v:.4g}"
-
-    return {
-        "name": name,
-        "gate": gate.text,
-        "outcome": outcome,
-        "value": value,
-        "ci_low": lo,
-        "ci_high": hi,
-        "threshold": gate.threshold,
-        "op": gate.op,
-        "reason": reason,
-        "value_text": num(value),
-        "ci_text": f"[{num(lo)}, {num(hi)}]" if lo is not None else "–",
-        "threshold_text": f"{gate.op} {num(gate.threshold)}",
-    }

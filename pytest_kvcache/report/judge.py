@@ -20,9 +20,10 @@ from pytest_kvcache.report import gates as gate_grammar
 from pytest_kvcache.report import judging, spread
 from pytest_kvcache.report.bands import Platform, platform_of, unlike_source
 from pytest_kvcache.report.build import build
-from pytest_kvcache.report.frame import Specs, compare
+from pytest_kvcache.report.frame import by_boot, compare, values
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.multiplicity import apply_holm
+from pytest_kvcache.report.points import Specs, spec_of
 from pytest_kvcache.report.verdicts import judge_crossovers, report_verdicts
 
 #: The exit codes, for pytest and ``kvcache-report`` alike.
@@ -50,8 +51,6 @@ def noise_bands(noise: RunData) -> Bands:
     """A stored A/A run's spread per (probe, point, metric): σ̂, the SD of its log boot means pooled within each
     arm (copies of an arm, ``X, X.2``, are one arm: the same configuration), and its degrees of freedom
     (``report.spread``); a point needs 2 boots of one arm."""
-    from pytest_kvcache.report.frame import by_boot, spec_of, values
-
     found: Bands = {}
     data = noise.frame
     if data.empty:

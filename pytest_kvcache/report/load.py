@@ -27,6 +27,10 @@ from pytest_kvcache.model import (
 from pytest_kvcache.model.shape import mismatch
 from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.registry import ProbeSpec
+from pytest_kvcache.report.energy import Energy, with_energy
+from pytest_kvcache.report.fidelity import blocks, frame_rows
+from pytest_kvcache.report.frame import frame
+from pytest_kvcache.report.retrieval import frame_rows as retrieval_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -74,8 +78,6 @@ class RunData:
     @cached_property
     def fidelity_blocks(self) -> pd.DataFrame:
         """Every fidelity comparison per block of positions (``report.fidelity.blocks``), built once."""
-        from pytest_kvcache.report.fidelity import blocks
-
         return blocks(self.fidelity, self.arms)
 
     @cached_property
@@ -83,11 +85,6 @@ class RunData:
         """The measured requests as one frame (``report.frame.frame``), built once for build and judge; the
         fidelity probe's blocks (each arm against the baseline) are rows of it too, so gates read them."""
         import pandas as pd
-
-        from pytest_kvcache.report.energy import with_energy
-        from pytest_kvcache.report.fidelity import frame_rows
-        from pytest_kvcache.report.frame import frame
-        from pytest_kvcache.report.retrieval import frame_rows as retrieval_rows
 
         found = with_energy(frame(self.records, self.specs), self.energy)
         extra = frame_rows(self.fidelity_blocks)
@@ -108,8 +105,6 @@ class RunData:
     def energy(self) -> Energy:
         """The run's energy traces (``energy.jsonl``, and ``gpu.jsonl`` for cards without the counter) and
         each boot's cards, read once (``report.energy``)."""
-        from pytest_kvcache.report.energy import Energy
-
         lines = lane_jsonl(self.path, "energy.jsonl")
         return Energy.build(lines, lambda: lane_jsonl(self.path, "gpu.jsonl"), self.evidence)
 

@@ -14,11 +14,13 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_kvcache.config.grammars import GateError
 from pytest_kvcache.model import Report
-from pytest_kvcache.report.gates import GateError
-from pytest_kvcache.report.judge import Judgement, exit_code
+from pytest_kvcache.model.options import ReportOptions
+from pytest_kvcache.report.build import build
+from pytest_kvcache.report.judge import Judgement, exit_code, judge
 from pytest_kvcache.report.load import RunData, RunFolderError, load
-from pytest_kvcache.report.options import ReportOptions
+from pytest_kvcache.report.outputs import write_all
 
 
 class ReportInputError(ValueError):
@@ -69,10 +71,6 @@ def produce(run: Path, options: ReportOptions) -> Outcome:
     ``Outcome.error`` with the report's exit code 3. The history row and the baseline save are the next
     step's (:func:`pytest_kvcache.finish.finish`), which the session and ``kvcache-report`` call after this.
     """
-    from pytest_kvcache.report.build import build
-    from pytest_kvcache.report.judge import judge
-    from pytest_kvcache.report.outputs import write_all
-
     data, saved, noise = load_inputs(run, options)
     outcome = Outcome(run=run, data=data)
     try:

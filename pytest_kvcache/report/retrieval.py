@@ -37,9 +37,10 @@ import numpy as np
 import pandas as pd
 
 from pytest_kvcache import stats
+from pytest_kvcache.config.grammars import Gate
 from pytest_kvcache.model import GateEvidence, GateResult, RetrievalRecord
 from pytest_kvcache.probes.registry import depth_label
-from pytest_kvcache.report.gates import Gate, _result, judge
+from pytest_kvcache.report.gate_outcome import gate_result, judge
 from pytest_kvcache.report.retrieval_stats import (
     exact_difference_interval,
     mcnemar_p,
@@ -411,7 +412,7 @@ def gate_results(
     got = _collapse(at, arms)
 
     def error(name: str, reason: str) -> GateResult:
-        result = _result(gate, name, "error", None, None, None, reason)
+        result = gate_result(gate, name, "error", None, None, None, reason)
         result["ci_method"] = CI_METHOD
         evidence: GateEvidence = {"kind": "none", "text": reason}
         result["evidence"] = evidence
@@ -432,7 +433,7 @@ def gate_results(
 
     def done(name: str, value: float | None, lo: float | None, hi: float | None, text: str, ratio: bool) -> GateResult:
         outcome = judge(gate.op, lo, hi, gate.threshold) if value is not None else "inconclusive"
-        result = _result(gate, name, outcome, value, lo, hi, text, ratio=ratio)
+        result = gate_result(gate, name, outcome, value, lo, hi, text, ratio=ratio)
         result["ci_method"] = CI_METHOD
         evidence: GateEvidence = {"kind": CI_METHOD, "text": text}
         result["evidence"] = evidence

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from pytest_kvcache.probes.registry import depth_label
+from pytest_kvcache.report.outputs.formats import Cell as HtmlCell
+from pytest_kvcache.report.outputs.formats import Table, _md_table
 from pytest_kvcache.report.retrieval import DEFAULT_CEILING, pct
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from pytest_kvcache.report.outputs.htmlpage import Table
+    from pytest_kvcache.report.outputs.formats import Table
 
 
 def _section_of(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -137,8 +139,6 @@ def _footnote(sec: Mapping[str, Any]) -> str:
 
 def markdown_lines(report: Mapping[str, Any]) -> list[str]:
     """report.md's retrieval section: the setup, a sentence per arm, accuracy and difference tables, notes."""
-    from pytest_kvcache.report.outputs.formats import _md_table
-
     sec = _section_of(report)
     if sec is None:
         return []
@@ -159,9 +159,6 @@ def markdown_lines(report: Mapping[str, Any]) -> list[str]:
 
 def html_tables(report: Mapping[str, Any]) -> list[Table]:
     """report.html's retrieval tables (accuracy, differences), a verdict cell classed better/worse."""
-    from pytest_kvcache.report.outputs.htmlpage import Cell as HtmlCell
-    from pytest_kvcache.report.outputs.htmlpage import Table
-
     sec = _section_of(report)
     if sec is None:
         return []

@@ -8,10 +8,13 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
+from pytest_kvcache.config.grammars import GateError
 from pytest_kvcache.model import DeltaRow, Record
 from pytest_kvcache.report import bands
 from pytest_kvcache.report.comparison import ci_half_width_pct, delta_rows
-from pytest_kvcache.report.frame import Specs, frame, spec_of
+from pytest_kvcache.report.frame import frame
+from pytest_kvcache.report.gates import evaluate, parse
+from pytest_kvcache.report.points import Specs, spec_of
 from pytest_kvcache.report.spread import Spread
 
 #: The evidence an interim look may stop a run on with a FAIL: over boots, or judged with the widest spread
@@ -51,8 +54,6 @@ def rounds_check(
     with the widest CI; when all are settled, the widest): ``probe``, ``point``, ``metric``, ``arm``,
     ``half_width_pct`` and ``gate`` (the undecided gate's name, with ``boots_to_decide``).
     """
-    from pytest_kvcache.report.gates import GateError, evaluate, parse
-
     data = frame(records, specs)
     if "boot" in data:  # as the run folder's loader does: the resampling unit and the block of each row
         data["unit"] = data["arm"] if external else data["boot"]

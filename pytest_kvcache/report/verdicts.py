@@ -12,7 +12,7 @@ from pytest_kvcache.model import AgreementRow, CrossoverRow, DeltaRow, Report
 from pytest_kvcache.report import capacity as capacity_report
 from pytest_kvcache.report import deciding
 from pytest_kvcache.report import fidelity as fidelity_report
-from pytest_kvcache.report.frame import Specs
+from pytest_kvcache.report.points import Specs
 
 
 def judge_crossovers(crossovers: Sequence[CrossoverRow], deltas: Sequence[DeltaRow]) -> None:

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from pytest_kvcache.config.settings import Boot
+from pytest_kvcache.config.plan import Boot
 from pytest_kvcache.model import Evidence, Record
 from pytest_kvcache.run.folder import RunFolder
 

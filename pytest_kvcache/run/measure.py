@@ -14,7 +14,8 @@ import httpx
 
 from pytest_kvcache import metrics
 from pytest_kvcache.client import Client, Sample
-from pytest_kvcache.config.settings import Arm, Boot
+from pytest_kvcache.config.arms import Arm
+from pytest_kvcache.config.plan import Boot
 from pytest_kvcache.engines.base import Engine, tail
 from pytest_kvcache.engines.kinds import EngineProfile, Kind, find_kind
 from pytest_kvcache.engines.kinds.vllm import VLLM

@@ -11,6 +11,9 @@ from typing import Any, Literal
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines import visible_devices
 from pytest_kvcache.engines.base import Engine
+from pytest_kvcache.gpu.snapshot import diff as gpu_diff
+from pytest_kvcache.gpu.snapshot import memory_used_mib
+from pytest_kvcache.gpu.state import GpuOptions, GpuState
 from pytest_kvcache.model import Evidence, GpuSnapshot
 from pytest_kvcache.run.folder import RunFolder
 from pytest_kvcache.run.hostload import HostSampler, MeasuredProcesses
@@ -23,8 +26,6 @@ Role = Literal["single", "controller", "worker"]
 
 def open_gpu(settings: Settings, path: Path, role: Role, lane: int, lanes_used: set[int]) -> Any:
     """The run's GpuState, opened on every card its boots will see (a worker: its own lane's)."""
-    from pytest_kvcache.gpu.state import GpuOptions, GpuState
-
     st = settings
     gpu = GpuState(
         GpuOptions(
@@ -51,8 +52,6 @@ def start_hostcpu(settings: Settings, folder: RunFolder, engines: Callable[[], l
 
 def at_ready(gpu: Any, cards: Any, evidence: Evidence) -> None:
     """The boot's GPU snapshot once its engine is ready, and the VRAM in use then."""
-    from pytest_kvcache.gpu.snapshot import memory_used_mib
-
     ready: GpuSnapshot = gpu.snapshot(cards)
     evidence["gpu_ready"] = ready
     evidence["vram_ready_mib"] = memory_used_mib(ready)
@@ -60,16 +59,12 @@ def at_ready(gpu: Any, cards: Any, evidence: Evidence) -> None:
 
 def vram_in_use(gpu: Any, cards: Any) -> dict[str, int]:
     """VRAM in use on the boot's cards now (before its engine stops); empty without a GPU."""
-    from pytest_kvcache.gpu.snapshot import memory_used_mib
-
     return memory_used_mib(gpu.snapshot(cards)) if gpu is not None and gpu.available else {}
 
 
 def after_stop(gpu: Any, cards: Any, evidence: Evidence, engine: Engine, vram_before_stop: dict[str, int]) -> None:
     """The boot's GPU snapshot after its engine stopped, what changed since before it booted (other
     processes' VRAM, clocks …), and the state's warnings."""
-    from pytest_kvcache.gpu.snapshot import diff as gpu_diff
-
     after: GpuSnapshot = gpu.snapshot(cards)
     evidence["gpu_after"] = after
     evidence["vram_before_stop_mib"] = vram_before_stop

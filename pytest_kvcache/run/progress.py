@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pytest_kvcache.config.settings import Boot, Settings
+from pytest_kvcache.config.plan import Boot
+from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import Evidence, FidelityRecord, Record
 from pytest_kvcache.probes import registry

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from pytest_kvcache.config.plan import BootPlan
-from pytest_kvcache.config.settings import Boot, Settings
+from pytest_kvcache.config.plan import Boot, BootPlan
+from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.model import Evidence, ModelSize, PlanEntry, Record
 from pytest_kvcache.probes import registry as probe_registry
+from pytest_kvcache.report.bands import platform_of, unlike_source
 
 
 class Run(Protocol):
@@ -81,7 +82,6 @@ def judging_inputs(run: Run) -> tuple[dict[tuple[str, str, str], Any], Any]:
 
 
 def decide_round(run: Run, round_: int, target: float | None) -> str | None:
-    from pytest_kvcache.report.bands import platform_of, unlike_source
     from pytest_kvcache.report.build import rounds_check
 
     arms = [a.name for a in run.settings.arms]

@@ -29,13 +29,15 @@ from types import TracebackType
 from typing import Any, Protocol, cast
 
 from pytest_kvcache.client import Sample
-from pytest_kvcache.config.plan import BootPlan
+from pytest_kvcache.config.context import check_at_boot
+from pytest_kvcache.config.plan import Boot, BootPlan
 from pytest_kvcache.config.resolve import kv_plan_data, served_parameters
-from pytest_kvcache.config.settings import Boot, Settings
+from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines import embedded_name, engine_profile, visible_devices
 from pytest_kvcache.engines.base import Engine, EngineError
-from pytest_kvcache.engines.evidence import collect, resolved_cache_dtype
+from pytest_kvcache.engines.evidence import collect
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
+from pytest_kvcache.interrupt import INTERRUPT_GRACE_S
 from pytest_kvcache.model import (
     RECORD_SCHEMA_VERSION,
     Evidence,
@@ -46,6 +48,7 @@ from pytest_kvcache.model import (
     Record,
     RetrievalRecord,
 )
+from pytest_kvcache.model.evidence import resolved_cache_dtype
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.run import agreement, monitors, rounds
 from pytest_kvcache.run.folder import RunFolder, make_record
@@ -53,6 +56,7 @@ from pytest_kvcache.run.forward import Outbox
 from pytest_kvcache.run.hostload import HostSampler, judge
 from pytest_kvcache.run.measure import Server
 from pytest_kvcache.run.monitors import Role as Role
+from pytest_kvcache.run.progress import requests_of
 
 MakeEngine = Callable[[Boot, Path, EngineRegistry], Engine | None]
 Payload = Mapping[str, Any]
@@ -204,7 +208,7 @@ class Run:
         mode = self.settings.self_check
         if mode == "off" or self.folder is None:
             return None
-        from pytest_kvcache.selfcheck import run_self_check
+        from pytest_kvcache.selfcheck import run_self_check  # numpy: loaded on first use
 
         try:
             full = cast(dict[str, Json], run_self_check(quick=mode == "quick"))
@@ -429,8 +433,6 @@ class Run:
     def _check_context(self, boot: Boot, evidence: Evidence) -> None:
         """Where the context was not known before any boot: an explicit depth (or token count) that cannot
         fit this engine's max_model_len fails the boot before any request is sent."""
-        from pytest_kvcache.config.context import check_at_boot
-
         error, notes = check_at_boot(self.settings, evidence.get("max_model_len"), boot.boot_id)
         if error:
             raise EngineError(f"{boot.boot_id}: {error}")
@@ -452,8 +454,6 @@ class Run:
         stopping = time.time()
         vram_in_use = monitors.vram_in_use(gpu, cards)
         if self.interrupted and hasattr(engine, "term_grace_s"):
-            from pytest_kvcache.interrupt import INTERRUPT_GRACE_S
-
             engine.term_grace_s = min(engine.term_grace_s, INTERRUPT_GRACE_S)  # Ctrl-C: no full grace
         engine.stop()
         evidence = self.evidence.get(boot_id)
@@ -514,8 +514,6 @@ class Run:
             folder.append(rec)
             self.records.append(rec)
         if self.listeners:
-            from pytest_kvcache.run.progress import requests_of
-
             for listener in self.listeners:
                 listener.recorded(rec, requests_of(rec, self.settings))
 

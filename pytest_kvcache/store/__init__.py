@@ -11,33 +11,10 @@ each finished run, ``kvcache-report history`` reads it.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from pathlib import Path
 
+from pytest_kvcache.config.locations import is_url
 from pytest_kvcache.store.base import BaselineEntry, Store, StoreError
-
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-
-
-def is_url(location: str) -> bool:
-    return location.startswith(POSTGRES_SCHEMES)
-
-
-def default_location(env: Mapping[str, str]) -> str:
-    """``$XDG_DATA_HOME/pytest-kvcache``, else ``~/.local/share/pytest-kvcache``."""
-    data = env.get("XDG_DATA_HOME") or ""
-    base = Path(data).expanduser() if data and Path(data).expanduser().is_absolute() else None
-    return str((base or Path.home() / ".local" / "share") / "pytest-kvcache")
-
-
-def normalise(raw: str, rootdir: Path) -> str:
-    """A folder made absolute (relative to ``rootdir``), or a URL as given."""
-    text = raw.strip()
-    if is_url(text):
-        return text
-    path = Path(text).expanduser()
-    return str(path if path.is_absolute() else rootdir / path)
 
 
 def check(location: str) -> None:
@@ -47,15 +24,6 @@ def check(location: str) -> None:
     from pytest_kvcache.store.sqlite import check_folder
 
     check_folder(Path(location))
-
-
-def baselines_dir_of(location: str, env: Mapping[str, str] | None = None) -> Path:
-    """Where the store's baselines are on this machine (a cache folder for a URL). No I/O."""
-    if is_url(location):
-        from pytest_kvcache.store.postgres import cache_dir
-
-        return cache_dir(location, env if env is not None else os.environ)
-    return Path(location) / "baselines"
 
 
 def open_store(location: str) -> Store:
@@ -69,25 +37,10 @@ def open_store(location: str) -> Store:
     return SqliteStore(Path(location))
 
 
-def redact(location: str) -> str:
-    """A URL without its password, for messages."""
-    if not is_url(location) or "@" not in location:
-        return location
-    scheme, rest = location.split("://", 1)
-    auth, host = rest.rsplit("@", 1)
-    user = auth.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in auth else location
-
-
 __all__ = [
     "BaselineEntry",
     "Store",
     "StoreError",
-    "baselines_dir_of",
     "check",
-    "default_location",
-    "is_url",
-    "normalise",
     "open_store",
-    "redact",
 ]

@@ -9,7 +9,6 @@ which the report then reads like any run folder.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import time
@@ -17,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_kvcache.config.locations import cache_dir, redact
 from pytest_kvcache.store.base import BaselineEntry, Store, StoreError, copy_folder, history_row
 from pytest_kvcache.store.record import RunRow, indexed_columns
 
@@ -38,18 +38,8 @@ PROBES = (
 )
 
 
-def cache_dir(url: str, env: Mapping[str, str]) -> Path:
-    """The local folder baselines of ``url`` are unpacked into (one per store URL)."""
-    cache = env.get("XDG_CACHE_HOME") or ""
-    base = Path(cache) if cache and Path(cache).is_absolute() else Path.home() / ".cache"
-    digest = hashlib.sha256(url.encode()).hexdigest()[:12]
-    return base / "pytest-kvcache" / f"postgres-{digest}" / "baselines"
-
-
 class PostgresStore(Store):
     def __init__(self, url: str, env: Mapping[str, str] | None = None) -> None:
-        from pytest_kvcache.store import redact
-
         self.location = url
         self._where = redact(url)
         self._cache = cache_dir(url, env if env is not None else os.environ)

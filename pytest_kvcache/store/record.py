@@ -18,7 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from pytest_kvcache import stats
 from pytest_kvcache.jsonio import read_json, write_json
+from pytest_kvcache.model import Report
+from pytest_kvcache.report.frame import by_boot, values
+from pytest_kvcache.report.load import RunFolderError, check_shape, json_file, load
 
 if TYPE_CHECKING:
     from pytest_kvcache.model import Report
@@ -179,9 +183,6 @@ def comparability(report: Report, engine_args: list[str] | None = None) -> tuple
 def run_row(data: RunData, report: Report, vcs: Vcs, *, recorded_unix_s: float | None = None) -> RunRow:
     """The history row of one run: every summary point with its CI of the mean and boot count, and each
     arm's ratio to the baseline arm with its CI."""
-    from pytest_kvcache import stats
-    from pytest_kvcache.report.frame import by_boot, values
-
     frame = data.frame
     deltas = {(d["probe"], d["point"], d["metric"], d["arm"]): d for d in report.get("deltas") or []}
     ci = report.get("ci")
@@ -244,9 +245,6 @@ def row_of_folder(run: Path) -> RunRow:
     """Rebuild a run's row from its folder (``report.json`` must be there: the report was built). A
     ``report.json`` that is not JSON, or has a field of another type than the row reads (another version, a
     hand edit), is a ``RunFolderError`` naming the file and the field."""
-    from pytest_kvcache.model import Report
-    from pytest_kvcache.report.load import RunFolderError, check_shape, json_file, load
-
     data = load(run)
     report_path = run / "report.json"
     if not report_path.is_file():

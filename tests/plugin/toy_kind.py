@@ -19,7 +19,7 @@ from pytest_kvcache.engines.kinds.vllm import VLLM, parse_log
 from pytest_kvcache.model import LogFacts
 
 if TYPE_CHECKING:
-    from pytest_kvcache.config.settings import Boot
+    from pytest_kvcache.config.plan import Boot
 
 TOY_DTYPES: Mapping[str, str] = {"toy16": "auto", "toy8": "fp8_e4m3"}
 TOY_COUNTERS: Mapping[str, str] = {

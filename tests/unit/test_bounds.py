@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 from pytest_kvcache.config import values as v
+from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.context import check_at_boot, config_context
 from pytest_kvcache.config.model_files import ModelFileError, check_folder, validate
-from pytest_kvcache.config.settings import OPTIONS, Settings, SettingsError
+from pytest_kvcache.config.settings import OPTIONS, Settings
 from pytest_kvcache.probes import registry
 from pytest_kvcache.report import gates
 from tests.factories import make_settings as _make_settings

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from pytest_kvcache.config import budget
-from pytest_kvcache.config.settings import SettingsError, resolve
+from pytest_kvcache.config.constants import SettingsError
+from pytest_kvcache.config.resolve import resolve
 from pytest_kvcache.engines import build_engine_args
 from pytest_kvcache.fanout import Fanout
 from pytest_kvcache.probes import capacity

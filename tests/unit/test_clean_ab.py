@@ -11,7 +11,9 @@ import pytest
 
 from pytest_kvcache import stats
 from pytest_kvcache.config import values as v
-from pytest_kvcache.config.settings import Arm, SettingsError, boot_order
+from pytest_kvcache.config.arms import Arm
+from pytest_kvcache.config.constants import SettingsError
+from pytest_kvcache.config.plan import BootPlan, boot_order
 from pytest_kvcache.probes import agreement, registry
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
 from pytest_kvcache.report import build, confounds, gates, judge, spread
@@ -75,7 +77,7 @@ def resolve_cli(tmp_path: Path, **cli: Any) -> Any:
 def test_replicates_default_to_abba_and_name_boots(tmp_path: Path) -> None:
     s = resolve_cli(tmp_path, replicates="2")
     assert s.order == "abba"
-    assert [b.boot_id for b in s.boots()] == ["auto.r1", "float16.r1", "float16.r2", "auto.r2"]
+    assert [b.boot_id for b in BootPlan.of(s).boots] == ["auto.r1", "float16.r1", "float16.r2", "auto.r2"]
     assert resolve_cli(tmp_path, replicates="2", order="random:5").order_seed == 5
     assert resolve_cli(tmp_path).order == "sequential"
 
@@ -83,7 +85,7 @@ def test_replicates_default_to_abba_and_name_boots(tmp_path: Path) -> None:
 def test_gates_plan_adaptive_rounds_up_to_a_budget_of_three_boots_per_arm(tmp_path: Path) -> None:
     gated = resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"])
     assert gated.replicates == 1 and gated.max_replicates == 3 and gated.rounds == 3 and gated.order == "abba"
-    assert [(b.boot_id, b.extra) for b in gated.boots()] == [
+    assert [(b.boot_id, b.extra) for b in BootPlan.of(gated).boots] == [
         ("auto.r1", False),
         ("float16.r1", False),
         ("float16.r2", True),
@@ -92,10 +94,10 @@ def test_gates_plan_adaptive_rounds_up_to_a_budget_of_three_boots_per_arm(tmp_pa
         ("float16.r3", True),
     ]
     off = resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"], max_replicates="1")
-    assert off.max_replicates is None and [b.boot_id for b in off.boots()] == ["auto", "float16"]
+    assert off.max_replicates is None and [b.boot_id for b in BootPlan.of(off).boots] == ["auto", "float16"]
     assert resolve_cli(tmp_path).max_replicates is None  # no gates: boot what was asked
     five = resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"], max_replicates="5")
-    assert five.rounds == 5 and sum(b.extra for b in five.boots()) == 8
+    assert five.rounds == 5 and sum(b.extra for b in BootPlan.of(five).boots) == 8
     assert resolve_cli(tmp_path, fail=["decode_tps[short]: >= -5%"], replicates="4").max_replicates is None
 
 
@@ -104,7 +106,7 @@ def test_gates_decided_the_same_on_every_boot_plan_no_adaptive_rounds(tmp_path: 
     lists no rounds another boot could never fill; a timing gate beside them brings the rounds back."""
     only = ["retrieval_acc[retrieval@1k]: float16 >= auto - 0.1", "logprob_drift[fidelity@1k]: float16 <= 0.1"]
     same = resolve_cli(tmp_path, fail=only)
-    assert same.max_replicates is None and [b.boot_id for b in same.boots()] == ["auto", "float16"]
+    assert same.max_replicates is None and [b.boot_id for b in BootPlan.of(same).boots] == ["auto", "float16"]
     assert resolve_cli(tmp_path, fail=only, max_replicates="1").max_replicates is None
     with pytest.raises(SettingsError, match="not fidelity or retrieval"):
         resolve_cli(tmp_path, fail=only, max_replicates="3")
@@ -115,7 +117,7 @@ def test_gates_decided_the_same_on_every_boot_plan_no_adaptive_rounds(tmp_path: 
 def test_target_ci_plans_adaptive_rounds_up_to_the_cap(tmp_path: Path) -> None:
     s = resolve_cli(tmp_path, replicates="2", target_ci="1.5%")
     assert s.target_ci_pct == 1.5 and s.max_replicates == 4
-    boots = s.boots()
+    boots = BootPlan.of(s).boots
     assert [b.boot_id for b in boots if b.extra] == ["auto.r3", "float16.r3", "float16.r4", "auto.r4"]
 
 

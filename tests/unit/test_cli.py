@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kvcache import cli
-from pytest_kvcache.report import pipeline
-from pytest_kvcache.report.options import ReportOptions
+from pytest_kvcache.model.options import ReportOptions
 
 
 def test_ctrl_c_while_a_report_is_rebuilt_is_one_line_and_exit_2(
@@ -17,7 +16,7 @@ def test_ctrl_c_while_a_report_is_rebuilt_is_one_line_and_exit_2(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "produce", interrupted)
+    monkeypatch.setattr(cli, "produce", interrupted)
     lines: list[str] = []
     code = cli.rerender(tmp_path, ReportOptions(noise=tmp_path), out=lines.append)
     assert code == 2

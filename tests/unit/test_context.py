@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from pytest_kvcache.config import embedded
+from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.context import agentic_target, check_at_boot, config_context
-from pytest_kvcache.config.settings import SettingsError
 from pytest_kvcache.probes import agentic
 from tests.factories import make_settings
 

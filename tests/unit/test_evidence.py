@@ -5,7 +5,8 @@ from pathlib import Path
 from pytest_kvcache import metrics
 from pytest_kvcache.config.hostcpu import cpu_flags, fp8_kv_unsupported_reason
 from pytest_kvcache.engines.base import EngineError, redact_argv, redact_env, salient_error, tail
-from pytest_kvcache.engines.evidence import kv_capacity_tokens, parse_log, resolved_cache_dtype, speculative
+from pytest_kvcache.engines.kinds.vllm import parse_log
+from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype, speculative
 
 # Lines as vLLM 0.25.1 (the seed's GPU logs) and 0.32.0 (the CPU build here) print them.
 GPU_LOG = """\

@@ -14,8 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pytest_kvcache.config.constants import FIDELITY_TEXTS
-from pytest_kvcache.config.settings import SettingsError
+from pytest_kvcache.config.constants import FIDELITY_TEXTS, SettingsError
 from pytest_kvcache.model import FidelityRecord
 from pytest_kvcache.probes import fidelity
 from pytest_kvcache.report import fidelity as report_fidelity

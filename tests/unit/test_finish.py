@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from pytest_kvcache.finish import finish
-from pytest_kvcache.report.options import ReportOptions
+from pytest_kvcache.model.options import ReportOptions
 from pytest_kvcache.report.pipeline import Outcome, produce
 from pytest_kvcache.store.sqlite import SqliteStore
 

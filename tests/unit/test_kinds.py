@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_kvcache.config.settings import SettingsError, resolve_arm
+from pytest_kvcache.config.constants import SettingsError
+from pytest_kvcache.config.kinds import resolve_arm
+from pytest_kvcache.config.plan import Boot
+from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines import kinds
 from pytest_kvcache.engines.kinds import base
+from pytest_kvcache.model import LogFacts
 
 
 def test_each_builtin_kind_is_its_module_and_its_profile() -> None:
@@ -46,6 +51,12 @@ def test_an_entry_point_registers_its_kind(monkeypatch: pytest.MonkeyPatch, fres
     class Theirs(kinds.Kind):
         profile = kinds.EngineProfile(kind="theirs", title="their server")
 
+        def command(self, settings: Settings, boot: Boot, log_path: Path) -> kinds.Command:
+            return ("their-server",), [], {}
+
+        def parse_log(self, text: str) -> LogFacts:
+            return LogFacts()
+
     def entry_points(group: str) -> list[_Entry]:
         assert group == kinds.ENTRY_POINT_GROUP == "pytest_kvcache.engine_kinds"
         return [_Entry("theirs", Theirs)]
@@ -62,4 +73,25 @@ def test_an_entry_point_registers_its_kind(monkeypatch: pytest.MonkeyPatch, fres
 def test_a_broken_entry_point_is_one_line(monkeypatch: pytest.MonkeyPatch, fresh_entry_points: None) -> None:
     monkeypatch.setattr(metadata, "entry_points", lambda group: [_Entry("broken", ImportError("no module x"))])
     with pytest.raises(SettingsError, match=r"^engine kind entry point 'broken' \(pkg.broken\) failed to load: "):
+        kinds.load_entry_points()
+
+
+def test_a_kind_without_a_command_or_a_log_parser_is_refused(
+    monkeypatch: pytest.MonkeyPatch, fresh_entry_points: None
+) -> None:
+    """The base kind is abstract: a kind must say how it starts and what its log states, or registering it says
+    which it lacks (an entry point's: a usage error naming the entry point), never a vLLM default in disguise."""
+
+    class Half(kinds.Kind):
+        profile = kinds.EngineProfile(kind="half", title="half a server")
+
+        def parse_log(self, text: str) -> LogFacts:
+            return LogFacts()
+
+    with pytest.raises(TypeError, match=r"engine kind 'half' \(.*Half\) must define command$"):
+        kinds.register_kind("half")(Half)
+    assert "half" not in kinds.kind_names()
+
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [_Entry("half", Half)])
+    with pytest.raises(SettingsError, match=r"engine kind entry point 'half' .*must define command"):
         kinds.load_entry_points()

@@ -14,8 +14,9 @@ from typing import Any, cast
 import pytest
 
 from pytest_kvcache.config import budget
+from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.kv_layout import KvLayout
-from pytest_kvcache.config.settings import SettingsError, resolve
+from pytest_kvcache.config.resolve import resolve
 from pytest_kvcache.engines.kinds import vllm_kv
 from pytest_kvcache.engines.kinds.vllm import parse_log
 from pytest_kvcache.report import kv_plan

@@ -224,7 +224,7 @@ def test_the_first_screen_counts_comparisons_and_families() -> None:
 def test_the_committed_h200_trained_run_rerenders_without_the_fp8_agentic_crossover(tmp_path: Path) -> None:
     """docs/results/h200-trained: fp8's agentic decode_tps crossover rested on turn 13 (p 0.022) and 14
     (p 0.008); after Holm over its 15 points neither is worse, so no sign change is stated."""
-    from pytest_kvcache.report.options import ReportOptions
+    from pytest_kvcache.model.options import ReportOptions
     from pytest_kvcache.report.pipeline import produce
 
     copy = tmp_path / "run"

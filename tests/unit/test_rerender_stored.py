@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kvcache import stats
-from pytest_kvcache.report.options import ReportOptions
+from pytest_kvcache.model.options import ReportOptions
 from pytest_kvcache.report.pipeline import produce
 
 ROOT = Path(__file__).resolve().parents[2]

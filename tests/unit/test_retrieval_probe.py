@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_kvcache.config import values
-from pytest_kvcache.config.settings import SettingsError
+from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.probes import retrieval
 from pytest_kvcache.probes.retrieval import Needle
 

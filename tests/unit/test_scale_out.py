@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 
 from pytest_kvcache import distributed, stats
-from pytest_kvcache.config.plan import BootPlan
-from pytest_kvcache.config.settings import Arm, SettingsError, boot_order, lane_order, parse_gpu_groups, resolve
+from pytest_kvcache.config.arms import Arm
+from pytest_kvcache.config.constants import SettingsError
+from pytest_kvcache.config.plan import BootPlan, boot_order, lane_order
+from pytest_kvcache.config.resolve import resolve
+from pytest_kvcache.config.values import parse_gpu_groups
 from pytest_kvcache.distributed import LANE_KEY, Role, boot_of_nodeid, check, check_lane_cards
 from pytest_kvcache.engines import make_engine, visible_devices
 from pytest_kvcache.engines.registry import EngineRegistry
@@ -81,7 +84,7 @@ def test_each_lane_sees_only_its_group(tmp_path: Path) -> None:
     follow the lane's group; on a fake NVML of four cards, each lane's snapshots name only its cards. (The tiny
     model: the trained one's folder would be converted here, its tokenizer checked by a llama.cpp build.)"""
     st = _settings(tmp_path, gpu_groups="0,1;2,3", replicates="2", lanes=2, model="embedded:tiny-qwen3")
-    boots = st.boots()
+    boots = BootPlan.of(st).boots
     assert {b.boot_id: b.lane for b in boots} == {"auto.r1": 0, "float16.r1": 0, "float16.r2": 1, "auto.r2": 1}
     assert [visible_devices(st, st.arms[0], lane) for lane in (0, 1)] == ["0,1", "2,3"]
     second = next(b for b in boots if b.lane == 1)
@@ -327,7 +330,9 @@ def _scheduler(tmp_path: Path, replicates: int, tests: list[str]) -> tuple[Any, 
     st = replace(_settings(tmp_path, replicates=str(replicates)), lanes=2)
     session = FakeSession(st)
     sched = BlockScheduling(session, numnodes=2)
-    ids = [f"t.py::{name}[{boot}]" for boot in (b.boot_id for b in st.boots()) for name in tests] + ["t.py::plain"]
+    ids = [f"t.py::{name}[{boot}]" for boot in (b.boot_id for b in BootPlan.of(st).boots) for name in tests] + [
+        "t.py::plain"
+    ]
     nodes = [FakeNode(0, "gw0"), FakeNode(1, "gw1")]
     for node in nodes:
         sched.add_node(node)
@@ -358,8 +363,8 @@ def test_the_scheduler_never_leaves_a_worker_waiting_for_its_next_test(tmp_path:
     for node in nodes:  # each lane ran its own blocks only
         boots = {collection[i].split("[")[1].rstrip("]") for i in node.sent if "[" in collection[i]}
         lane = node.workerinput[LANE_KEY]
-        assert boots == {b.boot_id for b in session.settings.boots() if b.lane == lane}
-    assert session.counts == {b.boot_id: 1 for b in session.settings.boots()}
+        assert boots == {b.boot_id for b in BootPlan.of(session.settings).boots if b.lane == lane}
+    assert session.counts == {b.boot_id: 1 for b in BootPlan.of(session.settings).boots}
 
 
 def test_a_dead_workers_block_is_lost_and_its_lane_waits_for_a_replacement(tmp_path: Path) -> None:
@@ -378,5 +383,5 @@ def test_a_dead_workers_block_is_lost_and_its_lane_waits_for_a_replacement(tmp_p
     sched.add_node_collection(replacement, sched.collection)
     _finish(sched, replacement)
     ran = {sched.collection[i].split("[")[1].split("-")[0].rstrip("]") for i in replacement.sent}
-    assert ran == {b.boot_id for b in session.settings.boots() if b.block == 4}
+    assert ran == {b.boot_id for b in BootPlan.of(session.settings).boots if b.block == 4}
     assert sched.tests_finished

@@ -5,13 +5,10 @@ from typing import Any
 
 import pytest
 
-from pytest_kvcache.config.settings import (
-    ALIASES,
-    KV_CACHE_DTYPES,
-    OPTIONS,
-    SettingsError,
-    resolve_arms,
-)
+from pytest_kvcache.config.constants import ALIASES, KV_CACHE_DTYPES, SettingsError
+from pytest_kvcache.config.kinds import resolve_arms
+from pytest_kvcache.config.plan import BootPlan
+from pytest_kvcache.config.settings import OPTIONS
 from tests.factories import make_settings
 
 settings = make_settings
@@ -39,7 +36,7 @@ def test_raw_vllm_dtype_is_an_arm(tmp_path: Path) -> None:
 def test_same_arm_twice_is_a_and_a(tmp_path: Path) -> None:
     s = settings(tmp_path, {"arms": "auto,auto,auto"})
     assert [a.name for a in s.arms] == ["auto", "auto.2", "auto.3"]
-    assert [b.boot_id for b in s.boots()] == ["auto", "auto.2", "auto.3"]
+    assert [b.boot_id for b in BootPlan.of(s).boots] == ["auto", "auto.2", "auto.3"]
 
 
 def test_unknown_arm_lists_the_valid_names(tmp_path: Path) -> None:

@@ -9,9 +9,10 @@ import pytest
 
 from pytest_kvcache import stats
 from pytest_kvcache.probes import registry
-from pytest_kvcache.report import bands, gates, spread
+from pytest_kvcache.report import bands, gate_outcome, gates, spread
 from pytest_kvcache.report import frame as report_frame
-from pytest_kvcache.report.frame import compare, point_of
+from pytest_kvcache.report.frame import compare
+from pytest_kvcache.report.points import point_of
 from tests.factories import measured_records
 
 SPECS = registry.resolve()
@@ -153,7 +154,7 @@ def test_malformed_gates_point_at_the_bad_part(text: str, message: str) -> None:
     ],
 )
 def test_a_gate_fails_only_when_the_ci_excludes_the_threshold(op, lo, hi, threshold, outcome) -> None:
-    assert gates.judge(op, lo, hi, threshold) == outcome
+    assert gate_outcome.judge(op, lo, hi, threshold) == outcome
 
 
 def _records(arm: str, values: list[float], probe: str = "short", shape: str = "code", boots: int = 1) -> list[dict]:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from pytest_kvcache import cli, store
-from pytest_kvcache.config.settings import SettingsError
+from pytest_kvcache.config import locations
+from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.run.folder import write_json
 from pytest_kvcache.store import history
 from pytest_kvcache.store.record import Comparability, PointRow, RunRow, comparability, vcs_of
@@ -134,9 +135,9 @@ def test_two_writers_at_once_lose_nothing(tmp_path: Path) -> None:
 
 
 def test_default_store_is_under_the_users_data_directory(tmp_path: Path) -> None:
-    assert store.default_location({"XDG_DATA_HOME": str(tmp_path)}) == str(tmp_path / "pytest-kvcache")
-    assert store.default_location({}) == str(Path.home() / ".local" / "share" / "pytest-kvcache")
-    assert store.redact("postgresql://kv:secret@db:5432/kv") == "postgresql://kv:***@db:5432/kv"
+    assert locations.default_location({"XDG_DATA_HOME": str(tmp_path)}) == str(tmp_path / "pytest-kvcache")
+    assert locations.default_location({}) == str(Path.home() / ".local" / "share" / "pytest-kvcache")
+    assert locations.redact("postgresql://kv:secret@db:5432/kv") == "postgresql://kv:***@db:5432/kv"
 
 
 def test_commit_and_branch_from_git_else_the_ci_environment(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kvcache import store
-from pytest_kvcache.config.settings import SettingsError
+from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.run.folder import write_json
 from pytest_kvcache.store.postgres import PostgresStore
 from tests.factories import make_settings

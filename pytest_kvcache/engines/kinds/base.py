@@ -9,24 +9,29 @@ Prometheus counter names, its prompt-token counter and its title. Kinds of other
 
 from __future__ import annotations
 
+import inspect
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import httpx
 
-from pytest_kvcache.config.engine_kinds import ENGINE_KINDS
-from pytest_kvcache.config.settings import ALIASES, KV_CACHE_DTYPES, Arm, Settings, SettingsError
+from pytest_kvcache import kind_registry
+from pytest_kvcache.config.arms import Arm, _named_arm, _typed_arm
+from pytest_kvcache.config.constants import ALIASES, KV_CACHE_DTYPES, SettingsError
+from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.datafiles import embedded_model_path as embedded_model_path
+from pytest_kvcache.engines.kinds import folder
 from pytest_kvcache.model import LogFacts
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.budget import Need
     from pytest_kvcache.config.embedded import EmbeddedModel
     from pytest_kvcache.config.kv_layout import KvPlan
-    from pytest_kvcache.config.settings import Boot
+    from pytest_kvcache.config.plan import Boot
 
 #: The entry point group other packages register their kinds in (each entry: a module or a Kind subclass).
 ENTRY_POINT_GROUP = "pytest_kvcache.engine_kinds"
@@ -123,6 +128,17 @@ TokenCount = Callable[[Body], int]
 Command = tuple[tuple[str, ...], list[str], dict[str, str]]
 
 
+def get_endpoint(client: httpx.Client, path: str) -> tuple[Any, str | None]:
+    """GET ``path`` from the server: (its JSON, or the text of ``/metrics``; None) or (None, why not). Never raises."""
+    try:
+        response = client.get(path)
+        if response.status_code != 200:
+            return None, f"HTTP {response.status_code}"
+        return (response.text if path == "/metrics" else response.json()), None
+    except (httpx.HTTPError, ValueError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
 def has_flag(args: tuple[str, ...], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
@@ -135,15 +151,19 @@ def chat_fields(body: Body) -> dict[str, Any]:
     return fields
 
 
-class Kind:
-    """One kind of server an arm can be. Subclass it in a module, set what differs, and register it::
+class Kind(ABC):
+    """One kind of server an arm can be. Subclass it in a module, set what differs, write its command line and
+    its log parser (the two methods every kind must have), and register it::
 
         @register_kind("mine")
         class Mine(Kind):
             profile = EngineProfile(kind="mine", title="my server", dropped_fields=VLLM_ONLY_FIELDS)
 
-    The defaults are a vLLM-shaped server started as ``--kv-engine-cmd`` with ``--model`` and the user's
-    arguments, whose arms are named arms or vLLM's dtype names.
+            def command(self, settings, boot, log_path): ...
+            def parse_log(self, text): ...
+
+    The other defaults are a server that serves the embedded model as a folder (``engines/kinds/folder.py``),
+    whose arms are named arms or vLLM's dtype names (the names most OpenAI-compatible servers take).
     """
 
     #: the ``--kv-engine`` value (set by :func:`register_kind`)
@@ -190,8 +210,6 @@ class Kind:
 
     def resolve_arm(self, name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
         """One typed arm name: a named arm (``[tool.pytest_kvcache.arms.NAME]``), an alias or a raw dtype."""
-        from pytest_kvcache.config.arms import _named_arm, _typed_arm
-
         if name in named:
             return _named_arm(name, named[name])
         return _typed_arm(name, named, self.dtype_aliases, self.dtypes, "arm")
@@ -220,32 +238,23 @@ class Kind:
 
     def prepare_embedded(self, settings: Settings, on_convert: Callable[[str], None] | None) -> None:
         """Before any boot: find, check (and convert) what its engines will serve of the embedded model."""
-        from pytest_kvcache.engines.kinds.vllm import embedded_model_folder
-
-        embedded_model_folder(settings, on_convert)
+        folder.embedded_model_folder(settings, on_convert)
 
     def embedded_name(self, settings: Settings) -> str:
         """What the run serves when embedded, in words for run.json and the report."""
-        from pytest_kvcache.engines.kinds.vllm import embedded_vllm_name
+        return folder.embedded_vllm_name(settings)
 
-        return embedded_vllm_name(settings)
-
+    @abstractmethod
     def command(self, settings: Settings, boot: Boot, log_path: Path) -> Command:
-        """The process launcher's command line: ``--kv-engine-cmd``, the model and the user's arguments."""
-        from pytest_kvcache.engines.kinds.vllm import embedded_vllm_model
-
-        model = embedded_vllm_model(settings)
-        return settings.engine_cmd, ["--model", model, *settings.engine_args, *boot.arm.args], dict(boot.arm.env)
+        """The process launcher's command line for ``boot``: the program, its arguments and its environment."""
 
     # ------------------------------------------------------------------ evidence
 
+    @abstractmethod
     def parse_log(self, text: str) -> LogFacts:
-        """The facts its log states about itself (vLLM V1's lines by default)."""
-        from pytest_kvcache.engines.kinds.vllm import parse_log
+        """The facts its startup log states about itself (absent facts omitted)."""
 
-        return parse_log(text)
-
-    def collect(self, client: httpx.Client, evidence: dict[str, Any], errors: dict[str, str]) -> None:
+    def collect(self, client: httpx.Client, evidence: dict[str, Any], errors: dict[str, str]) -> None:  # noqa: B027
         """Evidence from its own endpoints, beyond ``/version``, ``/v1/models`` and ``/metrics``."""
 
     def token_counter(self, client: Any, model: str) -> TokenCount | None:
@@ -262,15 +271,16 @@ class Kind:
 
 K = TypeVar("K", bound=type[Kind])
 
-_KINDS: dict[str, Kind] = {}
-
 
 def register_kind(name: str) -> Callable[[K], K]:
     """Class decorator: register a :class:`Kind` subclass as ``--kv-engine=name`` (a later one replaces it)."""
 
     def register(cls: K) -> K:
+        if inspect.isabstract(cls):
+            missing = " and ".join(sorted(cls.__abstractmethods__))
+            raise TypeError(f"engine kind {name!r} ({cls.__module__}.{cls.__qualname__}) must define {missing}")
         cls.name = name
-        _KINDS[name] = cls()
+        kind_registry.add(name, cls())
         return cls
 
     return register
@@ -278,24 +288,23 @@ def register_kind(name: str) -> Callable[[K], K]:
 
 def unregister_kind(name: str) -> None:
     """Forget a registered kind (a test's own toy kind, after the test)."""
-    _KINDS.pop(name, None)
+    kind_registry.remove(name)
 
 
 def kind_names() -> tuple[str, ...]:
     """The registered kinds' names: the built-in ones first (vllm, llamacpp, openai), then the others as
     they were registered."""
-    builtin = [name for name in ENGINE_KINDS if name in _KINDS]
-    return (*builtin, *(name for name in _KINDS if name not in builtin))
+    return kind_registry.names()
 
 
 def get_kind(name: str) -> Kind:
     """The registered kind called ``name``; KeyError when there is none."""
-    return _KINDS[name]
+    return cast(Kind, kind_registry.get(name))
 
 
 def find_kind(name: object) -> Kind | None:
     """The registered kind called ``name`` (from a stored evidence dict), or None."""
-    return _KINDS.get(name) if isinstance(name, str) else None
+    return cast("Kind | None", kind_registry.find(name))
 
 
 _LOADED: list[str] = []
@@ -314,7 +323,18 @@ def load_entry_points() -> list[str]:
         except Exception as exc:  # a broken third-party kind: say which, in one line
             what = f"engine kind entry point {entry.name!r} ({entry.value})"
             raise SettingsError(f"{what} failed to load: {type(exc).__name__}: {exc}") from None
-        if isinstance(loaded, type) and issubclass(loaded, Kind) and loaded.name not in _KINDS:
-            register_kind(loaded.name or entry.name)(loaded)
+        if isinstance(loaded, type) and issubclass(loaded, Kind) and loaded.name not in kind_registry.names():
+            try:
+                register_kind(loaded.name or entry.name)(loaded)
+            except TypeError as exc:
+                raise SettingsError(f"engine kind entry point {entry.name!r} ({entry.value}): {exc}") from None
         _LOADED.append(entry.name)
     return list(_LOADED)
+
+
+if TYPE_CHECKING:
+    from pytest_kvcache.config.kinds import KindFacts
+
+    def _facts(kind: Kind) -> KindFacts:
+        """mypy checks that every kind is what the settings read of it."""
+        return kind

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
-from pytest_kvcache.config.engine_kinds import LLAMACPP_ALIASES, LLAMACPP_CACHE_TYPES
-from pytest_kvcache.config.settings import Arm, Settings, SettingsError
+from pytest_kvcache.config.arms import Arm, _named_arm, _typed_arm
+from pytest_kvcache.config.constants import SettingsError
+from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines.base import EngineError
 from pytest_kvcache.engines.kinds.base import (
     VLLM_ONLY_FIELDS,
@@ -27,6 +28,7 @@ from pytest_kvcache.engines.kinds.base import (
     TokenCount,
     chat_fields,
     embedded_model_path,
+    get_endpoint,
     has_flag,
     register_kind,
 )
@@ -34,7 +36,23 @@ from pytest_kvcache.model import LogFacts
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.embedded import EmbeddedModel
-    from pytest_kvcache.config.settings import Boot
+    from pytest_kvcache.config.plan import Boot
+
+#: llama-server's ``--cache-type-k/-v`` values (``common/arg.cpp``: kv_cache_types).
+LLAMACPP_CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+#: Short names users type for llama.cpp arms.
+LLAMACPP_ALIASES: Mapping[str, str] = {
+    "auto": "f16",  # llama-server's default cache type
+    "fp16": "f16",
+    "float16": "f16",
+    "fp32": "f32",
+    "float32": "f32",
+    "bfloat16": "bf16",
+    "q8": "q8_0",
+    "int8": "q8_0",
+    "q4": "q4_0",
+    "int4": "q4_0",
+}
 
 LLAMACPP = EngineProfile(
     kind="llamacpp",
@@ -60,8 +78,6 @@ LLAMACPP_MEASUREMENT_ARGS: tuple[str, ...] = ("--metrics", "--slots", "--no-webu
 
 def llamacpp_arm(name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
     """A llama.cpp arm: its ``kv_cache_dtype`` is a ``--cache-type-k/-v`` value (f16 when unset)."""
-    from pytest_kvcache.config.arms import _named_arm, _typed_arm
-
     if name in named:
         table = dict(named[name])
         raw = table.pop("kv_cache_dtype", None)
@@ -188,9 +204,7 @@ def parse_llamacpp_log(text: str) -> LogFacts:
 
 def llamacpp_props(client: httpx.Client, evidence: dict[str, Any], errors: dict[str, str]) -> None:
     """llama-server's ``/props`` (build, slots, context per slot) and ``/slots`` (what each slot holds)."""
-    from pytest_kvcache.engines.evidence import _get
-
-    props, err = _get(client, "/props")
+    props, err = get_endpoint(client, "/props")
     if err:
         errors["/props"] = err
     elif isinstance(props, dict):
@@ -204,7 +218,7 @@ def llamacpp_props(client: httpx.Client, evidence: dict[str, Any], errors: dict[
         evidence["engine_version"] = props.get("build_info")
         if isinstance(settings, dict) and isinstance(settings.get("n_ctx"), int):
             evidence["max_model_len"] = settings["n_ctx"]  # the context one request may fill (per slot)
-    slots, err = _get(client, "/slots")
+    slots, err = get_endpoint(client, "/slots")
     if err:
         errors["/slots"] = err
     elif isinstance(slots, list):

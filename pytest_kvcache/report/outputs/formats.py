@@ -3,6 +3,8 @@ deltas with the interval that decided their verdict, a markdown table, and the p
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import DeltaRow, Json, Report, SavedRow
 from pytest_kvcache.probes.registry import ProbeSpec
@@ -36,6 +38,25 @@ def fmt_delta(row: DeltaRow | SavedRow) -> str:
     if widened(row) and own_lo is not None and own_hi is not None:
         text += f"; within-boot {pct_interval(own_lo, own_hi)}"
     return text
+
+
+@dataclass
+class Cell:
+    """One cell of an HTML table: its text and its CSS class (a verdict)."""
+
+    text: str
+    cls: str = ""
+
+
+@dataclass
+class Table:
+    """One table of the HTML report, as a section hands it to the page."""
+
+    title: str
+    header: list[str]
+    rows: list[list[Cell]]
+    intro: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:

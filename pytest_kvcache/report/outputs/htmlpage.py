@@ -12,13 +12,13 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
 
 from pytest_kvcache.model import DeltaRow, Report, SavedRow
 from pytest_kvcache.report import capacity, cost, energy, failures, kv_plan, retrieval_render
 from pytest_kvcache.report.outputs import markdown as md
+from pytest_kvcache.report.outputs.formats import Cell, Table
 
 if TYPE_CHECKING:
     import jinja2
@@ -41,21 +41,6 @@ CAPTIONS = {
     "short.png": "Short probes: means per arm with the CI of the delta.",
     "spec_decode.png": "Speculative decoding: acceptance length by depth.",
 }
-
-
-@dataclass
-class Cell:
-    text: str
-    cls: str = ""
-
-
-@dataclass
-class Table:
-    title: str
-    header: list[str]
-    rows: list[list[Cell]]
-    intro: str = ""
-    notes: list[str] = field(default_factory=list)
 
 
 def _plain(rows: list[list[str]]) -> list[list[Cell]]:

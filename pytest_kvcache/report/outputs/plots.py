@@ -14,8 +14,8 @@ from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import FidelityRow, Report
 from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report import capacity, deciding, retrieval_render
-from pytest_kvcache.report.frame import point_sort
 from pytest_kvcache.report.outputs.markdown import probe_specs
+from pytest_kvcache.report.points import point_sort
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

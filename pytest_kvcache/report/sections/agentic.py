@@ -8,14 +8,13 @@ from typing import Any, cast
 import pandas as pd
 
 from pytest_kvcache.model import AgenticSection, AgenticTurn, GrowthVerdict
+from pytest_kvcache.probes.agentic import growth_verdict
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext
 
 
 def agentic_section(data: pd.DataFrame, arms: Sequence[str]) -> AgenticSection:
     """Per arm and turn, means across sessions; and each arm's TTFT-growth verdict (the seed's words)."""
-    from pytest_kvcache.probes.agentic import growth_verdict
-
     sub = data[(data["probe"] == "agentic") & data["valid"]] if not data.empty else data
     if sub.empty or "turn" not in sub:
         return {"turns": [], "growth": []}

@@ -11,8 +11,9 @@ import pandas as pd
 
 from pytest_kvcache.model import BootEntry, BootResult
 from pytest_kvcache.report.comparison import _probes
-from pytest_kvcache.report.frame import Specs, point_sort, spec_of, values
+from pytest_kvcache.report.frame import values
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.points import Specs, point_sort, spec_of
 from pytest_kvcache.report.sections.context import BuildContext
 
 

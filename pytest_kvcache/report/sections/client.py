@@ -11,6 +11,7 @@ import numpy as np
 from pytest_kvcache.model import ClientLoadSection, Record, SelfCheckSection
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext
+from pytest_kvcache.selfcheck import overhead_warning
 
 
 def measured_itl_s(records: Sequence[Record]) -> float | None:
@@ -66,7 +67,6 @@ def self_check_report(run: RunData) -> SelfCheckSection | None:
     check = run.meta.get("self_check")
     if not check:
         return None
-    from pytest_kvcache.selfcheck import overhead_warning
 
     if check.get("error"):
         return {"error": str(check["error"]), "warnings": []}

@@ -13,9 +13,13 @@ import pandas as pd
 
 from pytest_kvcache.model import ArmEntry, BlockEntry, BootEntry, CrossoverRow, DeltaRow
 from pytest_kvcache.report import bands, spread
-from pytest_kvcache.report.frame import Specs, host_busy
+from pytest_kvcache.report.comparison import crossover_rows, delta_rows
+from pytest_kvcache.report.frame import host_busy
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.multiplicity import apply_holm
+from pytest_kvcache.report.points import Specs
 from pytest_kvcache.report.sections.entries import arm_entries, block_entries, boot_entries
+from pytest_kvcache.report.verdicts import judge_crossovers
 
 #: A report section: the keys it adds to the report, from the loaded run and the build's context.
 Section = Callable[[RunData, "BuildContext"], dict[str, Any]]
@@ -73,9 +77,6 @@ class BuildContext:
 
     @cached_property
     def _judged(self) -> tuple[list[DeltaRow], dict[str, dict[str, Any]]]:
-        from pytest_kvcache.report.comparison import delta_rows
-        from pytest_kvcache.report.multiplicity import apply_holm
-
         deltas = delta_rows(self.data, self.arms, self.specs, self.seed)
         used = spread.judge_deltas(deltas, self.platform, run_busy=host_busy(self.data), unlike=self.unlike)
         apply_holm(deltas)  # after the verdicts are set, before the crossovers and sentences read them
@@ -96,9 +97,6 @@ class BuildContext:
     @cached_property
     def crossovers(self) -> list[CrossoverRow]:
         """Where each arm's curve crosses the baseline's, judged against :attr:`deltas`."""
-        from pytest_kvcache.report.comparison import crossover_rows
-        from pytest_kvcache.report.verdicts import judge_crossovers
-
         found = crossover_rows(self.data, self.arms, self.specs, self.seed, self.platform)
         judge_crossovers(found, self.deltas)
         return found

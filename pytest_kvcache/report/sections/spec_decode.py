@@ -14,8 +14,8 @@ from typing import Any, cast
 
 from pytest_kvcache import stats
 from pytest_kvcache.model import Record, SpecDecodeRow, SpecDecodeSection
-from pytest_kvcache.report.frame import Specs, point_of, point_sort, spec_of
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.points import Specs, point_of, point_sort, spec_of
 from pytest_kvcache.report.sections.context import BuildContext
 
 #: What the acceptance CI is over (``ci_basis``).

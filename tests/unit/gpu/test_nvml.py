@@ -12,6 +12,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from pytest_kvcache.config.grammars import parse_power_limit
 from pytest_kvcache.gpu.cards import CardRef, visible_cards
 from pytest_kvcache.gpu.nvml import (
     MIB,
@@ -25,7 +26,7 @@ from pytest_kvcache.gpu.nvml import (
     open_nvml,
     throttle_reason_names,
 )
-from pytest_kvcache.gpu.power import apply_power_limits, parse_power_limit
+from pytest_kvcache.gpu.power import apply_power_limits
 from pytest_kvcache.gpu.snapshot import snapshot
 from tests.unit.gpu.helpers import UUID_A, UUID_B
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_kvcache.config.grammars import parse_power_limit
 from pytest_kvcache.gpu.cards import CardRef
 from pytest_kvcache.gpu.nvml import GpuError, RootRequiredError
-from pytest_kvcache.gpu.power import apply_power_limits, parse_power_limit, restore_power_limits, verify_power_limits
+from pytest_kvcache.gpu.power import apply_power_limits, plan_targets, restore_power_limits, verify_power_limits
 from pytest_kvcache.gpu.snapshot import snapshot
 from pytest_kvcache.testing.fake_nvml import FakeCard, FakeNvml
 from tests.unit.gpu.helpers import UUID_A, UUID_B, UUID_C, refs, two_cards
@@ -65,15 +66,15 @@ def test_parse_power_limit_errors(spec: str, message: str) -> None:
 
 def test_plan_targets_name_only_visible_cards() -> None:
     cards = [CardRef(0, UUID_A), CardRef(1, UUID_B), CardRef(2, UUID_C)]
-    assert parse_power_limit("0:300,GPU-bbbb3:250").targets(cards) == {UUID_A: 300.0, UUID_C: 250.0}
+    assert plan_targets(parse_power_limit("0:300,GPU-bbbb3:250"), cards) == {UUID_A: 300.0, UUID_C: 250.0}
     with pytest.raises(GpuError, match="GPU index 5 is not a visible card"):
-        parse_power_limit("5:300").targets(cards)
+        plan_targets(parse_power_limit("5:300"), cards)
     with pytest.raises(GpuError, match="GPU-bbbb matches 2 cards"):
-        parse_power_limit("GPU-bbbb:300").targets(cards)
+        plan_targets(parse_power_limit("GPU-bbbb:300"), cards)
     with pytest.raises(GpuError, match="GPU-ffff matches no visible card"):
-        parse_power_limit("GPU-ffff:300").targets(cards)
+        plan_targets(parse_power_limit("GPU-ffff:300"), cards)
     with pytest.raises(GpuError, match="named twice"):
-        parse_power_limit("0:300,GPU-aaaa:250").targets(cards)
+        plan_targets(parse_power_limit("0:300,GPU-aaaa:250"), cards)
 
 
 def test_apply_verify_restore_on_the_fake() -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
+from pytest_kvcache.config.grammars import parse_power_limit
 from pytest_kvcache.gpu.nvml import MIB
-from pytest_kvcache.gpu.power import parse_power_limit, verify_power_limits
+from pytest_kvcache.gpu.power import verify_power_limits
 from pytest_kvcache.gpu.snapshot import diff, memory_used_mib, no_gpu_snapshot, require_idle, settle, snapshot
 from pytest_kvcache.testing.fake_nvml import FakeCard, FakeNvml
 from tests.unit.gpu.helpers import UUID_A, UUID_B, FakeClock, refs, two_cards

@@ -1,5 +1,5 @@
 """How a run is judged and stored: the report's inputs besides the run folder. Light (no numpy, no pandas):
-the configuration layer builds it from options (``config.settings.report_options``)."""
+the configuration layer builds it from options (``stored.report_options``); plain data at the bottom."""
 
 from __future__ import annotations
 

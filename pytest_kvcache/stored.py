@@ -14,10 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_kvcache.config import locations
 from pytest_kvcache.config import values as v
 from pytest_kvcache.config.constants import SettingsError
+from pytest_kvcache.config.locations import store_location
 from pytest_kvcache.config.options import parse_as, pick
-from pytest_kvcache.report.options import ReportOptions
+from pytest_kvcache.config.resolve import report_dir_of
+from pytest_kvcache.config.settings import OPTION_BY_NAME
+from pytest_kvcache.jsonio import read_json
+from pytest_kvcache.model.options import ReportOptions
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.settings import Settings
@@ -33,27 +38,13 @@ class _StoreRef:
     notes: list[str] = field(default_factory=list)
 
 
-def store_location(
-    cli: Mapping[str, Any], env: Mapping[str, str], ini: Mapping[str, Any], rootdir: Path
-) -> tuple[str, str]:
-    """``--kv-store`` as a location (a folder made absolute against the rootdir, or a postgresql:// URL) and
-    the name it was given by (``--kv-store`` when defaulted: ``$XDG_DATA_HOME/pytest-kvcache``). No I/O."""
-    from pytest_kvcache import store
-    from pytest_kvcache.config.settings import OPTION_BY_NAME
-
-    raw, origin = pick(OPTION_BY_NAME["store"], cli, env, ini)
-    if raw is None:
-        return store.default_location(env), "--kv-store"
-    return store.normalise(str(raw), rootdir), origin
-
-
 def check_store(location: str, origin: str = "--kv-store") -> None:
     """The store at ``location`` can be used: a folder that is not a file; a URL reached now, before any boot."""
     from pytest_kvcache import store
 
     try:
         store.check(location)
-        if store.is_url(location):
+        if locations.is_url(location):
             store.open_store(location).close()
     except store.StoreError as exc:
         raise SettingsError(f"{origin}: {exc}") from None
@@ -65,7 +56,7 @@ def check_save_store(location: str, baselines: Path) -> None:
     check). A URL was connected to by :func:`check_store`."""
     from pytest_kvcache import store
 
-    if store.is_url(location):
+    if locations.is_url(location):
         return
     problem = v.unwritable_folder(baselines)
     if problem is None:
@@ -91,7 +82,7 @@ def _from_store(option: str, name: str, ref: _StoreRef) -> Path | None:
     from pytest_kvcache import store
     from pytest_kvcache.report.load import RunFolderError, load
 
-    where = store.redact(ref.location)
+    where = locations.redact(ref.location)
     try:
         with store.open_store(ref.location) as opened:
             found = opened.baseline(name)
@@ -134,8 +125,6 @@ def _stored_run(
 
 def _noise_run(name: str, baselines: Path, ref: _StoreRef | None = None) -> Path:
     """A stored A/A run: its arms are one arm typed twice or more (``fp8,fp8``)."""
-    from pytest_kvcache.jsonio import read_json
-
     hint = f"store an A/A run with --kv-arms=X,X --kv-save={name}"
     path = _stored_run("--kv-noise", name, baselines, hint, ref=ref)
     arms = (read_json(path / "run.json").get("settings") or {}).get("arms") or []
@@ -163,13 +152,12 @@ class Stored:
 def open_stored(settings: Settings, env: Mapping[str, str], origin: str = "--kv-store") -> Stored:
     """Check the run's store and load the stored runs it names, before anything boots (SettingsError: a
     usage error). ``origin``: the name ``--kv-store`` was given by, for its errors."""
-    from pytest_kvcache import store
 
     location = settings.store
     if location is None:
         raise SettingsError("--kv-store: no run store resolved (inactive settings)")
     check_store(location, origin)
-    baselines = store.baselines_dir_of(location, env)
+    baselines = locations.baselines_dir_of(location, env)
     ref = _StoreRef(location=location, baselines=baselines, legacy=settings.report_dir.parent / "baselines")
     if settings.save:
         check_save_store(location, baselines)
@@ -199,16 +187,13 @@ def report_options(
     stored run (``--kv-rerender``, ``kvcache-report``); stored runs are checked now. ``arms`` (a run's, when
     known) are checked against the gates. Names resolve in the run store (``--kv-store``); what resolving
     did (an import) is appended to ``notes``."""
-    from pytest_kvcache import store
-    from pytest_kvcache.config.resolve import report_dir_of
-    from pytest_kvcache.config.settings import OPTION_BY_NAME
 
     def get(name: str, parse: Callable[[Any], Any], default: Any) -> Any:
         raw, origin = pick(OPTION_BY_NAME[name], cli, env, ini)
         return default if raw is None else parse_as(raw, origin, parse)
 
     location = store_location if store_location is not None else store_of(cli, env, ini, rootdir)
-    baselines = store.baselines_dir_of(location, env)
+    baselines = locations.baselines_dir_of(location, env)
     legacy = report_dir_of(cli, env, ini, rootdir).parent / "baselines"
     ref = _StoreRef(location=location, baselines=baselines, legacy=legacy, notes=notes if notes is not None else [])
     compare = get("compare", v.baseline_name, None)
