@@ -14,9 +14,10 @@ from pytest_kvcache.config.kinds import resolve_arms
 from pytest_kvcache.config.resolve import resolve
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines import build_llamacpp_args, embedded_model_path
-from pytest_kvcache.engines.kinds.llamacpp import parse_llamacpp_log
+from pytest_kvcache.engines.kinds.llamacpp import LLAMACPP, parse_llamacpp_log
+from pytest_kvcache.engines.kinds.openai import OPENAI
+from pytest_kvcache.engines.kinds.vllm import VLLM
 from pytest_kvcache.engines.llamacpp_build import build_key, cached_server
-from pytest_kvcache.engines.profiles import LLAMACPP, OPENAI, VLLM
 from pytest_kvcache.model.evidence import resolved_cache_dtype
 from pytest_kvcache.probes.agreement import agreement_payload, parse_response
 from pytest_kvcache.probes.short import chat_payload

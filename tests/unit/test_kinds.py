@@ -1,4 +1,4 @@
-"""The engine-kind registry: the built-in kinds, entry points of other packages, and the old import paths."""
+"""The engine-kind registry: the built-in kinds, entry points of other packages, and abstract kinds refused."""
 
 from __future__ import annotations
 
@@ -14,16 +14,17 @@ from pytest_kvcache.config.plan import Boot
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines import kinds
 from pytest_kvcache.engines.kinds import base
+from pytest_kvcache.engines.kinds.llamacpp import LLAMACPP
+from pytest_kvcache.engines.kinds.openai import OPENAI
+from pytest_kvcache.engines.kinds.vllm import VLLM
 from pytest_kvcache.model import LogFacts
 
 
 def test_each_builtin_kind_is_its_module_and_its_profile() -> None:
-    from pytest_kvcache.engines import profiles
-
     assert kinds.kind_names()[:3] == ("vllm", "llamacpp", "openai")
-    for name, profile in profiles.PROFILES.items():
+    for name, profile in {"vllm": VLLM, "llamacpp": LLAMACPP, "openai": OPENAI}.items():
         kind = kinds.get_kind(name)
-        assert kind.name == profile.kind == name and kind.profile is profile is profiles.profile(name)
+        assert kind.name == profile.kind == name and kind.profile is profile
         assert type(kind).__module__ == f"pytest_kvcache.engines.kinds.{name}"
     assert kinds.get_kind("vllm").counters["prefix_cache_hits"] == "vllm:prefix_cache_hits_total"
     assert not kinds.get_kind("llamacpp").counters and not kinds.get_kind("openai").counters
