@@ -54,7 +54,7 @@ class Comparison(TypedDict, total=False):
     #: "prompts", report.frame.compare_over_prompts; why it has none is in ``ci_note``)
     prompts: int
     #: why a comparison has no CI although both sides have a value: a capacity whose one-boot search did not try
-    #: the knee and the levels either side of it twice each (report.capacity.unmeasured)
+    #: the knee and the levels either side of it twice each (report.capacity.statistics.unmeasured)
     ci_note: str
     #: the pooled SD of log(boot mean) within each side and its degrees of freedom (2+ boots on a side)
     boot_sd: float
@@ -427,7 +427,7 @@ class BaselineCheck(TypedDict):
 
 
 class CapacityRow(TypedDict, total=False):
-    """One arm's capacity at one depth (``report.capacity.section``)."""
+    """One arm's capacity at one depth (``report.capacity.section.section``)."""
 
     arm: str
     point: str
@@ -451,7 +451,7 @@ class CapacityRow(TypedDict, total=False):
     kv_budget_bytes: int | None
     trials: int
     #: the knee's cause read from the engine: "kv" (the prefix-cache hit rate fell past it), "compute", "unknown"
-    #: (``report.capacity.knee_bound``: from the two knees and the hit rate's drop past the SLO's knee)
+    #: (``report.capacity.section.knee_bound``: from the two knees and the hit rate's drop past the SLO's knee)
     knee_cause: str
     #: the cause in words: "KV (the cache holds 7 sessions)", "compute (the cache held them; …)"; "" unknown
     knee_bound: str

@@ -16,7 +16,8 @@ from pytest_kvcache import stats
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import Comparison, Record
 from pytest_kvcache.probes.registry import ProbeSpec
-from pytest_kvcache.report import capacity
+from pytest_kvcache.report.capacity import search as capacity_search
+from pytest_kvcache.report.capacity import statistics as capacity_statistics
 from pytest_kvcache.report.energy import request_windows, trial_windows
 from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI, Specs, point_of, provisional_note, spec_of
 
@@ -77,7 +78,7 @@ def frame(records: Sequence[Record], specs: Specs) -> pd.DataFrame:
         rows.append(row)
     rows += trial_rows(trial_records, specs)
     if search_records:  # one row per boot and point: the search's result (the capacity probe's)
-        rows += capacity.frame_rows(search_records)
+        rows += capacity_search.frame_rows(search_records)
     return pd.DataFrame(rows)
 
 
@@ -172,10 +173,10 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
     means with a hierarchical bootstrap (``ci_method`` "boots"); in a pytest-xdist run paired by block (the
     blocks' ratios, whole blocks resampled, see ``stats.ratio_ci_boots``). Otherwise samples are pooled, paired where
     requests pair up, and the CI covers only the noise within a boot ("within-boot"). A search's metric (the
-    capacity: one value per boot) carries its own bootstrap, over turns and boots (``report.capacity.compare``).
+    capacity: one value per boot) carries its own bootstrap, over turns and boots (``report.capacity.statistics``).
     """
     if any("search" in g and g["search"].notna().any() for g in (base, other)):
-        return capacity.compare(base, other, metric, seed=seed)
+        return capacity_statistics.compare(base, other, metric, seed=seed)
     if catalogue.family(metric) in OVER_PROMPTS:
         return compare_over_prompts(base, other, metric)
     bv, av = values(base, metric), values(other, metric)

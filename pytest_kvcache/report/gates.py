@@ -26,7 +26,7 @@ from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import Comparison, GateEvidence, GateResult
 from pytest_kvcache.probes import registry
 from pytest_kvcache.report import bands, retrieval, spread
-from pytest_kvcache.report.capacity import capacity_ci
+from pytest_kvcache.report.capacity.statistics import capacity_ci
 from pytest_kvcache.report.fidelity import gate_results
 from pytest_kvcache.report.frame import OVER_PROMPTS, by_boot, compare, host_busy, prompt_means, too_few_prompts, values
 from pytest_kvcache.report.gate_outcome import gate_result, judge

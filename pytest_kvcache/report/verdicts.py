@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 from pytest_kvcache import stats
 from pytest_kvcache.model import AgreementRow, CrossoverRow, DeltaRow, Report
-from pytest_kvcache.report import capacity as capacity_report
 from pytest_kvcache.report import deciding
 from pytest_kvcache.report import fidelity as fidelity_report
+from pytest_kvcache.report.capacity import section as capacity_section
 from pytest_kvcache.report.points import Specs
 
 
@@ -208,7 +208,7 @@ def report_verdicts(report: Report, specs: Specs) -> list[str]:
     scored = report.get("fidelity")
     found += fidelity_report.sentences(scored["rows"] if scored else [], report["deltas"], arms)
     sessions = report.get("capacity")
-    return found + (capacity_report.sentences(sessions, arms, report["deltas"]) if sessions else [])
+    return found + (capacity_section.sentences(sessions, arms, report["deltas"]) if sessions else [])
 
 
 def agreement_sentences(rows: Sequence[AgreementRow], arms: Sequence[str]) -> list[str]:

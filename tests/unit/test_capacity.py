@@ -21,7 +21,10 @@ from pytest_kvcache.fanout import Fanout
 from pytest_kvcache.probes import capacity
 from pytest_kvcache.probes.capacity import Search, TurnTimes, judge, knee, knee_draws, parse_slo
 from pytest_kvcache.probes.short import chat_payload
-from pytest_kvcache.report import capacity as report
+from pytest_kvcache.report.capacity import render as capacity_render
+from pytest_kvcache.report.capacity import search as capacity_search
+from pytest_kvcache.report.capacity import section as capacity_section
+from pytest_kvcache.report.capacity import statistics as capacity_statistics
 from pytest_kvcache.selfcheck.stream import Schedule, StreamServer
 from pytest_kvcache.testing.standin import LruPrefixCache
 
@@ -391,7 +394,7 @@ def records(arm: str, boot: str, levels: Levels, limit: int | None = 16) -> list
 def frame_of(recs: list[dict[str, Any]]) -> Any:
     import pandas as pd
 
-    return pd.DataFrame(report.frame_rows(recs))  # type: ignore[arg-type]
+    return pd.DataFrame(capacity_search.frame_rows(recs))  # type: ignore[arg-type]
 
 
 def confirmed(search: dict[int, float], again: dict[int, float]) -> list[tuple[int, float]]:
@@ -409,16 +412,16 @@ BIG = confirmed(
 def test_the_capacity_interval_and_ratio_are_tried_levels_only() -> None:
     data = frame_of(records("auto", "auto", AUTO) + records("big", "big", BIG))
     assert dict(zip(data["arm"], data["capacity"], strict=True)) == {"auto": 6.0, "big": 13.0}
-    found = report.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "capacity", seed=0)
+    found = capacity_statistics.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "capacity", seed=0)
     # every trial is far from its bound: every replicate's knees are 6 and 13, so is the ratio's CI — where
     # between 13 and 14 (6 and 7) the SLO broke is not measured, and no replicate draws it
     assert found["ratio"] == found["ci_low"] == found["ci_high"] == pytest.approx(13 / 6)
     assert found["verdict"] == "better" and found["ci_method"] == "within-boot" and found["provisional"]
     assert "ci_note" not in found and "boot_sd" not in found  # one boot a side: no run spread
     twin = frame_of(records("auto.2", "auto.2", AUTO))
-    aa = report.compare(data[data["arm"] == "auto"], twin, "capacity", seed=0)
+    aa = capacity_statistics.compare(data[data["arm"] == "auto"], twin, "capacity", seed=0)
     assert (aa["ratio"], aa["ci_low"], aa["ci_high"]) == (1.0, 1.0, 1.0) and aa["verdict"] == "inconclusive"
-    value, lo, hi, method = report.capacity_ci(data[data["arm"] == "big"], seed=0)
+    value, lo, hi, method = capacity_statistics.capacity_ci(data[data["arm"] == "big"], seed=0)
     assert (value, lo, hi, method) == (13.0, 13.0, 13.0, "within-boot")
 
 
@@ -434,7 +437,7 @@ def test_a_trial_near_its_bound_widens_the_capacity_ci_to_a_tried_level() -> Non
             0.2  # 2 slow turns of 40 at 4 sessions: p95 (the 38th) meets; resampled, 3+ often
         )
     assert slow["sample"]["first_token_s"] == 0.2
-    value, lo, hi, _ = report.capacity_ci(frame_of(near), seed=0)
+    value, lo, hi, _ = capacity_statistics.capacity_ci(frame_of(near), seed=0)
     assert (value, lo, hi) == (4.0, 3.0, 4.0)
 
 
@@ -449,7 +452,7 @@ def test_the_issues_8_in_4_to_9_reads_only_levels_that_were_tried() -> None:
     data = frame_of(old)
     s = data["search"].iloc[0]
     assert (s.capacity, s.first_broken) == (8, 9)
-    assert report.capacity_ci(data, seed=0)[1:3] == (None, None)
+    assert capacity_statistics.capacity_ci(data, seed=0)[1:3] == (None, None)
     assert (
         s.unmeasured()
         == "the knee and the levels either side of it need 2 trials each (7 never tried; 8 and 9 tried once)"
@@ -462,14 +465,14 @@ def test_the_issues_8_in_4_to_9_reads_only_levels_that_were_tried() -> None:
     assert s.unmeasured() is None and s.counts == {1: 1, 2: 1, 4: 1, 7: 2, 8: 2, 9: 2, 10: 1, 12: 1, 16: 1}
     draws = set(s.draws(0))
     assert draws <= set(s.counts) and draws == {7.0, 8.0}
-    value, lo, hi, _ = report.capacity_ci(data, seed=0)
+    value, lo, hi, _ = capacity_statistics.capacity_ci(data, seed=0)
     assert (value, lo, hi) == (8.0, 7.0, 8.0)
 
 
 def test_an_old_search_gives_no_ratio_interval_and_says_why() -> None:
     old_auto = records("auto", "auto", {1: 0.03, 2: 0.03, 4: 0.03, 8: 0.5, 6: 0.04, 7: 0.4}, limit=None)
     data = frame_of(old_auto + records("big", "big", BIG))
-    found = report.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "capacity", seed=0)
+    found = capacity_statistics.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "capacity", seed=0)
     assert found["ratio"] == pytest.approx(13 / 6) and found["ci_low"] is None and found["verdict"] == "inconclusive"
     assert found["ci_note"] == (
         "no interval: auto: the knee and the levels either side of it need 2 trials each (5 never tried; 6 and 7 "
@@ -488,18 +491,25 @@ def test_a_level_is_judged_over_all_its_trials() -> None:
     s = frame_of(recs)["search"].iloc[0]
     assert [t.figures.meets for t in s.judged if t.sessions == 6] == [True, False]
     assert s.verdicts[6] is False and (s.capacity, s.first_broken) == (5, 6)
-    assert report.bracket_text([s.bracket()]) == "met at 5, broke at 6; 2 trials each"
+    assert capacity_section.bracket_text([s.bracket()]) == "met at 5, broke at 6; 2 trials each"
 
 
 def test_the_bracket_in_words() -> None:
     one = {"met": 8, "broke": 9, "trials": {"8": 2, "9": 2}}
-    assert report.bracket_text([one]) == "met at 8, broke at 9; 2 trials each"
-    assert report.bracket_text([{**one, "trials": {"8": 3, "9": 2}}]) == "met at 8, broke at 9; 3 and 2 trials"
-    assert report.bracket_text([{"met": 0, "broke": 1, "trials": {"1": 2}}]) == "none met, broke at 1; 2 trials"
-    assert report.bracket_text([{"met": 16, "broke": None, "trials": {"16": 1}}]) == "met at 16, none broke; 1 trial"
+    assert capacity_section.bracket_text([one]) == "met at 8, broke at 9; 2 trials each"
+    assert (
+        capacity_section.bracket_text([{**one, "trials": {"8": 3, "9": 2}}]) == "met at 8, broke at 9; 3 and 2 trials"
+    )
+    assert (
+        capacity_section.bracket_text([{"met": 0, "broke": 1, "trials": {"1": 2}}]) == "none met, broke at 1; 2 trials"
+    )
+    assert (
+        capacity_section.bracket_text([{"met": 16, "broke": None, "trials": {"16": 1}}])
+        == "met at 16, none broke; 1 trial"
+    )
     boots = [one, {**one, "met": 7, "broke": 8}, one]
-    assert report.bracket_text(boots) == "met at 7–8, broke at 8–9 over 3 boots"
-    assert report.bracket_text([]) == ""
+    assert capacity_section.bracket_text(boots) == "met at 7–8, broke at 8–9 over 3 boots"
+    assert capacity_section.bracket_text([]) == ""
 
 
 def test_boots_are_resampled_and_paired_by_block() -> None:
@@ -508,7 +518,7 @@ def test_boots_are_resampled_and_paired_by_block() -> None:
     arm.append(records("b", "b.r3", {2: 0.03, 4: 0.03, 8: 0.03, 16: 0.5, 12: 0.03, 14: 0.5, 13: 0.5}))
     data = frame_of([r for b in base + arm for r in b])
     data["block"] = [int(str(b)[-1]) for b in data["boot"]]
-    found = report.compare(data[data["arm"] == "a"], data[data["arm"] == "b"], "capacity", seed=0)
+    found = capacity_statistics.compare(data[data["arm"] == "a"], data[data["arm"] == "b"], "capacity", seed=0)
     assert found["ci_method"] == "boots" and found["boots_baseline"] == 3 and "provisional" not in found
     assert found["ratio"] == pytest.approx(32 / 15) and "ci_note" not in found  # over boots: no trial count needed
     # each replicate a mean over resampled blocks of the knees' ratios (10/5 or 12/5): never between the levels
@@ -538,7 +548,7 @@ def test_a_capacity_delta_and_its_sentence_use_the_capacity_band() -> None:
 
     data = frame_of(records("auto", "auto", AUTO) + records("big", "big", BIG))
     delta: dict[str, Any] = {
-        **report.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "capacity", seed=0),
+        **capacity_statistics.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "capacity", seed=0),
         "arm": "big", "baseline": "auto", "probe": "capacity", "point": "2k", "metric": "capacity",
     }  # fmt: skip
     used = spread.judge_deltas([delta], "cpu")
@@ -547,16 +557,16 @@ def test_a_capacity_delta_and_its_sentence_use_the_capacity_band() -> None:
     z = 1.96 * math.sqrt(2) * math.log(7 / 6)
     assert lo == pytest.approx(13 / 6 * math.exp(-z), rel=1e-3) and hi == pytest.approx(13 / 6 * math.exp(z), rel=1e-3)
     assert delta["verdict"] == "better"  # 2.17× with a one-boot band of ×/÷ 1.53
-    section = report.section(data, ["auto", "big"], [delta], {}, {"slo": "ttft_p95<=100ms"}, 0)  # type: ignore[list-item]
+    section = capacity_section.section(data, ["auto", "big"], [delta], {}, {"slo": "ttft_p95<=100ms"}, 0)  # type: ignore[list-item]
     rows = {r["arm"]: r for r in section["rows"]}
     assert rows["big"]["bracket"] == "met at 13, broke at 14; 2 trials each" and "interval_note" not in rows["big"]
-    (sentence,) = report.sentences(section, ["auto", "big"], [delta])  # type: ignore[list-item]
+    (sentence,) = capacity_section.sentences(section, ["auto", "big"], [delta])  # type: ignore[list-item]
     assert sentence.startswith(
         "big sustains 13 [13, 13] sessions at 2k (met at 13, broke at 14; 2 trials each) vs auto's 6 [6, 6] (met at "
         f"6, broke at 7; 2 trials each): 2.17× [{lo:.2f}, {hi:.2f}] (the knees' ratio, [2.17, 2.17] within boots, "
         "widened by the default CPU capacity band) under ttft_p95<=100ms"
     )
-    head, table = report.table(section)
+    head, table = capacity_render.table(section)
     assert head[3] == "Met – broke (trials)" and table[1][2:5] == [
         "13 [13, 13]",
         rows["big"]["bracket"],

@@ -13,7 +13,10 @@ import pytest
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.probes import capacity, registry
 from pytest_kvcache.probes.capacity import HitCounts, Search, hit_rate, holds
-from pytest_kvcache.report import capacity as report
+from pytest_kvcache.report.capacity import render as capacity_render
+from pytest_kvcache.report.capacity import search as capacity_search
+from pytest_kvcache.report.capacity import section as capacity_section
+from pytest_kvcache.report.capacity import statistics as capacity_statistics
 
 # ------------------------------------------------------------------------------------------ the search
 
@@ -164,7 +167,7 @@ BIG = twice(
 
 
 def frame_of(recs: list[dict[str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame(report.frame_rows(recs))  # type: ignore[arg-type]
+    return pd.DataFrame(capacity_search.frame_rows(recs))  # type: ignore[arg-type]
 
 
 def test_the_residency_knee_and_its_interval_are_tried_levels() -> None:
@@ -174,13 +177,15 @@ def test_the_residency_knee_and_its_interval_are_tried_levels() -> None:
     auto, big = by["auto"], by["big"]
     assert (auto.capacity, auto.residency, auto.residency_broken) == (6, 6, 7)
     assert (big.capacity, big.first_broken, big.residency, big.residency_broken) == (9, 10, 12, 13)
-    assert big.unmeasured(report.RESIDENCY_METRIC) is None  # 11, 12 and 13 tried twice each
-    value, lo, hi, method = report.capacity_ci(data[data["arm"] == "big"], 0, report.RESIDENCY_METRIC)
+    assert big.unmeasured(capacity_search.RESIDENCY_METRIC) is None  # 11, 12 and 13 tried twice each
+    value, lo, hi, method = capacity_statistics.capacity_ci(
+        data[data["arm"] == "big"], 0, capacity_search.RESIDENCY_METRIC
+    )
     assert (value, lo, hi, method) == (12.0, 12.0, 12.0, "within-boot")
-    found = report.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "kv_residency", seed=0)
+    found = capacity_statistics.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "kv_residency", seed=0)
     assert found["ratio"] == found["ci_low"] == found["ci_high"] == pytest.approx(2.0)
     assert found["verdict"] == "better" and not found["censored"]
-    slo = report.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "capacity", seed=0)
+    slo = capacity_statistics.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], "capacity", seed=0)
     assert slo["ratio"] == pytest.approx(9 / 6)  # the SLO's knees, unchanged by the residency's trials
 
 
@@ -199,7 +204,7 @@ def test_a_hit_rate_near_half_widens_the_residency_ci_to_a_tried_level() -> None
     assert s.residency == 6
     draws = set(s.residency_draws(0))
     assert draws == {5.0, 6.0} and draws <= set(s.counts)
-    assert report.capacity_ci(data, 0, report.RESIDENCY_METRIC)[1:3] == (5.0, 6.0)
+    assert capacity_statistics.capacity_ci(data, 0, capacity_search.RESIDENCY_METRIC)[1:3] == (5.0, 6.0)
 
 
 def test_engine_counters_alone_resample_the_levels_trials() -> None:
@@ -208,14 +213,14 @@ def test_engine_counters_alone_resample_the_levels_trials() -> None:
     assert s.residency == 6 and set(s.residency_draws(0)) == {6.0}
     none = frame_of(records("auto", AUTO, usage=False, engine=False))
     assert none["kv_residency"].isna().all() and none["search"].iloc[0].residency is None
-    assert report.capacity_ci(none, 0, report.RESIDENCY_METRIC)[0] is None
+    assert capacity_statistics.capacity_ci(none, 0, capacity_search.RESIDENCY_METRIC)[0] is None
 
 
 def test_what_bound_the_knee() -> None:
     searches = {s.arm: s for s in frame_of(records("auto", AUTO) + records("big", BIG))["search"]}
-    cause, words = report.knee_bound(searches["auto"])  # the SLO broke where the cache stopped holding them
+    cause, words = capacity_section.knee_bound(searches["auto"])  # the SLO broke where the cache stopped holding them
     assert cause == "kv" and words == "KV (the cache holds 6 sessions)"
-    cause, words = report.knee_bound(searches["big"])  # the cache held 10 sessions, where the SLO broke
+    cause, words = capacity_section.knee_bound(searches["big"])  # the cache held 10 sessions, where the SLO broke
     assert cause == "compute" and words.startswith("compute (the cache held them, 95% hits at 10; re-prefill")
     # the issue's: the hit rate collapsed at 8, the SLO held to 52: re-prefill kept up past the cache
     far = [(4, 0.03, 0.95), (8, 0.03, 0.95), (16, 0.03, 0.3), (32, 0.03, 0.2), (64, 0.5, 0.1), (48, 0.03, 0.15)]
@@ -223,7 +228,7 @@ def test_what_bound_the_knee() -> None:
     far += [(9, 0.03, 0.4)]
     s = frame_of(records("fp8", far, limit=256))["search"].iloc[0]
     assert (s.capacity, s.residency) == (52, 8)
-    cause, words = report.knee_bound(s)
+    cause, words = capacity_section.knee_bound(s)
     assert cause == "compute" and words == (
         "compute (the cache holds 8 sessions; past them re-prefill kept the SLO up to 52 sessions)"
     )
@@ -231,7 +236,7 @@ def test_what_bound_the_knee() -> None:
     soft = twice([(4, 0.03, 0.95), (8, 0.5, 0.3), (6, 0.04, 0.95), (7, 0.4, 0.7)], [(6, 0.04, 0.95), (7, 0.4, 0.7)])
     s = frame_of(records("auto", soft))["search"].iloc[0]
     assert (s.capacity, s.residency) == (6, 7)
-    cause, words = report.knee_bound(s)
+    cause, words = capacity_section.knee_bound(s)
     assert cause == "kv" and "the cache holds 7 sessions, but the hit rate went from 95% at 6 to 70% at 7" in words
 
 
@@ -239,21 +244,21 @@ def test_the_section_states_the_residency_knee_beside_the_slos() -> None:
     data = frame_of(records("auto", AUTO) + records("big", BIG))
     deltas = []
     for metric in ("capacity", "kv_residency"):
-        found = report.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], metric, seed=0)
+        found = capacity_statistics.compare(data[data["arm"] == "auto"], data[data["arm"] == "big"], metric, seed=0)
         deltas.append({"probe": "capacity", "arm": "big", "point": "2k", "metric": metric, **found})
     settings = {"slo": "ttft_p95<=100ms", "capacity_trials": 2}
-    section = report.section(data, ["auto", "big"], deltas, {}, settings, seed=0)  # type: ignore[arg-type]
+    section = capacity_section.section(data, ["auto", "big"], deltas, {}, settings, seed=0)  # type: ignore[arg-type]
     rows = {r["arm"]: r for r in section["rows"]}
     big = rows["big"]
     assert big["residency"] == 12.0 and big["residency_ci"] == [12.0, 12.0] and not big["residency_censored"]
     assert big["residency_bracket"] == "held at 12, hit rate below half at 13; 2 trials each"
     assert big["residency_ratio"] == pytest.approx(2.0) and big["knee_cause"] == "compute"
     assert rows["auto"]["knee_bound"] == "KV (the cache holds 6 sessions)"
-    header, table = report.table(section)
+    header, table = capacity_render.table(section)
     cells = dict(zip(header, table[1], strict=True))
     assert cells["KV-resident sessions [95% CI] (held – fell below half)"].startswith("12 [12, 12] (held at 12")
     assert cells["vs baseline: residency ratio [95% CI]"] == "2.00× [2.00, 2.00]"
-    (sentence,) = report.sentences(section, ["auto", "big"], deltas)  # type: ignore[arg-type]
+    (sentence,) = capacity_section.sentences(section, ["auto", "big"], deltas)  # type: ignore[arg-type]
     assert "; its cache holds 12 [12, 12] sessions (held at 12, hit rate below half at 13; 2 trials each)" in sentence
     assert " vs auto's 6 [6, 6] (held at 6, hit rate below half at 7; 2 trials each): 2.00× [2.00, 2.00]" in sentence
     assert "; knee bound by compute (the cache held them, 95% hits at 10;" in sentence
@@ -270,6 +275,6 @@ def test_a_residency_knee_at_the_limit_reads_at_least() -> None:
     data = frame_of(records("big", levels))
     s = data["search"].iloc[0]
     assert s.residency == 16 and s.residency_censored and s.residency_broken is None
-    brackets = [s.bracket(report.RESIDENCY_METRIC)]
-    said = report.bracket_text(brackets, held="held", fell="hit rate below half", none_fell="none below half")
+    brackets = [s.bracket(capacity_search.RESIDENCY_METRIC)]
+    said = capacity_section.bracket_text(brackets, held="held", fell="hit rate below half", none_fell="none below half")
     assert said == "held at 16, none below half; 2 trials"

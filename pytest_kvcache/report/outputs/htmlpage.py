@@ -16,7 +16,8 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from pytest_kvcache.model import DeltaRow, Report, SavedRow
-from pytest_kvcache.report import capacity, cost, energy, failures, kv_plan, retrieval_render
+from pytest_kvcache.report import cost, energy, failures, kv_plan, retrieval_render
+from pytest_kvcache.report.capacity import render as capacity_render
 from pytest_kvcache.report.outputs import markdown as md
 from pytest_kvcache.report.outputs.formats import Cell, Table
 
@@ -95,9 +96,13 @@ def _capacity(report: Report) -> list[Table]:
     sessions = report.get("capacity")
     if not sessions or not sessions["rows"]:
         return []
-    head, rows = capacity.table(sessions)
-    tables = [Table("Capacity under the SLO", head, _plain(rows), capacity.setup_line(sessions), [capacity.NOTE])]
-    head, rows = capacity.trials_table(sessions)
+    head, rows = capacity_render.table(sessions)
+    tables = [
+        Table(
+            "Capacity under the SLO", head, _plain(rows), capacity_render.setup_line(sessions), [capacity_render.NOTE]
+        )
+    ]
+    head, rows = capacity_render.trials_table(sessions)
     return [*tables, Table("Capacity trials", head, _plain(rows), notes=list(sessions["notes"]))]
 
 
@@ -273,7 +278,7 @@ def render(report: Report, images: Mapping[str, bytes]) -> str:
             "name": name,
             "data": base64.b64encode(png).decode(),
             "alt": name[:-4],
-            "caption": CAPTIONS.get(name) or capacity.caption(name) or name,
+            "caption": CAPTIONS.get(name) or capacity_render.caption(name) or name,
         }
         for name, png in images.items()
     ]

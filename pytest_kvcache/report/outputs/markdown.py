@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pytest_kvcache.model import Report
-from pytest_kvcache.report import capacity, kv_plan, retrieval_render
+from pytest_kvcache.report import kv_plan, retrieval_render
+from pytest_kvcache.report.capacity import render as capacity_render
 from pytest_kvcache.report.outputs import md_probes, md_setup, md_verdict
 from pytest_kvcache.report.outputs.formats import _md_table as _md_table
 from pytest_kvcache.report.outputs.formats import fmt as fmt
@@ -64,7 +65,7 @@ SECTIONS: list[Renderer] = [
     md_probes.fidelity_lines,
     retrieval_render.markdown_lines,
     md_probes.energy_lines,
-    capacity.lines,
+    capacity_render.lines,
     md_probes.render_agreement,
     md_probes.render_greedy,
     md_probes.render_agentic,

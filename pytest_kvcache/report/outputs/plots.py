@@ -13,7 +13,8 @@ import pandas as pd
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import FidelityRow, Report
 from pytest_kvcache.probes.registry import ProbeSpec
-from pytest_kvcache.report import capacity, deciding, retrieval_render
+from pytest_kvcache.report import deciding, retrieval_render
+from pytest_kvcache.report.capacity import render as capacity_render
 from pytest_kvcache.report.outputs.markdown import probe_specs
 from pytest_kvcache.report.points import point_sort
 
@@ -142,7 +143,7 @@ def render(report: Report) -> dict[str, bytes]:
     drawn = retrieval_render.heatmap_figure(report, plt)
     if drawn is not None:
         save(drawn, "retrieval.png")
-    for name, figure in capacity.figures(report, plt).items():  # goodput against sessions, per depth
+    for name, figure in capacity_render.figures(report, plt).items():  # goodput against sessions, per depth
         save(figure, name)
     return out
 

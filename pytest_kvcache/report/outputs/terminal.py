@@ -14,7 +14,8 @@ from pytest_kvcache.config.constants import BOOT_INVARIANT_PROBES
 from pytest_kvcache.engines.kinds import find_kind
 from pytest_kvcache.model import Evidence, GpuCard, Report
 from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype
-from pytest_kvcache.report import capacity, cost, energy, greedy, kv_plan, left_out, retrieval_render
+from pytest_kvcache.report import cost, energy, greedy, kv_plan, left_out, retrieval_render
+from pytest_kvcache.report.capacity import render as capacity_render
 from pytest_kvcache.report.outputs.markdown import (
     ab_tables,
     agentic_table,
@@ -232,8 +233,8 @@ def _capacity(report: Report) -> list[Line]:
     sessions = report.get("capacity")
     if not sessions or not sessions["rows"]:
         return []
-    header, rows = capacity.table(sessions)
-    out = [Line(""), Line(f"capacity under the SLO: {capacity.setup_line(sessions)}")]
+    header, rows = capacity_render.table(sessions)
+    out = [Line(""), Line(f"capacity under the SLO: {capacity_render.setup_line(sessions)}")]
     out += [Line("  " + line) for line in pd.DataFrame(rows, columns=header).to_string(index=False).splitlines()]
     return out + [Line(f"  {note}") for note in sessions["notes"]]
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_kvcache.report import capacity
+from pytest_kvcache.report.capacity import search as capacity_search
+from pytest_kvcache.report.capacity import section as capacity_section
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext
 
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     data = ctx.data
-    if data.empty or not (data["probe"] == capacity.PROBE).any():
+    if data.empty or not (data["probe"] == capacity_search.PROBE).any():
         return {}
-    return {"capacity": capacity.section(data, ctx.arms, ctx.deltas, run.evidence, ctx.settings, ctx.seed)}
+    return {"capacity": capacity_section.section(data, ctx.arms, ctx.deltas, run.evidence, ctx.settings, ctx.seed)}
