@@ -44,7 +44,8 @@ import numpy as np
 import openai
 import pandas as pd
 
-from pytest_kvcache.client import Client, Sample
+from pytest_kvcache.client import Client
+from pytest_kvcache.sample import Sample
 from pytest_kvcache.fanout import ClientLoad, Fanout
 from pytest_kvcache.selfcheck.check import (
     ServerPool,

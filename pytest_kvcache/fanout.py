@@ -10,7 +10,7 @@ processes, each running one event loop (uvloop when installed) over its share of
   and feeds them to a C HTTP parser (httptools) only to learn where the body starts and the response ends --
   no SSE or JSON parsing while a trial runs;
 * the garbage collector is held from the start of the trial to its end;
-* after the trial the kept bytes are parsed line by line by `~pytest_kvcache.client.TokenClock`, each line
+* after the trial the kept bytes are parsed line by line by `~pytest_kvcache.sample.TokenClock`, each line
   timed when its last byte arrived: the same timing model and failure kinds as the single-stream client.
 
 Per trial, `ClientLoad` tells how hard the client worked: schedule delay (requested vs actual send), each
@@ -45,7 +45,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pytest_kvcache import interrupt
-from pytest_kvcache.client import Limits, Sample, check_counts, prompt_size
+from pytest_kvcache.client import Limits, check_counts, prompt_size
 from pytest_kvcache.fanout_plan import TICK_S as TICK_S
 from pytest_kvcache.fanout_plan import ClientLoad as ClientLoad
 from pytest_kvcache.fanout_plan import Monitor as Monitor
@@ -56,6 +56,7 @@ from pytest_kvcache.fanout_plan import SessionTurn as SessionTurn
 from pytest_kvcache.fanout_plan import Trial as Trial
 from pytest_kvcache.fanout_plan import _Job, _SessionJob
 from pytest_kvcache.fanout_worker import _worker_main
+from pytest_kvcache.sample import Sample
 
 
 def _percentile(values: Sequence[float], q: float) -> float:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pytest_kvcache.client import Limits, Sample
+from pytest_kvcache.client import Limits
+from pytest_kvcache.sample import Sample
 
 #: How often each worker's watchdog wakes: stall and timeout checks, and one event-loop lag sample.
 TICK_S = 0.005

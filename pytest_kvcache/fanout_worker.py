@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pytest_kvcache.client import ErrorKind, Limits, Sample, TokenClock, error_text, prompt_size
+from pytest_kvcache.client import Limits, error_text, prompt_size
 from pytest_kvcache.fanout_plan import TICK_S, SessionPlan, _Job, _SessionJob
+from pytest_kvcache.sample import ErrorKind, Sample, TokenClock
 
 
 class _Stream(asyncio.Protocol):

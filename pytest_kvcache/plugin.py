@@ -37,11 +37,11 @@ from pytest_kvcache.session import KvSession
 from pytest_kvcache.stored import Stored, open_stored, report_options
 
 if TYPE_CHECKING:
-    from pytest_kvcache.client import Sample
     from pytest_kvcache.engines.base import Engine
     from pytest_kvcache.engines.registry import EngineRegistry
     from pytest_kvcache.model import FidelityRecord, Record, RetrievalRecord
     from pytest_kvcache.run.measure import ArmClient, Server
+    from pytest_kvcache.sample import Sample
     from pytest_kvcache.session import KvSession
 
 #: The key under which the active run's session object lives in ``config.stash`` (see ``get_session``).

@@ -19,22 +19,21 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_kvcache import interrupt
-from pytest_kvcache.config.budget import fmt_bytes
 from pytest_kvcache.config.constants import FIDELITY_DEPTHS
 from pytest_kvcache.config.grammars import GateError
 from pytest_kvcache.config.plan import Boot, BootPlan
-from pytest_kvcache.config.resolve import arm_need
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.distributed import EVENTS_KEY, LANE_KEY, boot_of_nodeid
 from pytest_kvcache.engines import prepare_embedded
 from pytest_kvcache.engines.base import Engine
 from pytest_kvcache.engines.kinds import DEFAULT_KIND, get_kind
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
-from pytest_kvcache.model import Json, PlanEntry, Report
+from pytest_kvcache.model import Json, Report
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.prefill import depth_label
 from pytest_kvcache.probes.retrieval import plan_line as retrieval_line
 from pytest_kvcache.run.forward import ForwardingListener, Outbox, apply
+from pytest_kvcache.run.plan_text import budget_text, capacity_plan_line, kv_plan_lines
 from pytest_kvcache.run.progress import Mode, Progress
 from pytest_kvcache.run.run import Run, reap_dead_containers
 from pytest_kvcache.stored import Stored
@@ -91,76 +90,6 @@ def _restore_sigint() -> None:
     if signal.getsignal(signal.SIGINT) in (_hurry, interrupt.on_sigint):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     interrupt.clear()
-
-
-def budget_text(settings: Settings, entry: PlanEntry) -> str:
-    """``, KV budget 32 MiB (16,384 tokens at 2,048 B/token; max_model_len 8,192), concurrency 2.00x planned`` for a
-    boot with a budget: the tokens and concurrency the engine kind's arithmetic plans (``kv_plan``, vLLM's groups
-    and windows), or why it plans none."""
-    budget = entry.get("kv_cache_bytes")
-    if budget is None:
-        return ""
-    arm = next((a for a in settings.arms if a.name == entry.get("arm")), None)
-    found = arm_need(settings, arm) if arm is not None else None
-    plan = entry.get("kv_plan") or {}
-    if found is None:
-        return f", KV budget {fmt_bytes(budget)}"
-    if plan.get("not_modelled"):
-        return (
-            f", KV budget {fmt_bytes(budget)} (KV tokens not modelled: {plan['not_modelled']}; the engine's figure is "
-            "used)"
-        )
-    tokens, concurrency = plan.get("tokens"), plan.get("concurrency")
-    if tokens is None or concurrency is None:
-        return (
-            f", KV budget {fmt_bytes(budget)} ({int(budget // found.bytes_per_token):,} tokens at "
-            f"{found.bytes_per_token:,.0f} B/token; max_model_len {found.max_model_len:,})"
-        )
-    windowed = found.shape is not None and any(layer.window for layer in found.shape.attention)
-    if windowed:
-        return (
-            f", KV budget {fmt_bytes(budget)} ({tokens:,} tokens planned: {plan.get('groups')}; max_model_len "
-            f"{found.max_model_len:,}), concurrency {concurrency:.2f}x planned"
-        )
-    return (
-        f", KV budget {fmt_bytes(budget)} ({tokens:,} tokens at {found.bytes_per_token:,.0f} B/token; max_model_len "
-        f"{found.max_model_len:,}), concurrency {concurrency:.2f}x planned"
-    )
-
-
-def kv_plan_lines(plan: Sequence[PlanEntry]) -> list[str]:
-    """The KV cache planned for arms without a budget of the plugin's (the CPU build's ``VLLM_CPU_KVCACHE_SPACE``),
-    one line per arm: ``KV planned for auto in 2 GiB of KV (VLLM_CPU_KVCACHE_SPACE): 1,048,576 tokens, concurrency
-    8.00x at max_model_len 131,072``."""
-    lines: dict[str, str] = {}
-    for entry in plan:
-        kv = entry.get("kv_plan")
-        if not kv or entry.get("kv_cache_bytes") is not None or str(entry.get("arm")) in lines:
-            continue
-        where = f"{fmt_bytes(kv.get('budget_bytes') or 0)} of KV (VLLM_CPU_KVCACHE_SPACE)"
-        if kv.get("tokens") is None:
-            text = f"not modelled ({kv.get('not_modelled')}); the engine's figure is used"
-        else:
-            text = (
-                f"{kv['tokens']:,} tokens, concurrency {kv.get('concurrency') or 0:.2f}x at max_model_len "
-                f"{kv.get('max_model_len') or 0:,}"
-            )
-        lines[str(entry.get("arm"))] = f"  KV planned for {entry.get('arm')} in {where}: {text}"
-    return list(lines.values())
-
-
-def capacity_plan_line(settings: Settings) -> str:
-    """The capacity probe's setup, said once before anything boots."""
-    st = settings
-    cpu = st.embedded and st.launcher != "external" and st.capacity_depths == st.embedded_spec.capacity_depths
-    kv = "each arm's own KV cache (no --kv-cache-bytes)" if st.cache_bytes is None else "the KV budget below"
-    depths = ",".join(depth_label(d) for d in st.capacity_depths)
-    return (
-        f"  capacity{' sized for the CPU' if cpu else ''}: depths {depths}, "
-        f"SLO {st.slo}, think {st.capacity_think_s:g} s, {st.capacity_window_s:g} s measured per trial, "
-        f"{st.capacity_max_tokens} tokens a turn, {st.capacity_start} to at most {st.capacity_max_sessions} sessions; "
-        f"{kv}"
-    )
 
 
 def boot_of(item: pytest.Item | None) -> Boot | None:

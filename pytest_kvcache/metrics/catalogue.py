@@ -126,7 +126,7 @@ def show(value: float | None, how: Format) -> str:
 
 _TPS = "tokens/s"
 STOCK: tuple[Metric, ...] = (
-    # ---- every request record (``client.Sample.measures``), in record order
+    # ---- every request record (``sample.Sample.measures``), in record order
     Metric(
         "ttft_s",
         "latency",

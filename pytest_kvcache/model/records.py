@@ -9,7 +9,7 @@ from pytest_kvcache.model.base import Json
 
 
 class SampleData(TypedDict, total=False):
-    """:class:`~pytest_kvcache.client.Sample` as written (``Sample.to_dict``)."""
+    """:class:`~pytest_kvcache.sample.Sample` as written (``Sample.to_dict``)."""
 
     ok: bool
     error_kind: str | None

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_kvcache import interrupt, stats
-from pytest_kvcache.client import Sample
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model import Record as RecordData
+from pytest_kvcache.sample import Sample
 
 Record = Callable[..., RecordData]
 

@@ -13,7 +13,7 @@ from typing import cast
 
 import pandas as pd
 
-from pytest_kvcache import stats
+from pytest_kvcache import crossing, stats
 from pytest_kvcache.model import CrossoverRow, DeltaRow, SummaryRow
 from pytest_kvcache.report import bands
 from pytest_kvcache.report.frame import compare, metrics_for, values
@@ -156,12 +156,12 @@ def crossover_rows(
                 base_vals = [base[x] for x in xs]
                 boots = min(len(set().union(*base_vals)), len(set().union(*arm_vals)))
                 if boots >= MIN_BOOTS_FOR_BOOT_CI:  # the same unit as every delta's CI: boots (blocks)
-                    found = stats.crossover_boots(xs, base_vals, arm_vals, blocks=blocks, seed=seed)
+                    found = crossing.crossover_boots(xs, base_vals, arm_vals, blocks=blocks, seed=seed)
                 else:
                     band = bands.band(metric, platform)
                     per_side = [max(min(len(v) for v in vals), 1) for vals in (base_vals, arm_vals)]
                     boot_sd = band.boot_sd * (1 / per_side[0] + 1 / per_side[1]) ** 0.5 if band else 0.0
-                    found = stats.crossover(
+                    found = crossing.crossover(
                         xs,
                         [_pooled(b) for b in base_vals],
                         [_pooled(a) for a in arm_vals],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from pytest_kvcache import stats
+from pytest_kvcache import crossing
 from pytest_kvcache.model import AgreementRow, CrossoverRow, DeltaRow, Report
 from pytest_kvcache.report import deciding
 from pytest_kvcache.report import fidelity as fidelity_report
@@ -78,7 +78,9 @@ def judge_crossovers(crossovers: Sequence[CrossoverRow], deltas: Sequence[DeltaR
                 for x, name in zip(xs, names, strict=False)
                 if x0 <= x <= x1 and (ratio := (by_point.get(name) or {}).get("ratio")) is not None
             ]
-            found = stats.first_crossing([x for x, _ in inside], [r for _, r in inside]) if len(inside) >= 2 else None
+            found = (
+                crossing.first_crossing([x for x, _ in inside], [r for _, r in inside]) if len(inside) >= 2 else None
+            )
             c["estimate"] = estimate = found if found is not None else (x0 + x1) / 2
             c["ci_low"], c["ci_high"] = x0, x1
             c["bracket"] = [x0, x1]
@@ -96,14 +98,14 @@ def judge_crossovers(crossovers: Sequence[CrossoverRow], deltas: Sequence[DeltaR
             c["evidence"] = "the ratio does not change sign"
             c["statement"] = f"no crossover in the measured range ({span})"
             continue
-        if share >= stats.CROSSING_SHARE:
+        if share >= crossing.CROSSING_SHARE:
             c["evidence"] = (
                 f"{share:.0%} of resampled curves cross the same way, but no point on each side excludes parity "
                 "(after Holm within the curve's points)"
             )
         else:
             c["evidence"] = (
-                f"only {share:.0%} of resampled curves cross the same way (needs {stats.CROSSING_SHARE:.0%}) and no "
+                f"only {share:.0%} of resampled curves cross the same way (needs {crossing.CROSSING_SHARE:.0%}) and no "
                 "point on each side excludes parity"
             )
         c["statement"] = f"no significant crossover in the measured range ({span}): {c['evidence']}"

@@ -29,13 +29,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from pytest_kvcache.client import Sample
 from pytest_kvcache.jsonio import iter_run_folders as iter_run_folders
 from pytest_kvcache.jsonio import read_json as read_json
 from pytest_kvcache.jsonio import write_json as write_json
 from pytest_kvcache.metrics import spec_metrics
 from pytest_kvcache.model import RECORD_SCHEMA_VERSION, Record, SampleData
 from pytest_kvcache.probes.registry import ENGINE_METRICS
+from pytest_kvcache.sample import Sample
 
 SCHEMA_VERSION = RECORD_SCHEMA_VERSION
 

@@ -28,7 +28,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, cast
 
-from pytest_kvcache.client import Sample
 from pytest_kvcache.config.context import check_at_boot
 from pytest_kvcache.config.plan import Boot, BootPlan
 from pytest_kvcache.config.resolve import kv_plan_data, served_parameters
@@ -57,6 +56,7 @@ from pytest_kvcache.run.hostload import HostSampler, judge
 from pytest_kvcache.run.measure import Server
 from pytest_kvcache.run.monitors import Role as Role
 from pytest_kvcache.run.progress import requests_of
+from pytest_kvcache.sample import Sample
 
 MakeEngine = Callable[[Boot, Path, EngineRegistry], Engine | None]
 Payload = Mapping[str, Any]

@@ -3,7 +3,7 @@
 A `~pytest_kvcache.selfcheck.stream.StreamServer` sends every token chunk on a scripted deadline and records
 when each chunk actually left (`time.perf_counter`, CLOCK_MONOTONIC on Linux: one clock for every process
 on the machine). The client records when it sent the request and when it saw the first and last token
-(`~pytest_kvcache.client.Sample`, with ``send_perf_s`` absolute). Comparing the two gives the harness's
+(`~pytest_kvcache.sample.Sample`, with ``send_perf_s`` absolute). Comparing the two gives the harness's
 error on this machine, per request (`StreamTiming`):
 
 * TTFT error: the client's TTFT (send → first token seen) minus the server's TTFT (request arrived → first
@@ -35,7 +35,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pytest_kvcache.client import Client, Sample
+from pytest_kvcache.client import Client
+from pytest_kvcache.sample import Sample
 from pytest_kvcache.selfcheck.stream import Schedule, ServedRequest, StreamServer
 
 __all__ = [

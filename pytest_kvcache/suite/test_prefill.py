@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from pytest_kvcache.client import Sample
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import counting, prefill
@@ -15,6 +14,7 @@ from pytest_kvcache.probes.agentic import prompt_sha256
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
 from pytest_kvcache.probes.short import chat_payload
 from pytest_kvcache.run.measure import ArmClient, Server
+from pytest_kvcache.sample import Sample
 
 
 @pytest.mark.prefill

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from pytest_kvcache.client import Sample
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.plugin import Agree, Recorder
 from pytest_kvcache.probes import counting
@@ -16,6 +15,7 @@ from pytest_kvcache.probes.agreement import agreement_payload
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
 from pytest_kvcache.probes.short import AGREEMENT_MAX_TOKENS, SHAPES, ShortShape, build_payload
 from pytest_kvcache.run.measure import ArmClient, Server
+from pytest_kvcache.sample import Sample
 
 
 @pytest.mark.short

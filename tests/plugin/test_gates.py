@@ -82,7 +82,7 @@ def test_an_a_a_run_does_not_fail_a_gate_at_097(pytester: pytest.Pytester, stand
 STEADY_PROBE = """
 import pytest
 
-from pytest_kvcache.client import Sample
+from pytest_kvcache.sample import Sample
 from pytest_kvcache.probes.registry import ProbeSpec, register
 
 register(ProbeSpec(name="steady", title="Steady", metrics=("decode_tps",), primary_metric="decode_tps"))

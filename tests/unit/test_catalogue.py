@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from pytest_kvcache import stats
-from pytest_kvcache.client import Sample
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.metrics.catalogue import Metric
@@ -25,6 +24,7 @@ from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.outputs import markdown, plots, terminal
 from pytest_kvcache.run.folder import make_record
 from pytest_kvcache.run.progress import requests_of
+from pytest_kvcache.sample import Sample
 
 #: A toy metric whose name says nothing (no ``_tps``/``_s``): everything the readers do with it comes from its
 #: one entry.

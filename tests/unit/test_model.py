@@ -6,8 +6,8 @@ import dataclasses
 import typing
 
 from pytest_kvcache import model, stats
-from pytest_kvcache.client import Sample
 from pytest_kvcache.model import SampleData
+from pytest_kvcache.sample import Sample
 
 
 def test_sample_data_keys_are_sample_fields() -> None:

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvcache.client import Sample
 from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.runner import run_repeated
 from pytest_kvcache.report.build import summary_rows
 from pytest_kvcache.report.frame import frame
 from pytest_kvcache.report.outputs.terminal import summary_lines
 from pytest_kvcache.run.folder import SCHEMA_VERSION, RunFolder, make_record, read_records
+from pytest_kvcache.sample import Sample
 from pytest_kvcache.stats import describe
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_kvcache import distributed, stats
+from pytest_kvcache import crossing, distributed, stats
 from pytest_kvcache.config.arms import Arm
 from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.plan import BootPlan, boot_order, lane_order
@@ -236,16 +236,16 @@ def test_the_crossover_ci_resamples_whole_blocks() -> None:
 
     state = rng.bit_generator.state
     base, arm = curve("b", [1.0] * 4, 1.0), curve("a", truth, 1.0)
-    found = stats.crossover_boots(xs, base, arm, blocks=blocks, seed=0)
+    found = crossing.crossover_boots(xs, base, arm, blocks=blocks, seed=0)
     assert 8000 < found["estimate"] < 16000 and found["ci_low"] <= found["estimate"] <= found["ci_high"]
     assert found["share"] > 0.9
     rng.bit_generator.state = state
     base2, arm2 = curve("b", [1.0] * 4, 1.1), curve("a", truth, 1.1)
-    again = stats.crossover_boots(xs, base2, arm2, blocks=blocks, seed=0)
+    again = crossing.crossover_boots(xs, base2, arm2, blocks=blocks, seed=0)
     assert again["estimate"] == pytest.approx(found["estimate"], rel=1e-9)
     assert again["ci_low"] == pytest.approx(found["ci_low"], rel=1e-9)
     assert again["ci_high"] == pytest.approx(found["ci_high"], rel=1e-9)
-    plain = stats.crossover_boots(xs, base, arm, seed=0)  # no blocks: each arm's boots on their own
+    plain = crossing.crossover_boots(xs, base, arm, seed=0)  # no blocks: each arm's boots on their own
     assert 8000 < plain["estimate"] < 16000
 
 

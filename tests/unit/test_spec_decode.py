@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_kvcache.client import Sample
 from pytest_kvcache.probes import registry
 from pytest_kvcache.report import build, gates
 from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.deciding import deciding
 from pytest_kvcache.report.outputs.markdown import spec_decode_lines
 from pytest_kvcache.run.folder import make_record
+from pytest_kvcache.sample import Sample
 
 SPECS = registry.resolve()
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pytest_kvcache import stats
+from pytest_kvcache import crossing, stats
 from pytest_kvcache.probes import registry
 from pytest_kvcache.report import bands, gate_outcome, gates, spread
 from pytest_kvcache.report import frame as report_frame
@@ -72,7 +72,7 @@ def test_crossover_on_a_synthetic_curve_with_a_known_crossing() -> None:
     xs = [1000.0, 2000.0, 4000.0, 8000.0]
     base = [[100.0, 100.0, 100.0]] * 4
     arm = [[150.0] * 3, [120.0] * 3, [90.0] * 3, [60.0] * 3]
-    found = stats.crossover(xs, base, arm)
+    found = crossing.crossover(xs, base, arm)
     known = 2000 + 2000 * math.log(1.2) / (math.log(1.2) - math.log(0.9))  # linear in log(ratio): 3267.6
     assert found["estimate"] == pytest.approx(known)
     assert found["ci_low"] == pytest.approx(known) and found["ci_high"] == pytest.approx(known)
@@ -84,23 +84,23 @@ def test_crossover_with_noise_has_a_ci_around_the_crossing() -> None:
     xs = [1000.0, 2000.0, 4000.0, 8000.0]
     base = [list(100 + rng.normal(0, 1, 5)) for _ in xs]
     arm = [list(v + rng.normal(0, 1, 5)) for v in (150.0, 120.0, 90.0, 60.0)]
-    found = stats.crossover(xs, base, arm, seed=1)
+    found = crossing.crossover(xs, base, arm, seed=1)
     assert 2000 < found["ci_low"] <= found["estimate"] <= found["ci_high"] < 4000
 
 
 def test_identical_arms_or_a_touch_of_one_is_no_crossover() -> None:
     """The H200 spec-decode run: both arms accepted every draft (ratio exactly 1 at every depth), and the
     old rule reported a crossing at the first point."""
-    same = stats.crossover([4000.0, 32000.0], [[3.5, 3.5]] * 2, [[3.5, 3.5]] * 2)
+    same = crossing.crossover([4000.0, 32000.0], [[3.5, 3.5]] * 2, [[3.5, 3.5]] * 2)
     assert same["estimate"] is None and same["share"] == 0.0
-    touch = stats.crossover([1.0, 2.0, 3.0], [[1.0]] * 3, [[1.0], [1.2], [1.1]])
+    touch = crossing.crossover([1.0, 2.0, 3.0], [[1.0]] * 3, [[1.0], [1.2], [1.1]])
     assert touch["estimate"] is None
-    through = stats.crossover([1.0, 2.0, 3.0], [[1.0]] * 3, [[1.2], [1.0], [0.8]])
+    through = crossing.crossover([1.0, 2.0, 3.0], [[1.0]] * 3, [[1.2], [1.0], [0.8]])
     assert through["estimate"] == 2.0
 
 
 def test_no_crossover() -> None:
-    found = stats.crossover([1.0, 2.0, 3.0], [[1.0, 1.0]] * 3, [[2.0, 2.0]] * 3)
+    found = crossing.crossover([1.0, 2.0, 3.0], [[1.0, 1.0]] * 3, [[2.0, 2.0]] * 3)
     assert found["estimate"] is None and found["share"] == 0.0
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from pytest_kvcache.client import Client, Sample
+from pytest_kvcache.client import Client
+from pytest_kvcache.sample import Sample
 from pytest_kvcache.selfcheck.check import (
     ServerProcess,
     chat_payload,
