@@ -26,8 +26,8 @@ from pytest_kvcache.config.plan import GATE_BOOT_BUDGET
 from pytest_kvcache.model import Record
 from pytest_kvcache.probes import registry
 from pytest_kvcache.report import bands, gates
-from pytest_kvcache.report.build import rounds_check
 from pytest_kvcache.report.frame import frame
+from pytest_kvcache.report.rounds import rounds_check
 
 GATE = "decode_tps[short]: arm >= base * 0.97"
 ARMS = ["base", "arm"]

@@ -45,8 +45,9 @@ import openai
 import pandas as pd
 
 from pytest_kvcache.client import Client
+from pytest_kvcache.fanout import Fanout
+from pytest_kvcache.fanout_plan import ClientLoad
 from pytest_kvcache.sample import Sample
-from pytest_kvcache.fanout import ClientLoad, Fanout
 from pytest_kvcache.selfcheck.check import (
     ServerPool,
     StreamTiming,

@@ -47,7 +47,8 @@ import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_kvcache.client import Client
-from pytest_kvcache.engines import EMBEDDED_ARGS, EMBEDDED_ENV, MEASUREMENT_ARGS, embedded_model_path
+from pytest_kvcache.datafiles import embedded_model_path
+from pytest_kvcache.engines.kinds.vllm import EMBEDDED_ARGS, EMBEDDED_ENV, MEASUREMENT_ARGS
 from pytest_kvcache.engines.process import HOST, free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

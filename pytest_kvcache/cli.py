@@ -22,12 +22,12 @@ from pathlib import Path
 from pytest_kvcache import store
 from pytest_kvcache.config import locations
 from pytest_kvcache.finish import finish
+from pytest_kvcache.jsonio import iter_run_folders
 from pytest_kvcache.model.options import ReportOptions
 from pytest_kvcache.report.judge import EXIT_INTERRUPTED, EXIT_USAGE
 from pytest_kvcache.report.load import RunFolderError, read_meta
 from pytest_kvcache.report.outputs.terminal import outcome_lines
 from pytest_kvcache.report.pipeline import ReportInputError, produce
-from pytest_kvcache.run.folder import iter_run_folders
 from pytest_kvcache.store import history
 from pytest_kvcache.store.record import row_of_folder
 

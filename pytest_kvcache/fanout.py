@@ -46,15 +46,17 @@ from urllib.parse import urlsplit
 
 from pytest_kvcache import interrupt
 from pytest_kvcache.client import Limits, check_counts, prompt_size
-from pytest_kvcache.fanout_plan import TICK_S as TICK_S
-from pytest_kvcache.fanout_plan import ClientLoad as ClientLoad
-from pytest_kvcache.fanout_plan import Monitor as Monitor
-from pytest_kvcache.fanout_plan import Saturation as Saturation
-from pytest_kvcache.fanout_plan import SessionPlan as SessionPlan
-from pytest_kvcache.fanout_plan import SessionTrial as SessionTrial
-from pytest_kvcache.fanout_plan import SessionTurn as SessionTurn
-from pytest_kvcache.fanout_plan import Trial as Trial
-from pytest_kvcache.fanout_plan import _Job, _SessionJob
+from pytest_kvcache.fanout_plan import (
+    ClientLoad,
+    Monitor,
+    Saturation,
+    SessionPlan,
+    SessionTrial,
+    SessionTurn,
+    Trial,
+    _Job,
+    _SessionJob,
+)
 from pytest_kvcache.fanout_worker import _worker_main
 from pytest_kvcache.sample import Sample
 

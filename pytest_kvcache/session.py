@@ -416,7 +416,7 @@ class KvSession:
             self.config.hook.pytest_kvcache_report(config=self.config, report=self.outcome.report)
             summary = os.environ.get("GITHUB_STEP_SUMMARY")
             if summary:
-                from pytest_kvcache.report.outputs.markdown import gate_summary
+                from pytest_kvcache.report.outputs.md_verdict import gate_summary
 
                 try:
                     with open(summary, "a", encoding="utf-8") as fh:
@@ -431,7 +431,7 @@ class KvSession:
         xml = next((p for p in self.config.pluginmanager.get_plugins() if hasattr(p, "add_global_property")), None)
         if xml is None:
             return
-        from pytest_kvcache.report.outputs.markdown import gate_evidence
+        from pytest_kvcache.report.outputs.md_verdict import gate_evidence
 
         gates = report.get("gates") or []
         for outcome in ("fail", "error", "inconclusive", "pass"):

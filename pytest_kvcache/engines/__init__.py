@@ -11,22 +11,13 @@ from pytest_kvcache.config.budget import CPU_SPACE_ENV
 from pytest_kvcache.config.plan import Boot
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.datafiles import FOLDERS as _FOLDERS  # noqa: F401  (the folders found, by name)
-from pytest_kvcache.datafiles import embedded_model_path as embedded_model_path
+from pytest_kvcache.datafiles import embedded_model_path
 from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.external import ExternalEngine
 from pytest_kvcache.engines.kinds import EngineProfile, Kind, get_kind
 from pytest_kvcache.engines.kinds.folder import embedded_model_folder, embedded_vllm_model
-from pytest_kvcache.engines.kinds.llamacpp import LLAMACPP_MEASUREMENT_ARGS as LLAMACPP_MEASUREMENT_ARGS
-from pytest_kvcache.engines.kinds.llamacpp import build_llamacpp_args as build_llamacpp_args
-from pytest_kvcache.engines.kinds.llamacpp import llama_server_cmd as llama_server_cmd
-from pytest_kvcache.engines.kinds.llamacpp import llamacpp_embedded_args as llamacpp_embedded_args
-from pytest_kvcache.engines.kinds.llamacpp import llamacpp_model as llamacpp_model
-from pytest_kvcache.engines.kinds.llamacpp import llamacpp_threads as llamacpp_threads
-from pytest_kvcache.engines.kinds.vllm import EMBEDDED_ARGS as EMBEDDED_ARGS
-from pytest_kvcache.engines.kinds.vllm import EMBEDDED_ENV as EMBEDDED_ENV
-from pytest_kvcache.engines.kinds.vllm import MEASUREMENT_ARGS as MEASUREMENT_ARGS
-from pytest_kvcache.engines.kinds.vllm import build_engine_args
-from pytest_kvcache.engines.kinds.vllm import default_engine_cmd as default_engine_cmd
+from pytest_kvcache.engines.kinds.llamacpp import build_llamacpp_args, llama_server_cmd
+from pytest_kvcache.engines.kinds.vllm import EMBEDDED_ENV, build_engine_args, default_engine_cmd
 from pytest_kvcache.engines.process import HOST, ProcessEngine, free_port
 from pytest_kvcache.engines.registry import EngineRegistry
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from pytest_kvcache.config.grammars import Slo, SloTerm, parse_slo
-from pytest_kvcache.fanout import SessionPlan
+from pytest_kvcache.fanout_plan import SessionPlan
 from pytest_kvcache.metrics import Scrape, engine_delta
 from pytest_kvcache.probes.prefill import haystack, salt_for
 

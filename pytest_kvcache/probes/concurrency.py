@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pytest_kvcache.fanout import ClientLoad, Saturation
+from pytest_kvcache.fanout_plan import ClientLoad, Saturation
 from pytest_kvcache.probes.prefill import salt_for
 from pytest_kvcache.probes.short import SHAPES, chat_payload
 from pytest_kvcache.sample import Sample

@@ -29,9 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from pytest_kvcache.jsonio import iter_run_folders as iter_run_folders
-from pytest_kvcache.jsonio import read_json as read_json
-from pytest_kvcache.jsonio import write_json as write_json
+from pytest_kvcache.jsonio import write_json
 from pytest_kvcache.metrics import spec_metrics
 from pytest_kvcache.model import RECORD_SCHEMA_VERSION, Record, SampleData
 from pytest_kvcache.probes.registry import ENGINE_METRICS

@@ -82,7 +82,7 @@ def judging_inputs(run: Run) -> tuple[dict[tuple[str, str, str], Any], Any]:
 
 
 def decide_round(run: Run, round_: int, target: float | None) -> str | None:
-    from pytest_kvcache.report.build import rounds_check
+    from pytest_kvcache.report.rounds import rounds_check
 
     arms = [a.name for a in run.settings.arms]
     specs = probe_registry.resolve()

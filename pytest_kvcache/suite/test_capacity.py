@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.fanout import Fanout, FanoutError, SessionTrial, default_processes
+from pytest_kvcache.fanout import Fanout, FanoutError, default_processes
+from pytest_kvcache.fanout_plan import SessionTrial
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import capacity, prefill
 from pytest_kvcache.probes.concurrency import excluded_reason, saturation

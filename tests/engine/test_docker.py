@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_kvcache.engines import embedded_model_path
+from pytest_kvcache.datafiles import embedded_model_path
 from pytest_kvcache.engines.base import EngineError
 from pytest_kvcache.engines.docker import (
     HF_CACHE_IN_CONTAINER,

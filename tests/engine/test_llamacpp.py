@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvcache.engines import embedded_model_path
+from pytest_kvcache.datafiles import embedded_model_path
 from pytest_kvcache.engines.llamacpp_build import BuildError, cache_root, cached_server, ensure_server
 from pytest_kvcache.engines.registry import reap_orphans
 from pytest_kvcache.run.folder import read_records

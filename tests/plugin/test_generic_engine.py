@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pytest_kvcache.engines import embedded_model_path
+from pytest_kvcache.datafiles import embedded_model_path
 from pytest_kvcache.engines.kinds.base import VLLM_ONLY_FIELDS, VLLM_ONLY_STREAM_OPTIONS
 from pytest_kvcache.engines.kinds.openai import OPENAI
 from pytest_kvcache.run.folder import read_records

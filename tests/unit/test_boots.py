@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_kvcache.report.build import compile_cache_lines
-from pytest_kvcache.report.outputs import markdown
+from pytest_kvcache.report.outputs import md_setup
+from pytest_kvcache.report.sections.compile_cache import compile_cache_lines
 
 
 def boot(position: int, arm: str, ready: float, cache: str | None, compile_s: float | None) -> dict[str, Any]:
@@ -38,13 +38,13 @@ def test_compile_cache_saving_per_arm() -> None:
         "int8: 1 boot(s) compiled (ready after 109 s), 1 loaded the compile cache (ready after 70 s mean): "
         "39 s saved a boot; torch.compile 31.5 s compiling, 5.0 s loading.",
     ]
-    header, rows = markdown.boot_table({"boots": boots, "boot_results": []})
+    header, rows = md_setup.boot_table({"boots": boots, "boot_results": []})
     assert header[5] == "Compile" and [r[5] for r in rows[:3]] == ["compiled 46.3 s", "compiled 31.5 s", "cache 5.0 s"]
 
 
 def test_no_compile_column_or_saving_without_compile_facts() -> None:
     eager: list[Any] = [boot(1, "auto", 50.0, None, None), boot(2, "auto", 48.0, None, None)]
     assert compile_cache_lines(eager) == []
-    assert "Compile" not in markdown.boot_table({"boots": eager, "boot_results": []})[0]
+    assert "Compile" not in md_setup.boot_table({"boots": eager, "boot_results": []})[0]
     one_kind: list[Any] = [boot(1, "a", 100.0, "miss", 40.0), boot(2, "b", 90.0, "hit", 3.0)]
     assert compile_cache_lines(one_kind) == []  # no arm has both kinds of boot: nothing to compare

@@ -21,7 +21,7 @@ from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report import bands
 from pytest_kvcache.report.build import build
 from pytest_kvcache.report.load import RunData
-from pytest_kvcache.report.outputs import markdown, plots, terminal
+from pytest_kvcache.report.outputs import formats, markdown, plots, terminal
 from pytest_kvcache.run.folder import make_record
 from pytest_kvcache.run.progress import requests_of
 from pytest_kvcache.sample import Sample
@@ -73,7 +73,7 @@ def test_before_its_entry_a_metric_is_read_from_its_name() -> None:
     metric = catalogue.get("widgets")
     assert not metric.declared
     assert (metric.direction, metric.family, metric.label, metric.compared) == ("lower", None, "widgets", True)
-    assert markdown.fmt(1234.5, "widgets") == "1,234.50"
+    assert formats.fmt(1234.5, "widgets") == "1,234.50"
     rate, time = catalogue.get("my_probe_tps"), catalogue.get("queue_s")
     assert (rate.direction, rate.family, rate.label) == ("higher", "decode rate", "my_probe_tps (tokens/s)")
     assert (time.direction, time.family, time.text(0.25)) == ("lower", "latency", "250 ms")
@@ -87,7 +87,7 @@ def test_one_entry_gives_a_new_metric_its_direction_family_label_and_format() ->
     band = bands.band("widgets", "cpu")
     assert band is not None and band.family == "prefill rate"
     assert plots.axis_label("widgets") == "widgets made (per s)"
-    assert markdown.fmt(1234.5, "widgets") == "1,234" and markdown.fmt(None, "widgets") == "–"
+    assert formats.fmt(1234.5, "widgets") == "1,234" and formats.fmt(None, "widgets") == "–"
     spec = ProbeSpec(name="toy", title="Toy", metrics=("widgets", "spare_parts"), primary_metric="widgets")
     assert spec.compared_metrics == ("widgets",)
 

@@ -14,13 +14,15 @@ from pytest_kvcache.config import values as v
 from pytest_kvcache.config.arms import Arm
 from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.plan import BootPlan, boot_order
+from pytest_kvcache.jsonio import write_json
 from pytest_kvcache.probes import agreement, registry
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
-from pytest_kvcache.report import build, confounds, gates, judge, spread
+from pytest_kvcache.report import comparison, confounds, gates, judge, rounds, spread, verdicts
 from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.load import RunData
-from pytest_kvcache.report.outputs.markdown import fmt_delta
-from pytest_kvcache.run.folder import write_json
+from pytest_kvcache.report.outputs.formats import fmt_delta
+from pytest_kvcache.report.sections import agreement as agreement_section
+from pytest_kvcache.report.sections import ci
 from tests.factories import make_settings, measured_records
 
 SPECS = registry.resolve()
@@ -41,7 +43,7 @@ class analysis:  # the report layer's functions, called with the stock probe spe
 
     @staticmethod
     def delta_rows(data: Any, arms: list[str]) -> Any:
-        return build.delta_rows(data, arms, SPECS, 0)
+        return comparison.delta_rows(data, arms, SPECS, 0)
 
 
 # ------------------------------------------------------------------------------ boot order and options
@@ -213,9 +215,9 @@ def test_pairs_stay_within_a_replicate() -> None:
 
 def test_rounds_check_reports_the_widest_delta() -> None:
     recs = records("a", "a", 1, [100, 100.1, 99.9]) + records("b", "b", 1, [110, 110.2, 109.8])
-    assert build.rounds_check(recs, ["a", "b"], SPECS, 5.0, 0)[0]  # type: ignore[arg-type]
+    assert rounds.rounds_check(recs, ["a", "b"], SPECS, 5.0, 0)[0]  # type: ignore[arg-type]
     noisy = records("a", "a", 1, [80, 120, 100]) + records("b", "b", 1, [110, 70, 140])
-    done, widest = build.rounds_check(noisy, ["a", "b"], SPECS, 5.0, 0)  # type: ignore[arg-type]
+    done, widest = rounds.rounds_check(noisy, ["a", "b"], SPECS, 5.0, 0)  # type: ignore[arg-type]
     assert not done and widest is not None and float(widest["half_width_pct"]) > 5.0  # type: ignore[arg-type]
     assert widest["arm"] == "b" and widest["metric"] == "decode_tps"
 
@@ -234,7 +236,7 @@ def test_rounds_check_stops_on_a_decided_gate_and_not_before() -> None:
 
     narrow = boots("a", [100.0, 100.2, 99.8], 0.1) + boots("b", [110.0, 110.2, 109.8], 0.1)
     noisy = boots("a", [80.0, 120.0, 100.0], 20) + boots("b", [110.0, 70.0, 140.0], 20)
-    check = build.rounds_check
+    check = rounds.rounds_check
     assert not check(noisy, ["a", "b"], SPECS, 5.0, 0)[0]  # type: ignore[arg-type]
     assert check(noisy, ["a", "b"], SPECS, 5.0, 0, ["decode_tps[short]: >= -80%"])[0]  # type: ignore[arg-type]
     done, widest = check(narrow, ["a", "b"], SPECS, 5.0, 0, ["decode_tps[short]: >= +10%"])  # type: ignore[arg-type]
@@ -252,11 +254,11 @@ def test_rounds_check_stops_on_a_decided_gate_and_not_before() -> None:
 
 def test_ci_statement_says_what_the_cis_cover() -> None:
     boots = [{"boot": f"{a}.r{r}", "arm": a, "status": "stopped"} for r in (1, 2) for a in ("a", "b")]
-    text = build.ci_statement(boots, ["a", "b"])  # type: ignore[arg-type]
+    text = ci.ci_statement(boots, ["a", "b"])  # type: ignore[arg-type]
     assert text["method"] == "within-boot" and "within-boot noise only" in text["text"]
     boots += [{"boot": f"{a}.r3", "arm": a, "status": "stopped"} for a in ("a", "b")]
-    assert build.ci_statement(boots, ["a", "b"])["method"] == "boots"  # type: ignore[arg-type]
-    external = build.ci_statement(boots, ["a", "b"], "external")  # type: ignore[arg-type]
+    assert ci.ci_statement(boots, ["a", "b"])["method"] == "boots"  # type: ignore[arg-type]
+    external = ci.ci_statement(boots, ["a", "b"], "external")  # type: ignore[arg-type]
     assert external["method"] == "within-boot" and external["boots_per_arm"] == {"a": 1, "b": 1}
     assert "repeats against one server per arm" in external["text"] and "repeats per arm: a 3, b 3" in external["text"]
 
@@ -308,7 +310,7 @@ def test_verdict_words_say_when_they_rest_on_a_within_boot_ci() -> None:
     one = analysis.frame(records("a", "a", 1, [100, 100.1, 99.9]) + records("b", "b", 1, [110, 110.2, 109.8]))
     (row,) = analysis.delta_rows(one, ["a", "b"])
     assert fmt_delta(row) == "+10.0% [+9.8, +10.2] better (1 boot per arm: within-boot CI only)"
-    sentences = build.verdict_sentences([row], [], ["a", "b"], SPECS)
+    sentences = verdicts.verdict_sentences([row], [], ["a", "b"], SPECS)
     assert sentences == [
         "b wins short requests on decode_tps (code +10.0%) — provisional (1 boot per arm: within-boot CI only)."
     ]
@@ -324,7 +326,7 @@ def test_one_sample_a_side_is_not_judged_in_words() -> None:
     single = analysis.frame(records("a", "a", 1, [100.0]) + records("b", "b", 1, [80.0]))
     (row,) = analysis.delta_rows(single, ["a", "b"])
     assert row["ci_low"] is None and row["verdict"] == "inconclusive"
-    assert build.verdict_sentences([row], [], ["a", "b"], SPECS) == [
+    assert verdicts.verdict_sentences([row], [], ["a", "b"], SPECS) == [
         "b vs a on short requests is not judged: 1 sample(s) a side, no CI (more --kv-runs / --kv-depth-runs, "
         "or boots) (code -20.0%)."
     ]
@@ -478,9 +480,9 @@ def test_agreement_report_pairs_arms_by_replicate(tmp_path: Path) -> None:
             )
     (tmp_path / "agreement.jsonl").write_text("\n".join(__import__("json").dumps(r) for r in rows) + "\n")
     run = RunData(path=tmp_path, meta={}, records=[], agreement=rows)  # type: ignore[arg-type]
-    found_rows = build.agreement_report(run, ["a", "b"])["rows"]
+    found_rows = agreement_section.agreement_report(run, ["a", "b"])["rows"]
     found = {(r["kind"], r["arm"]): r for r in found_rows}
-    assert build.agreement_sentences(found_rows, ["a", "b"]) == [
+    assert verdicts.agreement_sentences(found_rows, ["a", "b"]) == [
         "b changes greedy outputs: 2 of 4 sequences identical to a's; first divergence (mean) code at token 1."
     ]
     assert found[("between arms", "b")]["identical_share"] == 0.5

@@ -13,8 +13,8 @@ from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.kinds import resolve_arms
 from pytest_kvcache.config.resolve import resolve
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.engines import build_llamacpp_args, embedded_model_path
-from pytest_kvcache.engines.kinds.llamacpp import LLAMACPP, parse_llamacpp_log
+from pytest_kvcache.datafiles import embedded_model_path
+from pytest_kvcache.engines.kinds.llamacpp import LLAMACPP, build_llamacpp_args, parse_llamacpp_log
 from pytest_kvcache.engines.kinds.openai import OPENAI
 from pytest_kvcache.engines.kinds.vllm import VLLM
 from pytest_kvcache.engines.llamacpp_build import build_key, cached_server
@@ -159,8 +159,9 @@ def test_build_cache_key_is_stable(tmp_path: Path) -> None:
 
 
 def test_no_llama_server_is_a_headline_not_a_traceback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from pytest_kvcache.engines import EngineError, llama_server_cmd
+    from pytest_kvcache.engines import EngineError
     from pytest_kvcache.engines import llamacpp_build as build
+    from pytest_kvcache.engines.kinds.llamacpp import llama_server_cmd
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: it would have to build
     monkeypatch.setattr(build.shutil, "which", lambda name: None)  # … with no cmake, no llama-server on PATH

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from pytest_kvcache.client import Client
-from pytest_kvcache.fanout import Fanout, FanoutError, Saturation, default_processes
+from pytest_kvcache.fanout import Fanout, FanoutError, default_processes
+from pytest_kvcache.fanout_plan import Saturation
 from pytest_kvcache.sample import Sample
 from pytest_kvcache.selfcheck.check import chat_payload, compare, match_records
 from pytest_kvcache.selfcheck.stream import Schedule, StreamServer

@@ -8,7 +8,7 @@ import pytest
 
 from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.runner import run_repeated
-from pytest_kvcache.report.build import summary_rows
+from pytest_kvcache.report.comparison import summary_rows
 from pytest_kvcache.report.frame import frame
 from pytest_kvcache.report.outputs.terminal import summary_lines
 from pytest_kvcache.run.folder import SCHEMA_VERSION, RunFolder, make_record, read_records

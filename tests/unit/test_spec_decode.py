@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from pytest_kvcache.probes import registry
-from pytest_kvcache.report import build, gates
+from pytest_kvcache.report import comparison, gates
 from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.deciding import deciding
-from pytest_kvcache.report.outputs.markdown import spec_decode_lines
+from pytest_kvcache.report.outputs.md_probes import spec_decode_lines
+from pytest_kvcache.report.sections import spec_decode
 from pytest_kvcache.run.folder import make_record
 from pytest_kvcache.sample import Sample
 
@@ -61,7 +62,7 @@ def test_a_record_carries_acceptance_as_metrics() -> None:
 
 def test_the_section_has_acceptance_per_arm_probe_and_point_with_a_ci() -> None:
     recs = records()
-    section = build.spec_decode_section(recs, ["fp8", "int8"], SPECS, {"fp8": "ngram, 3 tokens", "int8": None}, 0)  # type: ignore[arg-type]
+    section = spec_decode.spec_decode_section(recs, ["fp8", "int8"], SPECS, {"fp8": "ngram, 3 tokens", "int8": None}, 0)  # type: ignore[arg-type]
     rows = {(r["arm"], r["point"]): r for r in section["rows"]}
     assert set(rows) == {(a, f"turn{t}") for a in ("fp8", "int8") for t in (1, 2, 3)}
     row = rows[("fp8", "turn2")]
@@ -85,7 +86,7 @@ def test_acceptance_deltas_and_gates_are_undecided_over_fewer_than_3_prompts() -
     """Two sessions: two prompts at each turn. Acceptance is deterministic across boots and repeats, so a within-boot
     CI over requests would be zero-width: no CI, no verdict, and gates stay inconclusive, saying why (issue 41)."""
     data = report_frame.frame(records(), SPECS)  # type: ignore[arg-type]
-    deltas = [d for d in build.delta_rows(data, ["fp8", "int8"], SPECS, 0) if d["metric"] == "acceptance_length"]
+    deltas = [d for d in comparison.delta_rows(data, ["fp8", "int8"], SPECS, 0) if d["metric"] == "acceptance_length"]
     assert [d["point"] for d in deltas] == ["turn1", "turn2", "turn3"]
     assert all(d["ci_method"] == "prompts" and d["prompts"] == 2 and d["ci_low"] is None for d in deltas)
     assert all(d["direction"] == "higher" and d["verdict"] == "inconclusive" for d in deltas)
@@ -110,7 +111,7 @@ def test_acceptance_deltas_and_gates_are_decided_over_3_prompts() -> None:
             rec["session"], rec["pair"] = session, None
             out.append(rec)
     data = report_frame.frame(out, SPECS)  # type: ignore[arg-type]
-    (delta,) = [d for d in build.delta_rows(data, ["fp8", "int8"], SPECS, 0) if d["metric"] == "acceptance_length"]
+    (delta,) = [d for d in comparison.delta_rows(data, ["fp8", "int8"], SPECS, 0) if d["metric"] == "acceptance_length"]
     logs = [np.log((1 + (40 + 2 * s) / 50) / (1 + (60 + s) / 40)) for s in (1, 2, 3)]
     half = 4.302652729911275 * np.std(logs, ddof=1) / np.sqrt(3)
     assert (delta["ci_method"], delta["prompts"], delta["ci_df"]) == ("prompts", 3, 2)
@@ -132,7 +133,7 @@ def test_the_acceptance_ci_is_over_prompts_and_boots_of_a_prompt_do_not_narrow_i
             rec = turn_record("fp8", 2, 40, accepted, [30, 20, 10])
             rec["session"], rec["boot"] = session, boot
             recs.append(rec)
-    (row,) = build.spec_decode_section(recs, ["fp8"], SPECS, {}, 0)["rows"]  # type: ignore[arg-type]
+    (row,) = spec_decode.spec_decode_section(recs, ["fp8"], SPECS, {}, 0)["rows"]  # type: ignore[arg-type]
     per_prompt = [1 + a / 40 for a in (50, 70, 65)]
     want = scipy_stats.t.interval(0.95, 2, loc=np.mean(per_prompt), scale=scipy_stats.sem(per_prompt))
     assert (row["requests"], row["prompts"], row["ci_df"], row["no_ci"]) == (9, 3, 2, None)
@@ -141,5 +142,5 @@ def test_the_acceptance_ci_is_over_prompts_and_boots_of_a_prompt_do_not_narrow_i
     # a short shape is one prompt, however many requests and boots: no CI
     short = turn_record("fp8", 1, 40, 60, [30, 20, 10])
     short.update(probe="short", shape="code", turn=None, session=None)
-    (row,) = build.spec_decode_section([short, dict(short, boot="fp8.r2")], ["fp8"], SPECS, {}, 0)["rows"]  # type: ignore[arg-type]
+    (row,) = spec_decode.spec_decode_section([short, dict(short, boot="fp8.r2")], ["fp8"], SPECS, {}, 0)["rows"]  # type: ignore[arg-type]
     assert (row["prompts"], row["ci_low"]) == (1, None) and "fewer than 3 prompts (1)" in row["no_ci"]

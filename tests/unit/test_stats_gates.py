@@ -9,7 +9,7 @@ import pytest
 
 from pytest_kvcache import crossing, stats
 from pytest_kvcache.probes import registry
-from pytest_kvcache.report import bands, gate_outcome, gates, spread
+from pytest_kvcache.report import bands, comparison, gate_outcome, gates, spread, verdicts
 from pytest_kvcache.report import frame as report_frame
 from pytest_kvcache.report.frame import compare
 from pytest_kvcache.report.points import point_of
@@ -293,22 +293,20 @@ def _prefill(arm: str, boot: str, replicate: int, depth: int, values: list[float
 
 
 def _crossings(recs: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
-    from pytest_kvcache.report import build as report_build
 
     specs = registry.resolve()
     data = frame(recs)
     data["unit"], data["block"] = data["boot"], 0
-    deltas = report_build.delta_rows(data, ["a", "b"], specs, 0)
+    deltas = comparison.delta_rows(data, ["a", "b"], specs, 0)
     spread.judge_deltas(deltas, "cpu")
-    rows = report_build.crossover_rows(data, ["a", "b"], specs, 0, "cpu")
-    report_build.judge_crossovers(rows, deltas)
+    rows = comparison.crossover_rows(data, ["a", "b"], specs, 0, "cpu")
+    verdicts.judge_crossovers(rows, deltas)
     return rows, deltas
 
 
 def test_a_flat_noisy_curve_gives_no_crossover() -> None:
     """The arm's ratio wanders around 1 (the point estimate does change sign), no point's CI excludes parity
     once boot-to-boot variation is in it: no crossover is stated, in the row, the verdict or the plot."""
-    from pytest_kvcache.report import build as report_build
 
     recs: list[dict[str, Any]] = []
     for depth, wobble in zip((1000, 2000, 4000, 8000, 16000), (1.02, 0.99, 1.015, 0.985, 1.01), strict=True):
@@ -319,7 +317,7 @@ def test_a_flat_noisy_curve_gives_no_crossover() -> None:
     assert row["estimate"] is not None  # the point estimate crosses 1 …
     assert row["significant"] is False  # … the data do not carry it
     assert row["statement"].startswith("no significant crossover in the measured range (1,000–16,000 depth)")
-    sentences = report_build.verdict_sentences(deltas, rows, ["a", "b"], registry.resolve())
+    sentences = verdicts.verdict_sentences(deltas, rows, ["a", "b"], registry.resolve())
     assert not any("changes sign" in s for s in sentences)
     assert any("no significant crossover" in s for s in sentences)
 
@@ -327,7 +325,6 @@ def test_a_flat_noisy_curve_gives_no_crossover() -> None:
 def test_a_curve_that_really_crosses_gives_a_crossover_with_its_interval() -> None:
     """3 boots per arm; the arm is 1.6× the baseline at 1k–2k and 0.5× at 8k–16k: points on each side
     exclude parity, so the crossing is stated, between the nearest such points on either side."""
-    from pytest_kvcache.report import build as report_build
 
     recs: list[dict[str, Any]] = []
     shape = {1000: 1.6, 2000: 1.5, 4000: 1.1, 8000: 0.6, 16000: 0.5}
@@ -344,7 +341,7 @@ def test_a_curve_that_really_crosses_gives_a_crossover_with_its_interval() -> No
     assert lo is not None and hi is not None and lo <= row["estimate"] <= hi and row["bracket"] == [lo, hi]
     assert lo in (2000, 4000) and hi == 8000  # the nearest points whose CIs exclude parity on either side
     assert row["statement"].startswith(f"crosses 1 between {lo:,.0f} and 8,000 depth")
-    sentences = report_build.verdict_sentences(deltas, rows, ["a", "b"], registry.resolve())
+    sentences = verdicts.verdict_sentences(deltas, rows, ["a", "b"], registry.resolve())
     assert any("relative to a changes sign between" in s for s in sentences)
 
 
@@ -366,7 +363,6 @@ def test_a_crossing_is_placed_between_the_points_that_exclude_parity_not_where_n
 
 def test_a_curve_whose_significant_points_change_side_twice_has_no_single_crossover() -> None:
     """Above parity at 1k, below at 4k, above again at 16k, each excluding it: no one crossover is stated."""
-    from pytest_kvcache.report import build as report_build
 
     recs: list[dict[str, Any]] = []
     shape = {1000: 1.5, 2000: 1.0, 4000: 0.6, 8000: 1.0, 16000: 1.5}
@@ -378,5 +374,5 @@ def test_a_curve_whose_significant_points_change_side_twice_has_no_single_crosso
     (row,) = [r for r in rows if r["metric"] == "prefill_tps"]
     assert row["significant"] is False
     assert row["statement"].startswith("changes sign more than once in the measured range (1,000–16,000 depth)")
-    sentences = report_build.verdict_sentences(deltas, rows, ["a", "b"], registry.resolve())
+    sentences = verdicts.verdict_sentences(deltas, rows, ["a", "b"], registry.resolve())
     assert not any("changes sign by" in s or "changes sign between" in s for s in sentences)

@@ -14,7 +14,7 @@ import pytest
 from pytest_kvcache import cli, store
 from pytest_kvcache.config import locations
 from pytest_kvcache.config.constants import SettingsError
-from pytest_kvcache.run.folder import write_json
+from pytest_kvcache.jsonio import write_json
 from pytest_kvcache.store import history
 from pytest_kvcache.store.record import Comparability, PointRow, RunRow, comparability, vcs_of
 from pytest_kvcache.store.sqlite import SqliteStore

@@ -13,7 +13,7 @@ import pytest
 
 from pytest_kvcache import store
 from pytest_kvcache.config.constants import SettingsError
-from pytest_kvcache.run.folder import write_json
+from pytest_kvcache.jsonio import write_json
 from pytest_kvcache.store.postgres import PostgresStore
 from tests.factories import make_settings
 from tests.unit.test_store import row

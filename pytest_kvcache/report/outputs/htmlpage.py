@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from pytest_kvcache.model import DeltaRow, Report, SavedRow
 from pytest_kvcache.report import cost, energy, failures, kv_plan, retrieval_render
 from pytest_kvcache.report.capacity import render as capacity_render
-from pytest_kvcache.report.outputs import markdown as md
+from pytest_kvcache.report.outputs import formats, md_probes, md_setup, md_verdict
 from pytest_kvcache.report.outputs.formats import Cell, Table
 
 if TYPE_CHECKING:
@@ -54,14 +54,14 @@ def _delta_cell(delta: DeltaRow | SavedRow | None) -> Cell:
     verdict = str(delta.get("verdict") or "inconclusive")
     if delta.get("verdict_note"):
         verdict = "inconclusive"
-    return Cell(f"{MARKS.get(verdict, '')} {md.fmt_delta(delta)}".strip(), verdict)
+    return Cell(f"{MARKS.get(verdict, '')} {formats.fmt_delta(delta)}".strip(), verdict)
 
 
 def _probe_tables(report: Report) -> list[Table]:
     arms = [a["name"] for a in report["arms"]]
     tables: list[Table] = []
     by_probe: dict[str, list[list[Cell]]] = {}
-    for probe, cells, deltas in md.ab_rows(report):
+    for probe, cells, deltas in md_probes.ab_rows(report):
         by_probe.setdefault(probe, []).append([Cell(c) for c in cells] + [_delta_cell(d) for d in deltas])
     header = ["Metric", *arms, *[f"{a} delta" for a in arms[1:]]]
     crossings = report.get("crossovers") or []
@@ -69,16 +69,16 @@ def _probe_tables(report: Report) -> list[Table]:
         notes = [
             f"{c['arm']}/{c['baseline']} {c['metric']}: {c['statement']}" for c in crossings if c["probe"] == probe
         ]
-        tables.append(Table(md.title(report, probe), header, probe_rows, notes=notes))
+        tables.append(Table(formats.title(report, probe), header, probe_rows, notes=notes))
     return tables
 
 
 def _fidelity(report: Report) -> list[Table]:
-    fidelity_header, fidelity_rows = md.fidelity_table(report)
+    fidelity_header, fidelity_rows = md_probes.fidelity_table(report)
     section = report.get("fidelity")
     if not fidelity_rows or not section:
         return []
-    intro = md.fidelity_lines(report)[3]  # the setup sentence
+    intro = md_probes.fidelity_lines(report)[3]  # the setup sentence
     return [Table("Fidelity at depth", fidelity_header, _plain(fidelity_rows), intro, list(section["notes"]))]
 
 
@@ -88,7 +88,7 @@ def _energy(report: Report) -> list[Table]:
     if not metered or not energy_rows:
         return []
     intro = str(metered.get("line") or "")
-    notes = [md.ENERGY_NOTE, *(metered.get("not_reported") or [])]
+    notes = [md_probes.ENERGY_NOTE, *(metered.get("not_reported") or [])]
     return [Table("Energy per token", energy_header, _plain(energy_rows), intro, notes)]
 
 
@@ -110,22 +110,22 @@ def _agentic(report: Report) -> list[Table]:
     agentic = report.get("agentic")
     if not agentic or not agentic["turns"]:
         return []
-    head, turns = md.agentic_table(report)
-    return [Table("Agentic turns (means across sessions)", head, _plain(turns), notes=md.growth_lines(report))]
+    head, turns = md_probes.agentic_table(report)
+    return [Table("Agentic turns (means across sessions)", head, _plain(turns), notes=md_probes.growth_lines(report))]
 
 
 def _spec_decode(report: Report) -> list[Table]:
-    spec = md.spec_decode_rows(report)
+    spec = md_probes.spec_decode_rows(report)
     if not spec:
         return []
     decode = report.get("spec_decode")
     setup = (decode.get("config") if decode else None) or {}
     intro = "; ".join(f"{arm}: {value or 'not stated'}" for arm, value in setup.items())
-    return [Table("Speculative decoding", md.SPEC_HEADER, _plain(spec), intro, [md.SPEC_NOTE])]
+    return [Table("Speculative decoding", md_probes.SPEC_HEADER, _plain(spec), intro, [md_probes.SPEC_NOTE])]
 
 
 def _agreement(report: Report) -> list[Table]:
-    agreement = md.agreement_table(report)
+    agreement = md_probes.agreement_table(report)
     if not agreement:
         return []
     head = ["Comparison", "Arms", "Shape", "Identical", "First divergence (mean index)", "Mean abs(Δ logprob)"]
@@ -171,7 +171,7 @@ def _tables(report: Report) -> list[Table]:
 
 
 def _arms(report: Report) -> list[dict[str, object]]:
-    head, rows = md.arms_table(report)
+    head, rows = md_setup.arms_table(report)
     return [{"title": "Arms: declared and resolved", "header": head, "rows": rows}]
 
 
@@ -183,15 +183,15 @@ def _kv_plan(report: Report) -> list[dict[str, object]]:
 
 
 def _gpu(report: Report) -> list[dict[str, object]]:
-    head, rows = md.gpu_table(report)
+    head, rows = md_setup.gpu_table(report)
     return [{"title": "GPU state", "header": head, "rows": rows}] if rows else []
 
 
 def _boots(report: Report) -> list[dict[str, object]]:
     if not report.get("boots"):
         return []
-    head, rows = md.boot_table(report)
-    lines = md.order_lines(report)
+    head, rows = md_setup.boot_table(report)
+    lines = md_setup.order_lines(report)
     lines += [f"{b['boot']} not booted: {b['skipped']}" for b in report["boots"] if b.get("skipped")]
     lines += [f"Compile cache — {line}" for line in report.get("compile_cache") or []]
     return [{"title": "Boots and order", "header": head, "rows": rows, "lines": lines}]
@@ -200,24 +200,24 @@ def _boots(report: Report) -> list[dict[str, object]]:
 def _blocks(report: Report) -> list[dict[str, object]]:
     if not report.get("blocks"):
         return []
-    head, rows = md.block_table(report)
+    head, rows = md_setup.block_table(report)
     return [{"title": "Blocks (pytest-xdist lanes)", "header": head, "rows": rows}]
 
 
 def _confounds(report: Report) -> list[dict[str, object]]:
     if not report.get("confounds"):
         return []
-    lines = [line.removeprefix("- ").replace("**", "") for line in md.confound_lines(report) if line.strip()]
+    lines = [line.removeprefix("- ").replace("**", "") for line in md_setup.confound_lines(report) if line.strip()]
     return [{"title": "Confounds", "lines": lines}]
 
 
 def _sampling(report: Report) -> list[dict[str, object]]:
-    sampling = md.sampling_lines(report)
+    sampling = md_verdict.sampling_lines(report)
     return [{"title": "Sampling", "lines": sampling}] if sampling else []
 
 
 def _notes(report: Report) -> list[dict[str, object]]:
-    notes = md.note_lines(report)
+    notes = md_verdict.note_lines(report)
     return [{"title": f"Notes ({len(notes)})", "lines": notes}] if notes else []
 
 
@@ -263,7 +263,7 @@ def _template() -> jinja2.Template:
 def render(report: Report, images: Mapping[str, bytes]) -> str:
     """The report as one self-contained HTML page, with the plots inlined."""
     gates = [
-        dict(g, mark=GATE_MARKS.get(g["outcome"], ""), evidence_text=md.gate_evidence(g))
+        dict(g, mark=GATE_MARKS.get(g["outcome"], ""), evidence_text=md_verdict.gate_evidence(g))
         for g in report.get("gates") or []
     ]
     counts = {k: sum(1 for g in gates if g["outcome"] == k) for k in ("pass", "fail", "inconclusive", "error")}
@@ -304,5 +304,5 @@ def render(report: Report, images: Mapping[str, bytes]) -> str:
         figures=[f for f in figures if not str(f["name"]).endswith("_delta.png")],
         tables=_tables(report),
         folded=_folded(report),
-        footnote=md.DELTA_NOTE,
+        footnote=md_verdict.DELTA_NOTE,
     )

@@ -12,41 +12,6 @@ from pytest_kvcache.model import Report
 from pytest_kvcache.report import kv_plan, retrieval_render
 from pytest_kvcache.report.capacity import render as capacity_render
 from pytest_kvcache.report.outputs import md_probes, md_setup, md_verdict
-from pytest_kvcache.report.outputs.formats import _md_table as _md_table
-from pytest_kvcache.report.outputs.formats import fmt as fmt
-from pytest_kvcache.report.outputs.formats import fmt_delta as fmt_delta
-from pytest_kvcache.report.outputs.formats import json_text as json_text
-from pytest_kvcache.report.outputs.formats import probe_specs as probe_specs
-from pytest_kvcache.report.outputs.formats import title as title
-from pytest_kvcache.report.outputs.md_probes import ENERGY_NOTE as ENERGY_NOTE
-from pytest_kvcache.report.outputs.md_probes import SPEC_HEADER as SPEC_HEADER
-from pytest_kvcache.report.outputs.md_probes import SPEC_NOTE as SPEC_NOTE
-from pytest_kvcache.report.outputs.md_probes import ab_rows as ab_rows
-from pytest_kvcache.report.outputs.md_probes import ab_tables as ab_tables
-from pytest_kvcache.report.outputs.md_probes import agentic_table as agentic_table
-from pytest_kvcache.report.outputs.md_probes import agreement_table as agreement_table
-from pytest_kvcache.report.outputs.md_probes import energy_lines as energy_lines
-from pytest_kvcache.report.outputs.md_probes import fidelity_lines as fidelity_lines
-from pytest_kvcache.report.outputs.md_probes import fidelity_table as fidelity_table
-from pytest_kvcache.report.outputs.md_probes import growth_lines as growth_lines
-from pytest_kvcache.report.outputs.md_probes import spec_decode_lines as spec_decode_lines
-from pytest_kvcache.report.outputs.md_probes import spec_decode_rows as spec_decode_rows
-from pytest_kvcache.report.outputs.md_setup import arms_table as arms_table
-from pytest_kvcache.report.outputs.md_setup import block_table as block_table
-from pytest_kvcache.report.outputs.md_setup import boot_table as boot_table
-from pytest_kvcache.report.outputs.md_setup import compile_cell as compile_cell
-from pytest_kvcache.report.outputs.md_setup import confound_lines as confound_lines
-from pytest_kvcache.report.outputs.md_setup import gpu_table as gpu_table
-from pytest_kvcache.report.outputs.md_setup import order_lines as order_lines
-from pytest_kvcache.report.outputs.md_verdict import DELTA_NOTE as DELTA_NOTE
-from pytest_kvcache.report.outputs.md_verdict import client_load_line as client_load_line
-from pytest_kvcache.report.outputs.md_verdict import failure_lines as failure_lines
-from pytest_kvcache.report.outputs.md_verdict import gate_evidence as gate_evidence
-from pytest_kvcache.report.outputs.md_verdict import gate_summary as gate_summary
-from pytest_kvcache.report.outputs.md_verdict import gate_table as gate_table
-from pytest_kvcache.report.outputs.md_verdict import note_lines as note_lines
-from pytest_kvcache.report.outputs.md_verdict import sampling_lines as sampling_lines
-from pytest_kvcache.report.outputs.md_verdict import self_check_line as self_check_line
 
 #: A section of report.md: the report in, its lines out (none to leave itself out).
 Renderer = Callable[[Report], list[str]]

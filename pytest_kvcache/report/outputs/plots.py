@@ -15,7 +15,7 @@ from pytest_kvcache.model import FidelityRow, Report
 from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report import deciding, retrieval_render
 from pytest_kvcache.report.capacity import render as capacity_render
-from pytest_kvcache.report.outputs.markdown import probe_specs
+from pytest_kvcache.report.outputs.formats import probe_specs
 from pytest_kvcache.report.points import point_sort
 
 if TYPE_CHECKING:

@@ -16,22 +16,16 @@ from pytest_kvcache.model import Evidence, GpuCard, Report
 from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype
 from pytest_kvcache.report import cost, energy, greedy, kv_plan, left_out, retrieval_render
 from pytest_kvcache.report.capacity import render as capacity_render
-from pytest_kvcache.report.outputs.markdown import (
+from pytest_kvcache.report.outputs.formats import fmt, fmt_delta, probe_specs, title
+from pytest_kvcache.report.outputs.md_probes import (
     ab_tables,
     agentic_table,
     agreement_table,
-    block_table,
     fidelity_table,
-    fmt,
-    fmt_delta,
-    gate_evidence,
     growth_lines,
-    order_lines,
-    probe_specs,
-    sampling_lines,
-    self_check_line,
-    title,
 )
+from pytest_kvcache.report.outputs.md_setup import block_table, order_lines
+from pytest_kvcache.report.outputs.md_verdict import gate_evidence, sampling_lines, self_check_line
 
 if TYPE_CHECKING:
     from pytest_kvcache.report.pipeline import Outcome
