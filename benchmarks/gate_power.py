@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from pytest_kvcache.config.plan import GATE_BOOT_BUDGET
-from pytest_kvcache.model import Record
+from pytest_kvcache.model.records import Record
 from pytest_kvcache.probes import registry
 from pytest_kvcache.report import bands, gates
 from pytest_kvcache.report.frame import frame

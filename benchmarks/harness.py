@@ -57,7 +57,7 @@ from pytest_kvcache.selfcheck.check import (
     match_records,
     run_self_check,
 )
-from pytest_kvcache.selfcheck.stream import Schedule
+from pytest_kvcache.selfcheck.schedule import Schedule
 
 MAX_ERROR_PCT = 2.0
 #: A row is undistorted only if the server also kept the schedule: a client that reads too slowly fills its

@@ -28,7 +28,7 @@ from pytest_kvcache.report.judge import EXIT_INTERRUPTED, EXIT_USAGE
 from pytest_kvcache.report.load import RunFolderError, read_meta
 from pytest_kvcache.report.outputs.terminal import outcome_lines
 from pytest_kvcache.report.pipeline import ReportInputError, produce
-from pytest_kvcache.store import history
+from pytest_kvcache.store import changepoint, history
 from pytest_kvcache.store.record import row_of_folder
 
 
@@ -100,7 +100,7 @@ def history_main(argv: Sequence[str], out: Callable[[str], None] = print) -> int
     parser.add_argument("--arm", action="append", default=[], metavar="ARM", help="only this arm")
     parser.add_argument("--branch", default=None, help="only runs of this branch")
     parser.add_argument("--html", type=Path, default=Path("kvcache-history.html"), help="the page to write")
-    parser.add_argument("--alpha", type=float, default=history.ALPHA, help="significance level (default 0.005)")
+    parser.add_argument("--alpha", type=float, default=changepoint.ALPHA, help="significance level (default 0.005)")
     parser.add_argument(
         "--gate", action="store_true", help="exit 1 when the newest run starts a change point in the bad direction"
     )

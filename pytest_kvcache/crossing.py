@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from pytest_kvcache.model.base import Verdict as Verdict
 from pytest_kvcache.stats import CONFIDENCE, _percentiles, _rng
 
 

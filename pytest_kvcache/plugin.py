@@ -28,7 +28,7 @@ from pytest_kvcache.config.resolve import resolve
 from pytest_kvcache.config.settings import OPTION_BY_NAME, OPTIONS, Settings
 from pytest_kvcache.engines import make_engine
 from pytest_kvcache.engines.base import EngineError
-from pytest_kvcache.engines.kinds import load_entry_points
+from pytest_kvcache.engines.kinds.base import load_entry_points
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.concurrency import level_label
 from pytest_kvcache.probes.prefill import depth_label
@@ -39,7 +39,7 @@ from pytest_kvcache.stored import Stored, open_stored, report_options
 if TYPE_CHECKING:
     from pytest_kvcache.engines.base import Engine
     from pytest_kvcache.engines.registry import EngineRegistry
-    from pytest_kvcache.model import FidelityRecord, Record, RetrievalRecord
+    from pytest_kvcache.model.records import FidelityRecord, Record, RetrievalRecord
     from pytest_kvcache.run.measure import ArmClient, Server
     from pytest_kvcache.sample import Sample
     from pytest_kvcache.session import KvSession

@@ -26,9 +26,10 @@ from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.distributed import EVENTS_KEY, LANE_KEY, boot_of_nodeid
 from pytest_kvcache.engines import prepare_embedded
 from pytest_kvcache.engines.base import Engine
-from pytest_kvcache.engines.kinds import DEFAULT_KIND, get_kind
+from pytest_kvcache.engines.kinds.base import DEFAULT_KIND, get_kind
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
-from pytest_kvcache.model import Json, Report
+from pytest_kvcache.model.base import Json
+from pytest_kvcache.model.report import Report
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.prefill import depth_label
 from pytest_kvcache.probes.retrieval import plan_line as retrieval_line

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model.base import Verdict as Verdict
+from pytest_kvcache.model.base import Verdict
 
 SUMMARY_FIELDS = ("n", "mean", "median", "std", "cv_pct", "min", "max")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pytest_kvcache.config.constants import ALIASES, KV_CACHE_DTYPES, SettingsError
 from pytest_kvcache.config.values import args as split_args
-from pytest_kvcache.model import ArmData
+from pytest_kvcache.model.evidence import ArmData
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,7 @@ from pytest_kvcache.config.locations import store_location
 from pytest_kvcache.config.options import options_of, parse_as, pick
 from pytest_kvcache.config.plan import boot_budget
 from pytest_kvcache.config.settings import OPTION_BY_NAME, Settings
-from pytest_kvcache.config.values import unwritable_folder as unwritable_folder
-from pytest_kvcache.model import KvPlanData, ModelSize
+from pytest_kvcache.model.evidence import KvPlanData, ModelSize
 
 
 def served_shape(settings: Settings) -> tuple[KvLayout | None, str]:

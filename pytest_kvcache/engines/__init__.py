@@ -14,7 +14,7 @@ from pytest_kvcache.datafiles import FOLDERS as _FOLDERS  # noqa: F401  (the fol
 from pytest_kvcache.datafiles import embedded_model_path
 from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.external import ExternalEngine
-from pytest_kvcache.engines.kinds import EngineProfile, Kind, get_kind
+from pytest_kvcache.engines.kinds.base import EngineProfile, Kind, get_kind
 from pytest_kvcache.engines.kinds.folder import embedded_model_folder, embedded_vllm_model
 from pytest_kvcache.engines.kinds.llamacpp import build_llamacpp_args, llama_server_cmd
 from pytest_kvcache.engines.kinds.vllm import EMBEDDED_ENV, build_engine_args, default_engine_cmd

@@ -13,7 +13,7 @@ from pytest_kvcache.engines.kinds.vllm import (
     VLLM,
     parse_log,
 )
-from pytest_kvcache.model import Evidence
+from pytest_kvcache.model.evidence import Evidence
 
 
 def collect(url: str, log_path: Path | None, timeout_s: float = 10.0, profile: EngineProfile = VLLM) -> Evidence:

@@ -29,7 +29,7 @@ import numpy as np
 
 from pytest_kvcache.config.grammars import Slo, SloTerm, parse_slo
 from pytest_kvcache.fanout_plan import SessionPlan
-from pytest_kvcache.metrics import Scrape, engine_delta
+from pytest_kvcache.metrics.prometheus import Scrape, engine_delta
 from pytest_kvcache.probes.prefill import haystack, salt_for
 
 #: Warmup turns (turn 0: the whole context prefilled) in flight at once per client process: enough to keep an

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import httpx
 
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.engines.kinds import DEFAULT_KIND, find_kind, get_kind
+from pytest_kvcache.engines.kinds.base import DEFAULT_KIND, find_kind, get_kind
 from pytest_kvcache.probes import tokens
 from pytest_kvcache.probes.prefill import SizingError
 from pytest_kvcache.probes.short import chat_payload

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_kvcache.model import FidelityWindowData
+from pytest_kvcache.model.records import FidelityWindowData
 from pytest_kvcache.probes.registry import depth_label
 
 __all__ = [

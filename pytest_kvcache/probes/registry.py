@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model import ProbeSpecData
+from pytest_kvcache.model.evidence import ProbeSpecData
 
 PointKind = Literal["shape", "depth", "turn"]
 CurveX = Literal["depth", "prompt_tokens"]

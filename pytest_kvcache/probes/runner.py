@@ -10,7 +10,7 @@ from typing import Any
 from pytest_kvcache import interrupt, stats
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model import Record as RecordData
+from pytest_kvcache.model.records import Record as RecordData
 from pytest_kvcache.sample import Sample
 
 Record = Callable[..., RecordData]

@@ -17,7 +17,7 @@ from importlib import resources
 from typing import Any, Literal
 
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model import Evidence
+from pytest_kvcache.model.evidence import Evidence
 
 Platform = Literal["cpu", "gpu"]
 

@@ -16,15 +16,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from pytest_kvcache.model import Report
+from pytest_kvcache.model.report import Report
 from pytest_kvcache.report import sections
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.sections import context
 
 
 def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
     """The report of one loaded run folder (``report.json``'s content, before judging). ``allow_diff`` adds
     to the run's own ``--kv-allow-diff`` keys."""
-    ctx = sections.BuildContext(run, allow_diff)
+    ctx = context.BuildContext(run, allow_diff)
     report: dict[str, Any] = {}
     for section in sections.SECTIONS:
         report.update(ctx.of(section))

@@ -14,7 +14,7 @@ from typing import cast
 import pandas as pd
 
 from pytest_kvcache import crossing, stats
-from pytest_kvcache.model import CrossoverRow, DeltaRow, SummaryRow
+from pytest_kvcache.model.report import CrossoverRow, DeltaRow, SummaryRow
 from pytest_kvcache.report import bands
 from pytest_kvcache.report.frame import compare, metrics_for, values
 from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI, Specs, point_sort, spec_of

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from pytest_kvcache.model import Confounds
+from pytest_kvcache.model.report import Confounds
 
 #: Paths that differ between any two boots by construction (ports, engine index).
 PER_BOOT = ("argv.--port", "non_default_args.port", "cache_config.engine", "docker.ports")

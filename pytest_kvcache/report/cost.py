@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from pytest_kvcache.model import BootEntry, CostSection, Evidence, Json
+from pytest_kvcache.model.base import Json
+from pytest_kvcache.model.evidence import Evidence
+from pytest_kvcache.model.report import BootEntry, CostSection
 from pytest_kvcache.report import judging, multiplicity
 from pytest_kvcache.report.load import RunData
 

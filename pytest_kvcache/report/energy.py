@@ -36,8 +36,10 @@ import numpy as np
 import pandas as pd
 
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.metrics.catalogue import joules_text as joules_text
-from pytest_kvcache.model import EnergyRow, EnergySection, Evidence, Json
+from pytest_kvcache.metrics.catalogue import joules_text
+from pytest_kvcache.model.base import Json
+from pytest_kvcache.model.evidence import Evidence
+from pytest_kvcache.model.report import EnergyRow, EnergySection
 from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report.points import point_sort, spec_of
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pytest_kvcache.model import EmptyPoint, FailureRow, FailuresSection, Record
+from pytest_kvcache.model.records import Record
+from pytest_kvcache.model.report import EmptyPoint, FailureRow, FailuresSection
 from pytest_kvcache.report.points import Specs, point_of, point_sort, spec_of
 
 

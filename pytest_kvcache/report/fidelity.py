@@ -36,7 +36,10 @@ import numpy as np
 import pandas as pd
 
 from pytest_kvcache import stats
-from pytest_kvcache.model import DeltaRow, FidelityRecord, FidelityRow, FidelitySection, Json
+from pytest_kvcache.model.base import Json
+from pytest_kvcache.model.records import FidelityRecord
+from pytest_kvcache.model.report import DeltaRow
+from pytest_kvcache.model.sections import FidelityRow, FidelitySection
 from pytest_kvcache.probes import fidelity
 from pytest_kvcache.probes.registry import FIDELITY_METRICS
 from pytest_kvcache.report.gate_outcome import gate_result, judge
@@ -44,7 +47,7 @@ from pytest_kvcache.report.points import point_sort
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.grammars import Gate
-    from pytest_kvcache.model import GateEvidence, GateResult
+    from pytest_kvcache.model.report import GateEvidence, GateResult
 
 PROBE = "fidelity"
 KINDS = ("between arms", "across boots")

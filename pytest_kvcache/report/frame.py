@@ -14,7 +14,8 @@ import pandas as pd
 
 from pytest_kvcache import stats
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model import Comparison, Record
+from pytest_kvcache.model.records import Record
+from pytest_kvcache.model.report import Comparison
 from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report.capacity import search as capacity_search
 from pytest_kvcache.report.capacity import statistics as capacity_statistics

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from pytest_kvcache.config.grammars import Gate
-from pytest_kvcache.model import GateResult, Outcome
+from pytest_kvcache.model.base import Outcome
+from pytest_kvcache.model.report import GateResult
 
 
 def judge(op: str, lo: float | None, hi: float | None, threshold: float) -> Outcome:

@@ -23,7 +23,7 @@ from pytest_kvcache import stats
 from pytest_kvcache.config import grammars
 from pytest_kvcache.config.grammars import Gate, GateError, parse_gate
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model import Comparison, GateEvidence, GateResult
+from pytest_kvcache.model.report import Comparison, GateEvidence, GateResult
 from pytest_kvcache.probes import registry
 from pytest_kvcache.report import bands, retrieval, spread
 from pytest_kvcache.report.capacity.statistics import capacity_ci

@@ -15,7 +15,7 @@ import pandas as pd
 
 from pytest_kvcache import stats
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model import GateResult, Report, SavedRow, SavedSection
+from pytest_kvcache.model.report import GateResult, Report, SavedRow, SavedSection
 from pytest_kvcache.report import gates as gate_grammar
 from pytest_kvcache.report import judging, spread
 from pytest_kvcache.report.bands import Platform, platform_of, unlike_source

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pytest_kvcache.model import BaselineCheck, FidelityRecord
+from pytest_kvcache.model.records import FidelityRecord
+from pytest_kvcache.model.sections import BaselineCheck
 from pytest_kvcache.probes import judging
 
 #: The probes whose figures are judged against the baseline's outputs.

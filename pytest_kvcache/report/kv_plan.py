@@ -12,7 +12,8 @@ terminal lines are all here.
 
 from __future__ import annotations
 
-from pytest_kvcache.model import Evidence, KvPlanRow, Report, kv_capacity_tokens, kv_max_concurrency
+from pytest_kvcache.model.evidence import Evidence, kv_capacity_tokens, kv_max_concurrency
+from pytest_kvcache.model.report import KvPlanRow, Report
 from pytest_kvcache.report.load import RunData
 
 #: plan and engine further apart than this (percent) is a flagged line

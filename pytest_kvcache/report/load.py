@@ -13,17 +13,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from pytest_kvcache.model import (
-    AgreementRecord,
-    Evidence,
-    FidelityRecord,
-    ProbeSpecData,
-    Record,
-    RetrievalRecord,
-    RunMeta,
-    SamplingRecord,
-    SettingsData,
-)
+from pytest_kvcache.model.evidence import Evidence, ProbeSpecData, RunMeta, SettingsData
+from pytest_kvcache.model.records import AgreementRecord, FidelityRecord, Record, RetrievalRecord, SamplingRecord
 from pytest_kvcache.model.shape import mismatch
 from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.registry import ProbeSpec

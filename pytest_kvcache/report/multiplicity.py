@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_kvcache import stats
-from pytest_kvcache.model import DeltaRow
+from pytest_kvcache.model.report import DeltaRow
 from pytest_kvcache.report import deciding
 
 

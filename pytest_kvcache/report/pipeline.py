@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_kvcache.config.grammars import GateError
-from pytest_kvcache.model import Report
 from pytest_kvcache.model.options import ReportOptions
+from pytest_kvcache.model.report import Report
 from pytest_kvcache.report.build import build
 from pytest_kvcache.report.judge import Judgement, exit_code, judge
 from pytest_kvcache.report.load import RunData, RunFolderError, load

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pytest_kvcache.model import Record
+from pytest_kvcache.model.records import Record
 from pytest_kvcache.probes.registry import ProbeSpec, user_spec
 
 #: With this many boots per arm or more, CIs are computed over boots (hierarchical bootstrap).

@@ -38,7 +38,8 @@ import pandas as pd
 
 from pytest_kvcache import stats
 from pytest_kvcache.config.grammars import Gate
-from pytest_kvcache.model import GateEvidence, GateResult, RetrievalRecord
+from pytest_kvcache.model.records import RetrievalRecord
+from pytest_kvcache.model.report import GateEvidence, GateResult
 from pytest_kvcache.probes.registry import depth_label
 from pytest_kvcache.report.gate_outcome import gate_result, judge
 from pytest_kvcache.report.retrieval_stats import (

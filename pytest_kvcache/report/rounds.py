@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from pytest_kvcache.config.grammars import GateError
-from pytest_kvcache.model import DeltaRow, Record
+from pytest_kvcache.model.records import Record
+from pytest_kvcache.model.report import DeltaRow
 from pytest_kvcache.report import bands
 from pytest_kvcache.report.comparison import ci_half_width_pct, delta_rows
 from pytest_kvcache.report.frame import frame

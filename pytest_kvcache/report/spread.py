@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pytest_kvcache import stats
-from pytest_kvcache.model import SpreadInfo
+from pytest_kvcache.model.report import SpreadInfo
 from pytest_kvcache.report import bands
 
 Kind = Literal["noise run", "run's boots", "default band", "widest", "no band"]

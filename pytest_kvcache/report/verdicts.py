@@ -8,7 +8,7 @@ import itertools
 from collections.abc import Sequence
 
 from pytest_kvcache import crossing
-from pytest_kvcache.model import AgreementRow, CrossoverRow, DeltaRow, Report
+from pytest_kvcache.model.report import AgreementRow, CrossoverRow, DeltaRow, Report
 from pytest_kvcache.report import deciding
 from pytest_kvcache.report import fidelity as fidelity_report
 from pytest_kvcache.report.capacity import section as capacity_section

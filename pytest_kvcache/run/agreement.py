@@ -13,7 +13,8 @@ from pytest_kvcache.client import Client
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines import engine_profile
 from pytest_kvcache.engines.base import Engine, salient_error, tail
-from pytest_kvcache.model import AgreementRecord, Evidence
+from pytest_kvcache.model.evidence import Evidence
+from pytest_kvcache.model.records import AgreementRecord
 from pytest_kvcache.run.measure import alive_after
 
 

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from pytest_kvcache.jsonio import write_json
-from pytest_kvcache.metrics import spec_metrics
-from pytest_kvcache.model import RECORD_SCHEMA_VERSION, Record, SampleData
+from pytest_kvcache.metrics.prometheus import spec_metrics
+from pytest_kvcache.model.base import RECORD_SCHEMA_VERSION
+from pytest_kvcache.model.records import Record, SampleData
 from pytest_kvcache.probes.registry import ENGINE_METRICS
 from pytest_kvcache.sample import Sample
 

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from pytest_kvcache.config.plan import Boot
-from pytest_kvcache.model import Evidence, Record
+from pytest_kvcache.model.evidence import Evidence
+from pytest_kvcache.model.records import Record
 from pytest_kvcache.run.folder import RunFolder
 
 Event = tuple[str, str, str]

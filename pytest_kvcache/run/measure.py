@@ -17,9 +17,10 @@ from pytest_kvcache.client import Client
 from pytest_kvcache.config.arms import Arm
 from pytest_kvcache.config.plan import Boot
 from pytest_kvcache.engines.base import Engine, tail
-from pytest_kvcache.engines.kinds import EngineProfile, Kind, find_kind
+from pytest_kvcache.engines.kinds.base import EngineProfile, Kind, find_kind
 from pytest_kvcache.engines.kinds.vllm import VLLM
-from pytest_kvcache.model import Evidence, Json
+from pytest_kvcache.model.base import Json
+from pytest_kvcache.model.evidence import Evidence
 from pytest_kvcache.sample import Sample
 
 #: Failures that may mean the engine died; ``DEATH_GRACE_S`` is how long its exit may lag the socket.

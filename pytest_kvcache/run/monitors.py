@@ -14,7 +14,7 @@ from pytest_kvcache.engines.base import Engine
 from pytest_kvcache.gpu.snapshot import diff as gpu_diff
 from pytest_kvcache.gpu.snapshot import memory_used_mib
 from pytest_kvcache.gpu.state import GpuOptions, GpuState
-from pytest_kvcache.model import Evidence, GpuSnapshot
+from pytest_kvcache.model.evidence import Evidence, GpuSnapshot
 from pytest_kvcache.run.folder import RunFolder
 from pytest_kvcache.run.hostload import HostSampler, MeasuredProcesses
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pytest_kvcache.config.budget import fmt_bytes
 from pytest_kvcache.config.resolve import arm_need
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.model import PlanEntry
+from pytest_kvcache.model.evidence import PlanEntry
 from pytest_kvcache.probes.prefill import depth_label
 
 

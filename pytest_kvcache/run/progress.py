@@ -20,7 +20,8 @@ from typing import Literal, Protocol
 from pytest_kvcache.config.plan import Boot
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model import Evidence, FidelityRecord, Record
+from pytest_kvcache.model.evidence import Evidence
+from pytest_kvcache.model.records import FidelityRecord, Record
 from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.prefill import depth_label
 

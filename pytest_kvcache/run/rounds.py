@@ -9,7 +9,8 @@ from typing import Any, Protocol
 
 from pytest_kvcache.config.plan import Boot, BootPlan
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.model import Evidence, ModelSize, PlanEntry, Record
+from pytest_kvcache.model.evidence import Evidence, ModelSize, PlanEntry
+from pytest_kvcache.model.records import Record
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.report.bands import platform_of, unlike_source
 

@@ -37,24 +37,16 @@ from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.evidence import collect
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
 from pytest_kvcache.interrupt import INTERRUPT_GRACE_S
-from pytest_kvcache.model import (
-    RECORD_SCHEMA_VERSION,
-    Evidence,
-    FidelityRecord,
-    Json,
-    ModelSize,
-    PlanEntry,
-    Record,
-    RetrievalRecord,
-)
-from pytest_kvcache.model.evidence import resolved_cache_dtype
+from pytest_kvcache.model.base import RECORD_SCHEMA_VERSION, Json
+from pytest_kvcache.model.evidence import Evidence, ModelSize, PlanEntry, resolved_cache_dtype
+from pytest_kvcache.model.records import FidelityRecord, Record, RetrievalRecord
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.run import agreement, monitors, rounds
 from pytest_kvcache.run.folder import RunFolder, make_record
 from pytest_kvcache.run.forward import Outbox
 from pytest_kvcache.run.hostload import HostSampler, judge
 from pytest_kvcache.run.measure import Server
-from pytest_kvcache.run.monitors import Role as Role
+from pytest_kvcache.run.monitors import Role
 from pytest_kvcache.run.progress import requests_of
 from pytest_kvcache.sample import Sample
 

@@ -37,7 +37,8 @@ import numpy as np
 
 from pytest_kvcache.client import Client
 from pytest_kvcache.sample import Sample
-from pytest_kvcache.selfcheck.stream import Schedule, ServedRequest, StreamServer
+from pytest_kvcache.selfcheck.schedule import Schedule, ServedRequest
+from pytest_kvcache.selfcheck.stream import StreamServer
 
 __all__ = [
     "OVERHEAD_WARN_SHARE",

@@ -10,7 +10,7 @@ import pytest
 
 from pytest_kvcache.config.resolve import served_vocab
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.model import FidelityRecord
+from pytest_kvcache.model.records import FidelityRecord
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import fidelity, judging, prefill
 from pytest_kvcache.run.measure import ArmClient, EngineDied, Server

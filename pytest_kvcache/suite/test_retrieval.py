@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.model import RetrievalRecord
+from pytest_kvcache.model.records import RetrievalRecord
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import fidelity, retrieval
 from pytest_kvcache.probes.tokens import TokenizerError, load_tokenizer, tokenizer_dir

@@ -37,7 +37,8 @@ from typing import Any
 
 from pytest_kvcache.config.budget import parse_bytes
 from pytest_kvcache.engines.kinds.base import VLLM_ONLY_FIELDS, VLLM_ONLY_STREAM_OPTIONS
-from pytest_kvcache.selfcheck.stream import Fault, Schedule, StreamServer
+from pytest_kvcache.selfcheck.schedule import Fault, Schedule
+from pytest_kvcache.selfcheck.stream import StreamServer
 
 #: The module to run with ``python -m`` (what `engine_cmd` runs, and what finds leaked stand-ins in ``ps``).
 MODULE = "pytest_kvcache.testing.standin"

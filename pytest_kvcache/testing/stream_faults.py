@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import get_args
 
-from pytest_kvcache.selfcheck.stream import Fault, FaultKind, Schedule
+from pytest_kvcache.selfcheck.schedule import Fault, FaultKind, Schedule
 
 __all__ = ["FAULT_KINDS", "Fault", "FaultKind", "fault_header", "with_fault"]
 

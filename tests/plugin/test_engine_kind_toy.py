@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvcache.engines.kinds import get_kind, kind_names, register_kind, unregister_kind
+from pytest_kvcache.engines.kinds.base import get_kind, kind_names, register_kind, unregister_kind
 from pytest_kvcache.run.folder import read_records
 
 TOY = Path(__file__).with_name("toy_kind.py")

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.engines.kinds import Command, Kind, register_kind
+from pytest_kvcache.engines.kinds.base import Command, Kind, register_kind
 from pytest_kvcache.engines.kinds.vllm import VLLM, parse_log
-from pytest_kvcache.model import LogFacts
+from pytest_kvcache.model.evidence import LogFacts
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.plan import Boot

@@ -25,7 +25,8 @@ from pytest_kvcache.report.capacity import render as capacity_render
 from pytest_kvcache.report.capacity import search as capacity_search
 from pytest_kvcache.report.capacity import section as capacity_section
 from pytest_kvcache.report.capacity import statistics as capacity_statistics
-from pytest_kvcache.selfcheck.stream import Schedule, StreamServer
+from pytest_kvcache.selfcheck.schedule import Schedule
+from pytest_kvcache.selfcheck.stream import StreamServer
 from pytest_kvcache.testing.standin import LruPrefixCache
 
 # ------------------------------------------------------------------------------------------ the SLO

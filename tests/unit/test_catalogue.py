@@ -15,7 +15,7 @@ from pytest_kvcache import stats
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.metrics.catalogue import Metric
-from pytest_kvcache.model import Record
+from pytest_kvcache.model.records import Record
 from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report import bands

@@ -9,7 +9,8 @@ import pytest
 
 from pytest_kvcache.client import Client, count_problem, token_bounds
 from pytest_kvcache.sample import Sample
-from pytest_kvcache.selfcheck.stream import Schedule, StreamServer
+from pytest_kvcache.selfcheck.schedule import Schedule
+from pytest_kvcache.selfcheck.stream import StreamServer
 from pytest_kvcache.testing.stream_faults import Fault
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-from pytest_kvcache.model import DeltaRow, GateResult, Report
+from pytest_kvcache.model.report import DeltaRow, GateResult, Report
 from pytest_kvcache.report import deciding
 from pytest_kvcache.report.build import build
 from pytest_kvcache.report.outputs import jsonfile, markdown

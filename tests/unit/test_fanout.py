@@ -19,7 +19,8 @@ from pytest_kvcache.fanout import Fanout, FanoutError, default_processes
 from pytest_kvcache.fanout_plan import Saturation
 from pytest_kvcache.sample import Sample
 from pytest_kvcache.selfcheck.check import chat_payload, compare, match_records
-from pytest_kvcache.selfcheck.stream import Schedule, StreamServer
+from pytest_kvcache.selfcheck.schedule import Schedule
+from pytest_kvcache.selfcheck.stream import StreamServer
 from pytest_kvcache.testing.stream_faults import Fault
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from pytest_kvcache.config.constants import FIDELITY_TEXTS, SettingsError
-from pytest_kvcache.model import FidelityRecord
+from pytest_kvcache.model.records import FidelityRecord
 from pytest_kvcache.probes import fidelity
 from pytest_kvcache.report import fidelity as report_fidelity
 from pytest_kvcache.report.gates import evaluate, parse

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pytest_kvcache.model import FidelityRecord
+from pytest_kvcache.model.records import FidelityRecord
 from pytest_kvcache.probes import judging
 from pytest_kvcache.report import judging as report_judging
 

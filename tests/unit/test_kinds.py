@@ -17,7 +17,7 @@ from pytest_kvcache.engines.kinds import base
 from pytest_kvcache.engines.kinds.llamacpp import LLAMACPP
 from pytest_kvcache.engines.kinds.openai import OPENAI
 from pytest_kvcache.engines.kinds.vllm import VLLM
-from pytest_kvcache.model import LogFacts
+from pytest_kvcache.model.evidence import LogFacts
 
 
 def test_each_builtin_kind_is_its_module_and_its_profile() -> None:

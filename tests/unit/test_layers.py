@@ -207,6 +207,43 @@ def test_the_start_up_imports_no_heavy_library() -> None:
     assert out.strip() == "[]"
 
 
+#: The modules that re-export names (``from x import Name as Name``), each for the readers named: the package's
+#: other modules import every name from the module that defines it.
+PUBLIC_SURFACES: dict[str, str] = {
+    "model": "the typed run model, for those who read report.json and the records (docs/records.md, docs/report.md)",
+    "engines.kinds": "what a new engine kind's module imports (docs/engines.md)",
+    "metrics": "the metric catalogue and the /metrics parser, as one name",
+    "selfcheck.stream": "the calibrated stream a user's tests serve (docs/testing.md)",
+}
+
+
+def reexports(path: Path) -> set[str]:
+    return {
+        a.name
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.ImportFrom)
+        for a in node.names
+        if a.asname == a.name
+    }
+
+
+def test_no_re_export_outside_the_public_surfaces_and_none_used_inside() -> None:
+    mods = modules()
+    shims = {m: sorted(reexports(p)) for m, p in mods.items() if m not in PUBLIC_SURFACES and reexports(p)}
+    assert not shims, f"re-exports (import each name from where it lives): {shims}"
+    through: list[str] = []
+    for module, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                surface = _strip(node.module)
+                if surface in PUBLIC_SURFACES and surface != module:
+                    # a submodule imported from its package (``from pytest_kvcache.metrics import catalogue``): no shim
+                    names = {n for n in reexports(mods[surface]) if f"{surface}.{n}" not in mods}
+                    names &= {a.name for a in node.names}
+                    through += [f"{module}:{node.lineno} imports {n} through {surface}" for n in sorted(names)]
+    assert not through, "the package imports through a public surface:\n" + "\n".join(through)
+
+
 #: No module is longer: past it, a module holds more than one thing to read at once (split it by what it holds).
 MAX_LINES = 600
 

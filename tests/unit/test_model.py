@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from pytest_kvcache import model, stats
-from pytest_kvcache.model import SampleData
+from pytest_kvcache import model
+from pytest_kvcache.model import base
+from pytest_kvcache.model.records import SampleData
 from pytest_kvcache.sample import Sample
 
 
@@ -17,5 +18,5 @@ def test_sample_data_keys_are_sample_fields() -> None:
 
 
 def test_verdict_is_declared_once() -> None:
-    assert stats.Verdict is model.Verdict
+    assert base.Verdict is model.Verdict
     assert typing.get_args(model.Verdict) == ("better", "worse", "inconclusive")

@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from pytest_kvcache import stats
-from pytest_kvcache.model import CrossoverRow, DeltaRow
+from pytest_kvcache.model.report import CrossoverRow, DeltaRow
 from pytest_kvcache.probes import registry
 from pytest_kvcache.report import cost, multiplicity, spread
 from pytest_kvcache.report.verdicts import judge_crossovers, verdict_sentences

@@ -14,7 +14,7 @@ from pytest_kvcache.report import sections
 from pytest_kvcache.report.build import build
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.outputs import markdown
-from pytest_kvcache.report.sections import BuildContext
+from pytest_kvcache.report.sections.context import BuildContext
 
 
 def two_arm_run() -> RunData:

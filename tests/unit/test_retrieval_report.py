@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pytest_kvcache import stats
-from pytest_kvcache.model import RetrievalRecord
+from pytest_kvcache.model.records import RetrievalRecord
 from pytest_kvcache.report import retrieval, retrieval_render, retrieval_stats
 from pytest_kvcache.report.gates import parse
 from pytest_kvcache.report.outputs.htmlpage import Table

@@ -11,8 +11,10 @@ from typing import Any, Literal, TypedDict
 import pytest
 
 from pytest_kvcache import store
-from pytest_kvcache.model import Evidence, Record, Report, RunMeta, SettingsData
 from pytest_kvcache.model.base import Json
+from pytest_kvcache.model.evidence import Evidence, RunMeta, SettingsData
+from pytest_kvcache.model.records import Record
+from pytest_kvcache.model.report import Report
 from pytest_kvcache.model.shape import mismatch
 from pytest_kvcache.report.load import RunFolderError, load, read_meta
 from pytest_kvcache.store.sqlite import SqliteStore

@@ -23,9 +23,8 @@ from pytest_kvcache import kind_registry
 from pytest_kvcache.config.arms import Arm, _named_arm, _typed_arm
 from pytest_kvcache.config.constants import ALIASES, KV_CACHE_DTYPES, SettingsError
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.datafiles import embedded_model_path as embedded_model_path
 from pytest_kvcache.engines.kinds import folder
-from pytest_kvcache.model import LogFacts
+from pytest_kvcache.model.evidence import LogFacts
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.budget import Need

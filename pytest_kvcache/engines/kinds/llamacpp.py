@@ -17,6 +17,7 @@ import httpx
 from pytest_kvcache.config.arms import Arm, _named_arm, _typed_arm
 from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.datafiles import embedded_model_path
 from pytest_kvcache.engines.base import EngineError
 from pytest_kvcache.engines.kinds.base import (
     VLLM_ONLY_FIELDS,
@@ -27,12 +28,11 @@ from pytest_kvcache.engines.kinds.base import (
     Kind,
     TokenCount,
     chat_fields,
-    embedded_model_path,
     get_endpoint,
     has_flag,
     register_kind,
 )
-from pytest_kvcache.model import LogFacts
+from pytest_kvcache.model.evidence import LogFacts
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.embedded import EmbeddedModel

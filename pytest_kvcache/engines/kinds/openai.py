@@ -16,7 +16,7 @@ from pytest_kvcache.engines.kinds.base import (
     Kind,
     register_kind,
 )
-from pytest_kvcache.model import LogFacts
+from pytest_kvcache.model.evidence import LogFacts
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.plan import Boot

@@ -24,7 +24,7 @@ from pytest_kvcache.engines.kinds.base import (
     register_kind,
 )
 from pytest_kvcache.engines.kinds.folder import embedded_vllm_model
-from pytest_kvcache.model import LogFacts
+from pytest_kvcache.model.evidence import LogFacts
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.budget import Need

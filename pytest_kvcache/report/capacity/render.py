@@ -10,10 +10,7 @@ import numpy as np
 import pandas as pd
 
 from pytest_kvcache.config.budget import fmt_bytes
-from pytest_kvcache.model import (
-    CapacityRow,
-    CapacitySection,
-)
+from pytest_kvcache.model.sections import CapacityRow, CapacitySection
 from pytest_kvcache.probes import capacity as probe
 from pytest_kvcache.report.outputs.formats import _md_table
 

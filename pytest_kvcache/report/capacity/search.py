@@ -13,9 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from pytest_kvcache import stats
-from pytest_kvcache.model import (
-    Record,
-)
+from pytest_kvcache.model.records import Record
 from pytest_kvcache.probes import capacity as probe
 from pytest_kvcache.probes.registry import depth_label
 

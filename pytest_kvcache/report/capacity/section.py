@@ -8,15 +8,10 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import pandas as pd
 
-from pytest_kvcache.model import (
-    CapacityRow,
-    CapacitySection,
-    CapacityTrialRow,
-    DeltaRow,
-    Evidence,
-    Json,
-)
-from pytest_kvcache.model.evidence import kv_capacity_tokens
+from pytest_kvcache.model.base import Json
+from pytest_kvcache.model.evidence import Evidence, kv_capacity_tokens
+from pytest_kvcache.model.report import DeltaRow
+from pytest_kvcache.model.sections import CapacityRow, CapacitySection, CapacityTrialRow
 from pytest_kvcache.report import deciding
 from pytest_kvcache.report.points import point_sort
 

@@ -11,9 +11,7 @@ import pandas as pd
 
 from pytest_kvcache import stats
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model import (
-    Comparison,
-)
+from pytest_kvcache.model.report import Comparison
 from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI, provisional_note
 
 if TYPE_CHECKING:

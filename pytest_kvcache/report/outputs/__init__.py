@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from pytest_kvcache.model import Report
+from pytest_kvcache.model.report import Report
 
 
 def _writers() -> dict[str, Callable[[Report], str]]:

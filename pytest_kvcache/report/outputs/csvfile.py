@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pytest_kvcache.model import Report
+from pytest_kvcache.model.report import Report
 
 
 def render(report: Report) -> str:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model import DeltaRow, Json, Report, SavedRow
+from pytest_kvcache.model.base import Json
+from pytest_kvcache.model.report import DeltaRow, Report, SavedRow
 from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report.deciding import deciding, pct_interval, widened
 

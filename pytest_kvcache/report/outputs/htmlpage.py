@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import TYPE_CHECKING
 
-from pytest_kvcache.model import DeltaRow, Report, SavedRow
+from pytest_kvcache.model.report import DeltaRow, Report, SavedRow
 from pytest_kvcache.report import cost, energy, failures, kv_plan, retrieval_render
 from pytest_kvcache.report.capacity import render as capacity_render
 from pytest_kvcache.report.outputs import formats, md_probes, md_setup, md_verdict

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pytest_kvcache.model import Report
+from pytest_kvcache.model.report import Report
 from pytest_kvcache.report import deciding
 
 

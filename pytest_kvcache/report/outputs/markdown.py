@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from pytest_kvcache.model import Report
+from pytest_kvcache.model.report import Report
 from pytest_kvcache.report import kv_plan, retrieval_render
 from pytest_kvcache.report.capacity import render as capacity_render
 from pytest_kvcache.report.outputs import md_probes, md_setup, md_verdict

@@ -4,7 +4,7 @@ out — one renderer each (``(report) -> lines``), and the tables the terminal a
 
 from __future__ import annotations
 
-from pytest_kvcache.model import DeltaRow, Report
+from pytest_kvcache.model.report import DeltaRow, Report
 from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report import energy, greedy, left_out
 from pytest_kvcache.report.fidelity import nats

@@ -3,7 +3,7 @@ one renderer each (``(report) -> lines``), and the tables the terminal and ``rep
 
 from __future__ import annotations
 
-from pytest_kvcache.model import BootEntry, Report
+from pytest_kvcache.model.report import BootEntry, Report
 from pytest_kvcache.report import cost
 from pytest_kvcache.report.outputs.formats import _md_table, fmt, json_text
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pytest_kvcache.model import GateResult, Report
+from pytest_kvcache.model.report import GateResult, Report
 from pytest_kvcache.report import failures
 from pytest_kvcache.report.outputs.formats import _md_table, fmt_delta
 

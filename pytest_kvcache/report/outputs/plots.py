@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, cast
 import pandas as pd
 
 from pytest_kvcache.metrics import catalogue
-from pytest_kvcache.model import FidelityRow, Report
+from pytest_kvcache.model.report import Report
+from pytest_kvcache.model.sections import FidelityRow
 from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report import deciding, retrieval_render
 from pytest_kvcache.report.capacity import render as capacity_render

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import pandas as pd
 
 from pytest_kvcache.config.constants import BOOT_INVARIANT_PROBES
-from pytest_kvcache.engines.kinds import find_kind
-from pytest_kvcache.model import Evidence, GpuCard, Report
-from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype
+from pytest_kvcache.engines.kinds.base import find_kind
+from pytest_kvcache.metrics import catalogue
+from pytest_kvcache.model.evidence import Evidence, GpuCard, kv_capacity_tokens, resolved_cache_dtype
+from pytest_kvcache.model.report import Report
 from pytest_kvcache.report import cost, energy, greedy, kv_plan, left_out, retrieval_render
 from pytest_kvcache.report.capacity import render as capacity_render
 from pytest_kvcache.report.outputs.formats import fmt, fmt_delta, probe_specs, title
@@ -193,8 +194,9 @@ def ab_lines(report: Report) -> list[str]:
             continue
         unit = energy.per_what(r["metric"])
         lines.append(
-            f"energy {r['arm']} {r['probe']}@{r['point']} {r['window']}: {energy.joules_text(r['joules_per_token'])}/"
-            f"{unit} ({energy.joules_text(r['joules'])} over {r['windows']} windows, {r['window_s'] or 0:.2f} s, "
+            f"energy {r['arm']} {r['probe']}@{r['point']} {r['window']}: "
+            f"{catalogue.joules_text(r['joules_per_token'])}/{unit} ({catalogue.joules_text(r['joules'])} over "
+            f"{r['windows']} windows, {r['window_s'] or 0:.2f} s, "
             f"{r['mean_power_w'] or 0:.0f} W)"
         )
     lines += [f"energy: {line}" for line in section["not_reported"]] if section else []

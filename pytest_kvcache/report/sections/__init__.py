@@ -38,8 +38,7 @@ from pytest_kvcache.report.sections import (
     spec_decode,
     verdicts,
 )
-from pytest_kvcache.report.sections.context import BuildContext as BuildContext
-from pytest_kvcache.report.sections.context import Section as Section
+from pytest_kvcache.report.sections.context import Section
 
 #: Every section of the report, in the order its keys appear in ``report.json``.
 SECTIONS: list[Section] = [

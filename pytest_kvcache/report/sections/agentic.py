@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import pandas as pd
 
-from pytest_kvcache.model import AgenticSection, AgenticTurn, GrowthVerdict
+from pytest_kvcache.model.report import AgenticSection, AgenticTurn, GrowthVerdict
 from pytest_kvcache.probes.agentic import growth_verdict
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext

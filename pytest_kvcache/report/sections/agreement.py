@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from pytest_kvcache.model import AgreementRow, AgreementSection
+from pytest_kvcache.model.report import AgreementRow, AgreementSection
 from pytest_kvcache.probes import agreement
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext

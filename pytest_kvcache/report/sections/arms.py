@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_kvcache.model import ArmEntry, Evidence
+from pytest_kvcache.model.evidence import Evidence
+from pytest_kvcache.model.report import ArmEntry
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext
 

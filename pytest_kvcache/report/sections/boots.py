@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pytest_kvcache.model import BootEntry, BootResult
+from pytest_kvcache.model.report import BootEntry, BootResult
 from pytest_kvcache.report.comparison import _probes
 from pytest_kvcache.report.frame import values
 from pytest_kvcache.report.load import RunData

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_kvcache.model import BlockEntry, BootEntry, CiStatement
+from pytest_kvcache.model.report import BlockEntry, BootEntry, CiStatement
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI
 from pytest_kvcache.report.sections.context import BuildContext

@@ -8,7 +8,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from pytest_kvcache.model import ClientLoadSection, Record, SelfCheckSection
+from pytest_kvcache.model.records import Record
+from pytest_kvcache.model.report import ClientLoadSection, SelfCheckSection
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext
 from pytest_kvcache.selfcheck import overhead_warning

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_kvcache.model import BootEntry
+from pytest_kvcache.model.report import BootEntry
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext
 

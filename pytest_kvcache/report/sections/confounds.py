@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_kvcache.model import BootEntry, Confounds
+from pytest_kvcache.model.report import BootEntry, Confounds
 from pytest_kvcache.report import confounds
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext

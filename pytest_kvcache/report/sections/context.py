@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import pandas as pd
 
-from pytest_kvcache.model import ArmEntry, BlockEntry, BootEntry, CrossoverRow, DeltaRow
+from pytest_kvcache.model.report import ArmEntry, BlockEntry, BootEntry, CrossoverRow, DeltaRow
 from pytest_kvcache.report import bands, spread
 from pytest_kvcache.report.comparison import crossover_rows, delta_rows
 from pytest_kvcache.report.frame import host_busy

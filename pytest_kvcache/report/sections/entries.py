@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_kvcache.model import ArmEntry, BlockEntry, BootEntry, Evidence, PlanEntry
-from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype, speculative
+from pytest_kvcache.model.evidence import Evidence, PlanEntry, kv_capacity_tokens, resolved_cache_dtype, speculative
+from pytest_kvcache.model.report import ArmEntry, BlockEntry, BootEntry
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.gpu import gpu_summary
 

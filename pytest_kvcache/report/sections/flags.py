@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_kvcache.model import FlagSummary, Record
+from pytest_kvcache.model.records import Record
+from pytest_kvcache.model.report import FlagSummary
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext
 

@@ -3,7 +3,8 @@ VRAM when ready and before stopping; or why there is none."""
 
 from __future__ import annotations
 
-from pytest_kvcache.model import Evidence, GpuCardSummary, GpuSummary
+from pytest_kvcache.model.evidence import Evidence
+from pytest_kvcache.model.report import GpuCardSummary, GpuSummary
 
 
 def gpu_summary(evidence: Evidence) -> GpuSummary:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_kvcache.model import REPORT_VERSION
+from pytest_kvcache.model.base import REPORT_VERSION
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.context import BuildContext
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_kvcache.model import Record
+from pytest_kvcache.model.records import Record
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections.arms import missing_evidence_notes
 from pytest_kvcache.report.sections.context import BuildContext

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from pytest_kvcache import stats
-from pytest_kvcache.model import Record, SpecDecodeRow, SpecDecodeSection
+from pytest_kvcache.model.records import Record
+from pytest_kvcache.model.sections import SpecDecodeRow, SpecDecodeSection
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.points import Specs, point_of, point_sort, spec_of
 from pytest_kvcache.report.sections.context import BuildContext

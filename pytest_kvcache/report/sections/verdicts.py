@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from pytest_kvcache.model import Report
+from pytest_kvcache.model.report import Report
 from pytest_kvcache.report.load import RunData
 from pytest_kvcache.report.sections import agreement, arms, capacity, comparison, fidelity
 from pytest_kvcache.report.sections.context import BuildContext

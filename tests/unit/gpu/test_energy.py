@@ -20,13 +20,13 @@ import pytest
 
 from pytest_kvcache.gpu.energy import EnergyMeter
 from pytest_kvcache.gpu.sampler import Sampler
-from pytest_kvcache.model import Evidence
+from pytest_kvcache.metrics.catalogue import joules_text
+from pytest_kvcache.model.evidence import Evidence
 from pytest_kvcache.report.energy import (
     MIN_STEPS_MEAN,
     MIN_STEPS_TOTAL,
     CardTrace,
     Energy,
-    joules_text,
     judge_unit,
     method_line,
     request_windows,

@@ -25,7 +25,8 @@ from pytest_kvcache.selfcheck.check import (
     run_self_check,
     summarize,
 )
-from pytest_kvcache.selfcheck.stream import Schedule, ServedRequest, StreamServer
+from pytest_kvcache.selfcheck.schedule import Schedule, ServedRequest
+from pytest_kvcache.selfcheck.stream import StreamServer
 from pytest_kvcache.testing.stream_faults import Fault
 
 

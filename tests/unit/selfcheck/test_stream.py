@@ -17,7 +17,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pytest_kvcache.selfcheck.stream import RoleChunk, Schedule, ServedRequest, StreamServer
+from pytest_kvcache.selfcheck.schedule import RoleChunk, Schedule, ServedRequest
+from pytest_kvcache.selfcheck.stream import StreamServer
 from pytest_kvcache.testing.stream_faults import Fault
 
 CHAT = "/v1/chat/completions"

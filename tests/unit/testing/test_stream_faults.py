@@ -7,7 +7,8 @@ from typing import get_args
 
 from pytest_kvcache.client import Client
 from pytest_kvcache.selfcheck import stream
-from pytest_kvcache.selfcheck.stream import Schedule, StreamServer
+from pytest_kvcache.selfcheck.schedule import Schedule
+from pytest_kvcache.selfcheck.stream import StreamServer
 from pytest_kvcache.testing import stream_faults
 from pytest_kvcache.testing.stream_faults import FAULT_KINDS, Fault, fault_header, with_fault
 
