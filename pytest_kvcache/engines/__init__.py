@@ -17,7 +17,7 @@ from pytest_kvcache.engines.external import ExternalEngine
 from pytest_kvcache.engines.kinds.base import EngineProfile, Kind, get_kind
 from pytest_kvcache.engines.kinds.folder import embedded_model_folder, embedded_vllm_model
 from pytest_kvcache.engines.kinds.llamacpp import build_llamacpp_args, llama_server_cmd
-from pytest_kvcache.engines.kinds.vllm import EMBEDDED_ENV, build_engine_args, default_engine_cmd
+from pytest_kvcache.engines.kinds.vllm import build_engine_args, default_engine_cmd
 from pytest_kvcache.engines.process import HOST, ProcessEngine, free_port
 from pytest_kvcache.engines.registry import EngineRegistry
 
@@ -36,13 +36,6 @@ __all__ = [
     "make_engine",
     "visible_devices",
 ]
-
-#: Host environment variables the docker launcher passes into containers.
-PASSTHROUGH_PREFIXES = ("NCCL_", "VLLM_", "PYTORCH_", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OMP_")
-#: Where a model folder is mounted inside a container.
-CONTAINER_MODEL = "/model"
-#: Where vLLM keeps its torch.compile cache inside a container (``VLLM_CACHE_ROOT``'s default for root).
-CONTAINER_VLLM_CACHE = "/root/.cache/vllm"
 
 
 def engine_kind(settings: Settings) -> Kind:
@@ -86,19 +79,6 @@ def visible_devices(settings: Settings, arm: Arm, lane: int = 0) -> str | None:
     if settings.launcher == "external":
         return os.environ.get("CUDA_VISIBLE_DEVICES")
     return {**os.environ, **dict(arm.env)}.get("CUDA_VISIBLE_DEVICES")
-
-
-def compile_cache_mount(settings: Settings) -> tuple[Path, str] | None:
-    """The host folder mounted as the container's vLLM cache, so every boot's engine finds the graphs the
-    first one compiled: ``--kv-compile-cache=DIR``, or ``~/.cache/vllm`` for ``auto``; none for ``off``."""
-    if settings.compile_cache == "off":
-        return None
-    host = Path("~/.cache/vllm").expanduser() if settings.compile_cache == "auto" else Path(settings.compile_cache)
-    try:
-        host.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None  # an unwritable home: the container keeps its own (per-boot) cache
-    return host, CONTAINER_VLLM_CACHE
 
 
 def lane_port(settings: Settings, lane: int) -> int:
@@ -146,35 +126,21 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
 
         image = boot.arm.image or settings.image
         assert image is not None  # settings refuse a docker arm without an image
-        model_mount = None
-        if settings.model is None:
-            model, model_mount = CONTAINER_MODEL, (embedded_vllm_model(settings), CONTAINER_MODEL)
-        elif Path(settings.model).is_dir():
-            model, model_mount = CONTAINER_MODEL, (settings.model, CONTAINER_MODEL)
-        else:
-            model = settings.model  # a hub id, from the mounted HF cache
-        args, env_overrides = build_engine_args(settings, boot.arm, model)
-        # A container does not inherit our environment: pass what engines read (NCCL_*, VLLM_*, HF_TOKEN …).
-        passthrough = {k: v for k, v in os.environ.items() if k.startswith(PASSTHROUGH_PREFIXES)}
-        embedded_env = dict(EMBEDDED_ENV) if settings.embedded else {}
-        if settings.kv_budget(boot.arm) is not None:  # it would override the budget on vLLM's CPU build
-            passthrough.pop(CPU_SPACE_ENV, None)
-            embedded_env.pop(CPU_SPACE_ENV, None)
-        env_overrides = {**passthrough, **embedded_env, **env_overrides}
+        spec = engine_kind(settings).container(settings, boot)
         run_id = arm_dir.parent.parent.name
         return DockerEngine(
             boot.boot_id,
             image=image,
-            engine_args=args,
-            env=env_overrides,
+            engine_args=spec.args,
+            env=spec.env,
             port=lane_port(settings, boot.lane),
             log_path=log_path,
             startup_timeout_s=settings.startup_timeout_s,
             run_id=run_id,
             arm=boot.arm.name,
-            model_mount=model_mount,
+            model_mount=spec.model_mount,
             hf_cache=settings.hf_cache if settings.hf_cache and settings.hf_cache.is_dir() else None,
-            compile_cache=compile_cache_mount(settings),
+            compile_cache=spec.compile_cache,
             gpus=settings.lane_cards(boot.lane) or settings.gpus,
             shm_size=settings.shm_size,
             pull=settings.pull,

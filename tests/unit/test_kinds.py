@@ -10,14 +10,19 @@ import pytest
 
 from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.kinds import resolve_arm
-from pytest_kvcache.config.plan import Boot
+from pytest_kvcache.config.plan import Boot, BootPlan
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.engines import kinds
+from pytest_kvcache.engines import kinds, make_engine
+from pytest_kvcache.engines.base import EngineError
+from pytest_kvcache.engines.docker import DockerEngine
 from pytest_kvcache.engines.kinds import base
+from pytest_kvcache.engines.kinds.base import Container
 from pytest_kvcache.engines.kinds.llamacpp import LLAMACPP
 from pytest_kvcache.engines.kinds.openai import OPENAI
 from pytest_kvcache.engines.kinds.vllm import VLLM
+from pytest_kvcache.engines.registry import EngineRegistry
 from pytest_kvcache.model.evidence import LogFacts
+from tests.factories import make_settings
 
 
 def test_each_builtin_kind_is_its_module_and_its_profile() -> None:
@@ -96,3 +101,49 @@ def test_a_kind_without_a_command_or_a_log_parser_is_refused(
     monkeypatch.setattr(metadata, "entry_points", lambda group: [_Entry("half", Half)])
     with pytest.raises(SettingsError, match=r"engine kind entry point 'half' .*must define command"):
         kinds.load_entry_points()
+
+
+def test_the_docker_launcher_starts_what_the_kind_says(tmp_path: Path) -> None:
+    """``--kv-launcher=docker`` asks the kind for its container (arguments, environment, model mount): the
+    launcher holds nothing of any kind's. A kind without the hook cannot be started in a container."""
+
+    @kinds.register_kind("boxed")
+    class Boxed(kinds.Kind):
+        profile = kinds.EngineProfile(kind="boxed", title="a boxed server")
+        launchers = ("docker", "external")
+
+        def command(self, settings: Settings, boot: Boot, log_path: Path) -> kinds.Command:
+            raise AssertionError("the docker launcher runs no command line")
+
+        def parse_log(self, text: str) -> LogFacts:
+            return LogFacts()
+
+        def container(self, settings: Settings, boot: Boot) -> Container:
+            arm = boot.arm.kv_cache_dtype or "none"
+            return Container(["--model-path", "/m", "--kv", arm], {"BOXED": "1"}, model_mount=("/host/m", "/m"))
+
+    try:
+        settings = make_settings(tmp_path, arms="auto", engine="boxed", launcher="docker", image="boxed:1")
+        (boot,) = BootPlan.of(settings).boots
+        engine = make_engine(settings, boot, tmp_path / "runs" / "r1" / "auto", EngineRegistry(tmp_path / "reg"))
+        assert isinstance(engine, DockerEngine) and engine.image == "boxed:1"
+        assert engine.engine_args == ["--model-path", "/m", "--kv", "auto"] and engine.env == {"BOXED": "1"}
+        assert engine.model_mount == ("/host/m", "/m") and engine.compile_cache is None
+    finally:
+        kinds.unregister_kind("boxed")
+
+    class Plain(kinds.Kind):
+        profile = kinds.EngineProfile(kind="plain", title="a plain server")
+
+        def command(self, settings: Settings, boot: Boot, log_path: Path) -> kinds.Command:
+            return ("plain",), [], {}
+
+        def parse_log(self, text: str) -> LogFacts:
+            return LogFacts()
+
+    kinds.register_kind("plain")(Plain)
+    try:
+        with pytest.raises(EngineError, match="--kv-engine=plain has no container launcher"):
+            kinds.get_kind("plain").container(settings, boot)
+    finally:
+        kinds.unregister_kind("plain")

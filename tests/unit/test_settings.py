@@ -192,8 +192,8 @@ def test_dtype_list_matches_installed_vllm() -> None:
 
 
 def test_compile_cache_option_reaches_the_engine(tmp_path: Path) -> None:
-    from pytest_kvcache.engines import build_engine_args, compile_cache_mount
     from pytest_kvcache.engines.docker import container_spec
+    from pytest_kvcache.engines.kinds.vllm import build_engine_args, compile_cache_mount
 
     assert settings(tmp_path, {"arms": "auto"}).compile_cache == "auto"
     auto = settings(tmp_path, {"arms": "auto"})

@@ -23,6 +23,7 @@ from pytest_kvcache import kind_registry
 from pytest_kvcache.config.arms import Arm, _named_arm, _typed_arm
 from pytest_kvcache.config.constants import ALIASES, KV_CACHE_DTYPES, SettingsError
 from pytest_kvcache.config.settings import Settings
+from pytest_kvcache.engines.base import EngineError
 from pytest_kvcache.engines.kinds import folder
 from pytest_kvcache.model.evidence import LogFacts
 
@@ -150,6 +151,17 @@ def chat_fields(body: Body) -> dict[str, Any]:
     return fields
 
 
+@dataclass(frozen=True)
+class Container:
+    """A kind's engine as the docker launcher starts it: its arguments (after the image's entrypoint), its
+    environment, the host folder mounted as its model (host, container path) and its compile cache (the same)."""
+
+    args: list[str]
+    env: dict[str, str]
+    model_mount: tuple[str, str] | None = None
+    compile_cache: tuple[Path, str] | None = None
+
+
 class Kind(ABC):
     """One kind of server an arm can be. Subclass it in a module, set what differs, write its command line and
     its log parser (the two methods every kind must have), and register it::
@@ -248,6 +260,11 @@ class Kind(ABC):
         """The process launcher's command line for ``boot``: the program, its arguments and its environment."""
 
     # ------------------------------------------------------------------ evidence
+
+    def container(self, settings: Settings, boot: Boot) -> Container:
+        """The docker launcher's engine (``--kv-launcher=docker``): a kind that lists ``docker`` in its
+        ``launchers`` says here how its image is started."""
+        raise EngineError(f"--kv-engine={self.name} has no container launcher")
 
     @abstractmethod
     def parse_log(self, text: str) -> LogFacts:

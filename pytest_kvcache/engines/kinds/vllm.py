@@ -18,6 +18,7 @@ from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines.kinds import vllm_kv
 from pytest_kvcache.engines.kinds.base import (
     Command,
+    Container,
     EngineProfile,
     Kind,
     has_flag,
@@ -48,6 +49,14 @@ VLLM = EngineProfile(
 EMBEDDED_ARGS: tuple[str, ...] = ("--load-format", "dummy", "--enforce-eager")
 #: vLLM's CPU build sizes its KV cache from this (GiB); without it startup can fail on a small machine.
 EMBEDDED_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
+#: Host environment variables vLLM's container is passed into containers.
+PASSTHROUGH_PREFIXES = ("NCCL_", "VLLM_", "PYTORCH_", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OMP_")
+#: Where a model folder is mounted inside a container.
+CONTAINER_MODEL = "/model"
+#: Where vLLM keeps its torch.compile cache inside a container (``VLLM_CACHE_ROOT``'s default for root).
+CONTAINER_VLLM_CACHE = "/root/.cache/vllm"
+
+
 #: What measurement needs from every engine: cached-token counts in ``usage``.
 MEASUREMENT_ARGS: tuple[str, ...] = ("--enable-prompt-tokens-details",)
 
@@ -157,6 +166,19 @@ def parse_log(text: str) -> LogFacts:
     return cast(LogFacts, found)
 
 
+def compile_cache_mount(settings: Settings) -> tuple[Path, str] | None:
+    """The host folder mounted as the container's vLLM cache, so every boot's engine finds the graphs the
+    first one compiled: ``--kv-compile-cache=DIR``, or ``~/.cache/vllm`` for ``auto``; none for ``off``."""
+    if settings.compile_cache == "off":
+        return None
+    host = Path("~/.cache/vllm").expanduser() if settings.compile_cache == "auto" else Path(settings.compile_cache)
+    try:
+        host.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None  # an unwritable home: the container keeps its own (per-boot) cache
+    return host, CONTAINER_VLLM_CACHE
+
+
 @register_kind("vllm")
 class VllmKind(Kind):
     """vLLM's OpenAI server: every vLLM request field, its ``/tokenize``, ``/metrics`` and V1 log lines."""
@@ -181,6 +203,26 @@ class VllmKind(Kind):
 
     def parse_log(self, text: str) -> LogFacts:
         return parse_log(text)
+
+    def container(self, settings: Settings, boot: Boot) -> Container:
+        """vLLM in its container: the model folder mounted at ``/model`` (the embedded one, or ``--kv-model``'s
+        folder; a hub id comes from the mounted HF cache), the engine arguments as for a process, the variables vLLM
+        and its libraries read (a container inherits none), and the torch.compile cache shared between boots."""
+        model_mount = None
+        if settings.model is None:
+            model, model_mount = CONTAINER_MODEL, (embedded_vllm_model(settings), CONTAINER_MODEL)
+        elif Path(settings.model).is_dir():
+            model, model_mount = CONTAINER_MODEL, (settings.model, CONTAINER_MODEL)
+        else:
+            model = settings.model
+        args, env_overrides = build_engine_args(settings, boot.arm, model)
+        passthrough = {k: v for k, v in os.environ.items() if k.startswith(PASSTHROUGH_PREFIXES)}
+        embedded_env = dict(EMBEDDED_ENV) if settings.embedded else {}
+        if settings.kv_budget(boot.arm) is not None:  # it would override the budget on vLLM's CPU build
+            passthrough.pop(CPU_SPACE_ENV, None)
+            embedded_env.pop(CPU_SPACE_ENV, None)
+        env = {**passthrough, **embedded_env, **env_overrides}
+        return Container(args, env, model_mount=model_mount, compile_cache=compile_cache_mount(settings))
 
     def kv_plan(self, settings: Settings, arm: Arm, found: Need, budget: int | None) -> KvPlan | None:
         """vLLM's own arithmetic (``vllm_kv``): its groups, blocks and windows for the arm's arguments, on the CPU
