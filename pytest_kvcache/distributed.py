@@ -17,7 +17,6 @@ The plugin layer: imports pytest and, only when pytest-xdist runs the session, x
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,9 +24,10 @@ from typing import Any, Protocol
 import pytest
 
 from pytest_kvcache.config.constants import SettingsError
-from pytest_kvcache.config.plan import Boot, BootPlan
+from pytest_kvcache.config.plan import BootPlan
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.gpu.nvml import open_nvml
+from pytest_kvcache.run.lanes import Lanes, boot_of_nodeid
 
 LANE_KEY = "kvcache_lane"
 RUN_ID_KEY = "kvcache_run_id"
@@ -131,35 +131,10 @@ class KvSession(Protocol):
     run: Any
     usage_error: str | None
 
+    #: the controller's record of its lanes (``run.lanes``): what the scheduler and the hooks here report
+    lanes: Lanes
+
     def planned_remote(self, tests_per_boot: Mapping[str, int]) -> None: ...
-
-    def block_skip_reason(self, block: int) -> str | None: ...
-
-    def block_lost(self, lane: int, block: int | None, worker: str, tests: Sequence[str]) -> None: ...
-
-    def worker_assigned(self, lane: int, worker: str) -> None: ...
-
-    def forwarded(self, lane: int, events: Sequence[Sequence[str]]) -> None: ...
-
-    def worker_died(self, lane: int, worker: str, error: str) -> None: ...
-
-    def lane_problem(self, lane: int, text: str) -> None: ...
-
-
-_PARAMS = re.compile(r"\[(?P<params>.*)\]$")
-
-
-def boot_of_nodeid(nodeid: str, boots: Sequence[Boot]) -> Boot | None:
-    """The boot a collected test belongs to, from its id: ``test_short[fp8.r2-code]`` → ``fp8.r2`` (the arm is
-    the plugin's first parametrization, so its id comes first)."""
-    found = _PARAMS.search(nodeid)
-    if found is None:
-        return None
-    params = found.group("params")
-    for boot in sorted(boots, key=lambda b: -len(b.boot_id)):
-        if params == boot.boot_id or params.startswith(boot.boot_id + "-"):
-            return boot
-    return None
 
 
 @dataclass
@@ -219,7 +194,7 @@ class BlockScheduling:
         self.node2collection[node] = list(collection)
         if self.collection is not None:
             if list(collection) != self.collection:
-                self.session.lane_problem(self.lane_of(node), "collected different tests than the first worker")
+                self.session.lanes.problem(self.lane_of(node), "collected different tests than the first worker")
                 node.shutdown()
                 return
             self._next(node)  # a replacement worker: the lane's remaining blocks
@@ -257,7 +232,7 @@ class BlockScheduling:
                 self.queues.setdefault(lane, []).insert(0, block)  # never started: runs on the next worker
             else:
                 left = [self.collection[i] for i in block.items if i in pending]
-                self.session.block_lost(lane, block.number, node.gateway.id, left)
+                self.session.lanes.block_lost(lane, block.number, node.gateway.id, left)
         return crashed
 
     def schedule(self) -> None:
@@ -321,7 +296,7 @@ class BlockScheduling:
         queue = self.queues.get(lane, [])
         while queue:
             block = queue.pop(0)
-            if not (block.extra and self.session.block_skip_reason(block.number)):
+            if not (block.extra and self.session.lanes.skip_reason(block.number)):
                 return block
         return None
 
@@ -344,7 +319,7 @@ class Controller:
         self.assigned[node.gateway.id] = lane
         node.workerinput[LANE_KEY] = lane
         node.workerinput[RUN_ID_KEY] = self.session.run.open().run_id
-        self.session.worker_assigned(lane, node.gateway.id)
+        self.session.lanes.assigned(lane, node.gateway.id)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> BlockScheduling:
@@ -359,7 +334,7 @@ class Controller:
             return
         # popped: pytest-xdist tells of a worker's keyboard-interrupt exit twice (finished, then down)
         events = (getattr(node, "workeroutput", None) or {}).pop(EVENTS_KEY, None) or []
-        self.session.forwarded(lane, events)
+        self.session.lanes.forwarded(lane, events)
         if error is not None and not hasattr(node, "workerinfo"):
             # died before it was ready: a usage error on its host (its cards, its settings) ends the run,
             # or pytest-xdist would start its replacement for ever
@@ -370,7 +345,7 @@ class Controller:
                 pytest.exit(self.session.usage_error, returncode=pytest.ExitCode.USAGE_ERROR)
         if error is not None:
             self.free_lanes.append(lane)
-            self.session.worker_died(lane, node.gateway.id, str(error))
+            self.session.lanes.worker_died(lane, node.gateway.id, str(error))
 
 
 class Worker:

@@ -10,7 +10,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -23,20 +23,21 @@ from pytest_kvcache.config.constants import FIDELITY_DEPTHS
 from pytest_kvcache.config.grammars import GateError
 from pytest_kvcache.config.plan import Boot, BootPlan
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.distributed import EVENTS_KEY, LANE_KEY, boot_of_nodeid
+from pytest_kvcache.distributed import EVENTS_KEY, LANE_KEY
 from pytest_kvcache.engines import prepare_embedded
 from pytest_kvcache.engines.base import Engine
 from pytest_kvcache.engines.kinds.base import DEFAULT_KIND, get_kind
-from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
+from pytest_kvcache.engines.registry import EngineRegistry
 from pytest_kvcache.model.base import Json
 from pytest_kvcache.model.report import Report
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.prefill import depth_label
 from pytest_kvcache.probes.retrieval import plan_line as retrieval_line
-from pytest_kvcache.run.forward import ForwardingListener, Outbox, apply
+from pytest_kvcache.run.forward import ForwardingListener, Outbox
+from pytest_kvcache.run.lanes import Lanes
 from pytest_kvcache.run.plan_text import budget_text, capacity_plan_line, kv_plan_lines
 from pytest_kvcache.run.progress import Mode, Progress
-from pytest_kvcache.run.run import Run, reap_dead_containers
+from pytest_kvcache.run.run import Run
 from pytest_kvcache.stored import Stored
 
 if TYPE_CHECKING:
@@ -142,6 +143,8 @@ class KvSession:
             outbox=Outbox() if worker else None,
             boot_plan=self.boot_plan,
         )
+        #: what a pytest-xdist controller learns of its lanes (the scheduler and its hooks report into it)
+        self.lanes = Lanes(self.run, self.boot_plan, self.settings)
         self.progress: Progress | None = None
         if worker:  # its progress is the controller's to tell: boots go there with the records
             assert self.run.outbox is not None
@@ -394,7 +397,7 @@ class KvSession:
             return
         path = self.run.folder.path
         if self.run.role == "controller":
-            self.reap_workers()
+            self.lanes.reap()
         if self.usage_error is not None:
             self.run.close(status="usage error")
             return
@@ -472,7 +475,7 @@ class KvSession:
         events = getattr(report, "kvcache_events", None)
         node = getattr(report, "node", None)
         if events and node is not None and self.run.role == "controller":
-            self.forwarded(int(node.workerinput[LANE_KEY]), events)
+            self.lanes.forwarded(int(node.workerinput[LANE_KEY]), events)
         if report.when == "teardown" and "[" in report.nodeid and self.progress is not None:
             self.progress.test_done(report.nodeid.split("::")[-1])
         if not report.skipped or report.when not in ("setup", "call"):
@@ -498,7 +501,7 @@ class KvSession:
             self.config.workeroutput[EVENTS_KEY] = outbox.drain() if outbox is not None else []  # type: ignore[attr-defined]
             return
         if self.run.role == "controller":
-            self.reap_workers()  # after pytest-xdist stopped its workers (Ctrl-C: it may have killed them)
+            self.lanes.reap()  # after pytest-xdist stopped its workers (Ctrl-C: it may have killed them)
         if exitstatus == pytest.ExitCode.INTERRUPTED:
             self.run.close(status="interrupted")
             return
@@ -520,48 +523,6 @@ class KvSession:
         writer = TerminalWriter(self.config)
         for line in self.plan_lines():
             writer.line(line)
-
-    def block_skip_reason(self, block: int) -> str | None:
-        """Whether an adaptive block is skipped (its round's deltas are already narrow enough)."""
-        first = next((b for b in self.boot_plan if b.block == block), None)
-        return self.run.skip_reason(first) if first is not None else None
-
-    def worker_assigned(self, lane: int, worker: str) -> None:
-        self.run.lanes_info.setdefault(lane, {}).setdefault("workers", []).append(worker)
-
-    def forwarded(self, lane: int, events: Sequence[Sequence[str]]) -> None:
-        apply(self.run, lane, events)
-
-    def block_lost(self, lane: int, block: int | None, worker: str, tests: Sequence[str]) -> None:
-        """A worker died in a block: the block's boots that had tests left are lost (the report names them)."""
-        info = self.run.lanes_info.setdefault(lane, {})
-        planned = self.boot_plan.boots
-        boots = sorted({b.boot_id for t in tests if (b := boot_of_nodeid(t, planned)) is not None})
-        died = [d for d in info.get("died", []) if d.get("worker") == worker]
-        lost = {"block": block, "worker": worker, "tests_not_run": len(tests), "boots": boots}
-        if died:  # pytest-xdist says a worker is down before the scheduler gives up its tests
-            lost["error"] = died[-1]["error"]
-        info.setdefault("lost", []).append(lost)
-        for entry in self.run.plan:
-            if entry.get("boot") in boots:
-                entry["lost"] = f"worker {worker} died in block {block} with {len(tests)} test(s) of the block left"
-        self.run.problems.append(f"lane {lane}: worker {worker} died in block {block}; boots lost: {', '.join(boots)}")
-        self.run.write_meta(status="running")
-
-    def worker_died(self, lane: int, worker: str, error: str) -> None:
-        self.run.lanes_info.setdefault(lane, {}).setdefault("died", []).append({"worker": worker, "error": error})
-        self.reap_workers()
-        self.run.write_meta(status="running")
-
-    def lane_problem(self, lane: int, text: str) -> None:
-        self.run.problems.append(f"lane {lane}: {text}")
-
-    def reap_workers(self) -> None:
-        """Stop engines that dead local workers left running: process groups in their registries (under
-        ``workers/``), and containers labelled with a pytest process that is gone."""
-        self.run.reaped += reap_orphans(self.settings.report_dir / "workers")
-        if self.settings.launcher == "docker":
-            self.run.reaped += reap_dead_containers()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_kvcache.config.constants import ALIASES, KV_CACHE_DTYPES, SettingsError
+from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.values import args as split_args
 from pytest_kvcache.model.evidence import ArmData
 
@@ -46,7 +46,9 @@ class Arm:
         }
 
 
-def _named_arm(name: str, table: Mapping[str, Any]) -> Arm:
+def _named_arm(name: str, table: Mapping[str, Any], aliases: Mapping[str, str], dtypes: Sequence[str]) -> Arm:
+    """A ``[tool.pytest_kvcache.arms.NAME]`` table; its ``kv_cache_dtype`` is one of the engine kind's ``dtypes`` or
+    ``aliases``."""
     known = {"kv_cache_dtype", "args", "env", "image", "knobs"}
     unknown = sorted(set(table) - known)
     where = f"[tool.pytest_kvcache.arms.{name}]"
@@ -56,10 +58,10 @@ def _named_arm(name: str, table: Mapping[str, Any]) -> Arm:
     if dtype is not None:
         if not isinstance(dtype, str):
             raise SettingsError(f"{where}: kv_cache_dtype must be a string")
-        dtype = ALIASES.get(dtype, dtype)
-        if dtype not in KV_CACHE_DTYPES:
+        dtype = aliases.get(dtype, dtype)
+        if dtype not in dtypes:
             raise SettingsError(
-                f"{where}: unknown kv_cache_dtype {table['kv_cache_dtype']!r}; valid: {', '.join(KV_CACHE_DTYPES)}"
+                f"{where}: unknown kv_cache_dtype {table['kv_cache_dtype']!r}; valid: {', '.join(dtypes)}"
             )
     args = table.get("args", [])
     if isinstance(args, str):

@@ -19,10 +19,6 @@ from pathlib import Path
 from pytest_kvcache.config import model_files
 from pytest_kvcache.config.kv_layout import DTYPE_BYTES, KvLayout, KvPlan
 
-FLAG = "--kv-cache-memory-bytes"
-#: The environment variable vLLM's CPU build sizes its KV cache from (whole GiB); it overrides ``FLAG``.
-CPU_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
-
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|TiB|[kKmMgGtT])?\s*[bB]?\s*$")
 _UNITS = {
     "k": 10**3,
@@ -84,10 +80,13 @@ def flag_value(args: Sequence[str], *flags: str) -> str | None:
     return found
 
 
-def arm_budget(engine_args: Sequence[str], arm_args: Sequence[str], cache_bytes: int | None) -> int | None:
-    """An arm's KV budget in bytes: its own ``--kv-cache-memory-bytes`` (arm args, then ``--kv-engine-args``:
-    the later wins in vLLM's parser), else ``--kv-cache-bytes``; None: the engine sizes its KV cache itself."""
-    raw = flag_value([*engine_args, *arm_args], FLAG)
+def arm_budget(
+    engine_args: Sequence[str], arm_args: Sequence[str], cache_bytes: int | None, flag: str | None
+) -> int | None:
+    """An arm's KV budget in bytes: its own budget ``flag`` (the engine kind's: vLLM's ``--kv-cache-memory-bytes``;
+    arm args, then ``--kv-engine-args``: the later wins in vLLM's parser), else ``--kv-cache-bytes``; None: the
+    engine sizes its KV cache itself."""
+    raw = flag_value([*engine_args, *arm_args], flag) if flag is not None else None
     if raw is not None:
         try:
             return parse_bytes(raw)
@@ -235,8 +234,6 @@ def refusal(arm: str, budget: int, found: Need, kv_dtype: str | None, plan: KvPl
 
 
 __all__ = [
-    "CPU_SPACE_ENV",
-    "FLAG",
     "KvLayout",
     "Need",
     "arm_budget",

@@ -1,9 +1,9 @@
-"""Data the options are checked against: KV dtypes and aliases, probe defaults, the option value types."""
+"""Data the options are checked against: probe defaults and the option value types. An engine's KV dtypes and
+aliases are its kind's (``engines/kinds/vllm.py``, ``llamacpp.py``)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Literal
 
 #: The capacity probe's default SLOs (``probes.capacity``; docs/probes/capacity.md says where they come from):
@@ -11,47 +11,6 @@ from typing import Literal
 #: prefills it from scratch in ~150–300 ms), and elsewhere (an interactive agent's bound on a GPU).
 CPU_SLO = "ttft_p95<=200ms,itl_p95<=100ms"
 GPU_SLO = "ttft_p95<=2s,itl_p95<=60ms"
-
-#: Every value vLLM's ``--kv-cache-dtype`` accepts (vLLM 0.32's ``CacheDType``), in one place.
-KV_CACHE_DTYPES: tuple[str, ...] = (
-    "auto",
-    "float16",
-    "bfloat16",
-    "fp8",
-    "fp8_e4m3",
-    "fp8_e5m2",
-    "fp8_inc",
-    "fp8_ds_mla",
-    "nvfp4_ds_mla",
-    "turboquant_k8v4",
-    "turboquant_4bit_nc",
-    "turboquant_k3v4_nc",
-    "turboquant_3bit_nc",
-    "ultraquant_4bit",
-    "int4_per_token_head",
-    "int8_per_token_head",
-    "fp8_per_token_head",
-    "nvfp4",
-    "nvfp4_4over6",
-)
-
-#: What vLLM's CPU attention backend serves: the only dtypes the embedded CPU default allows
-#: (fp8 ones need AVX-512 or AMX: ``hostcpu.py``; float16 was seen to serve the bf16 tiny model).
-CPU_KV_CACHE_DTYPES: frozenset[str] = frozenset({"auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"})
-
-#: KV dtypes vLLM 0.32's CPU build serves wrongly on float32 weights (garbage text; bf16 weights are fine):
-#: a run with such an arm serves the embedded trained model in bfloat16 (``Settings.embedded_dtype``).
-HALF_KV_ON_FLOAT32: frozenset[str] = frozenset({"float16", "bfloat16"})
-
-#: Short names users type. ``fp8`` resolves explicitly to e4m3, as the seed's engine resolved it.
-ALIASES: Mapping[str, str] = {
-    "fp8": "fp8_e4m3",
-    "e4m3": "fp8_e4m3",
-    "e5m2": "fp8_e5m2",
-    "int8": "int8_per_token_head",
-    "int8-pth": "int8_per_token_head",
-    "bf16": "auto",
-}
 
 LauncherKind = Literal["process", "docker", "external"]
 Sampling = Literal["greedy", "sampled"]

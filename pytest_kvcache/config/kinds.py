@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from pytest_kvcache.config.budget import Need
     from pytest_kvcache.config.embedded import EmbeddedModel
     from pytest_kvcache.config.kv_layout import KvPlan
-    from pytest_kvcache.config.settings import Settings
 
 
 class KindFacts(Protocol):
@@ -29,8 +28,11 @@ class KindFacts(Protocol):
     model_file_what: str
     #: vLLM's CPU build serves the embedded model by default
     cpu_build: bool
-    #: ``--kv-cache-bytes`` sizes its KV cache
-    kv_budget: bool
+    #: the flag ``--kv-cache-bytes`` is passed as (None: it has no byte budget)
+    budget_flag: str | None
+    #: the dtypes the CPU build serves (``cpu_build``), and those that make the embedded model bfloat16
+    cpu_dtypes: frozenset[str]
+    half_kv_on_float32: frozenset[str]
     #: the flags that set its context length
     context_flags: tuple[str, ...]
 
@@ -38,7 +40,8 @@ class KindFacts(Protocol):
 
     def check(self, *, launcher: str, engine_cmd: object) -> None: ...
 
-    def kv_plan(self, settings: Settings, arm: Arm, found: Need, budget: int | None) -> KvPlan | None: ...
+    # ``settings`` is the run's ``Settings``, which reads the kind through this module (typed loosely: no cycle)
+    def kv_plan(self, settings: Any, arm: Arm, found: Need, budget: int | None) -> KvPlan | None: ...
 
     def embedded_context(self, spec: EmbeddedModel) -> int: ...
 

@@ -20,7 +20,7 @@ from pytest_kvcache.config import locations, model_files
 from pytest_kvcache.config import values as v
 from pytest_kvcache.config.arms import Arm, looks_like_path
 from pytest_kvcache.config.budget import Need, embedded_model, model_shape, need, refusal
-from pytest_kvcache.config.constants import BOOT_INVARIANT_PROBES, CPU_KV_CACHE_DTYPES, SettingsError
+from pytest_kvcache.config.constants import BOOT_INVARIANT_PROBES, SettingsError
 from pytest_kvcache.config.context import fit_context, planned_points
 from pytest_kvcache.config.kinds import engine_kind, resolve_arms
 from pytest_kvcache.config.kv_layout import KvLayout, KvPlan
@@ -112,7 +112,7 @@ def check_budgets(settings: Settings) -> None:
     arithmetic does not model is left to the engine. A budget only where the plugin can apply one (vLLM it
     boots)."""
     budgets = {a.name: settings.kv_budget(a) for a in settings.arms}
-    if settings.cache_bytes is not None and not engine_kind(settings.engine).kv_budget:
+    if settings.cache_bytes is not None and engine_kind(settings.engine).budget_flag is None:
         raise SettingsError(
             f"--kv-cache-bytes sets vLLM's --kv-cache-memory-bytes; a {settings.engine} server sizes its KV cache "
             "itself (llama.cpp: --ctx-size tokens, in each arm's args)"
@@ -219,7 +219,7 @@ def resolve(
                 f"(missing for: {', '.join(without)})"
             )
     if model is None and launcher != "external" and kind.cpu_build:
-        _check_cpu_arms(arms, fp8_kv_unsupported)
+        _check_cpu_arms(arms, kind.cpu_dtypes, fp8_kv_unsupported)
 
     location, _ = store_location(cli, env, ini, rootdir)  # checked (a URL: connected to) by open_stored
     gates = get("fail", lambda raw: v.gates(raw, [a.name for a in arms]), ())
@@ -315,15 +315,15 @@ def _check_endpoints(endpoints: Mapping[str, str], launcher: str, arm_names: lis
             raise SettingsError(f"--kv-launcher=external needs --kv-endpoint ARM=URL for: {', '.join(missing)}")
 
 
-def _check_cpu_arms(arms: Any, fp8_kv_unsupported: str | None) -> None:
+def _check_cpu_arms(arms: Any, cpu_dtypes: frozenset[str], fp8_kv_unsupported: str | None) -> None:
     """The embedded CPU default serves only what vLLM's CPU attention backend serves, and fp8 only where the
     host CPU can (AVX-512 or AMX)."""
-    gpu_only = [a for a in arms if a.kv_cache_dtype is not None and a.kv_cache_dtype not in CPU_KV_CACHE_DTYPES]
+    gpu_only = [a for a in arms if a.kv_cache_dtype is not None and a.kv_cache_dtype not in cpu_dtypes]
     if gpu_only:
         listed = ", ".join(f"{a.name} ({a.kv_cache_dtype})" for a in gpu_only)
         raise SettingsError(
             f"arm(s) {listed} need a GPU: the embedded CPU default serves only "
-            f"{', '.join(sorted(CPU_KV_CACHE_DTYPES))}. Give --kv-model (and a GPU engine) to test them."
+            f"{', '.join(sorted(cpu_dtypes))}. Give --kv-model (and a GPU engine) to test them."
         )
     fp8 = [a for a in arms if (a.kv_cache_dtype or "").startswith("fp8")]
     if fp8 and fp8_kv_unsupported:

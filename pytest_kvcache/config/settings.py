@@ -23,9 +23,7 @@ from typing import Any, TypedDict
 from pytest_kvcache.config import embedded as embedded_models
 from pytest_kvcache.config.arms import Arm
 from pytest_kvcache.config.budget import arm_budget
-from pytest_kvcache.config.constants import (
-    HALF_KV_ON_FLOAT32,
-)
+from pytest_kvcache.config.kinds import engine_kind
 from pytest_kvcache.config.options import NOT_SERIALISED, TO_DICT, UNBOUND, OptionSpec, option, options_of, serialise
 from pytest_kvcache.config.probing import ProbeOptions
 from pytest_kvcache.config.serving import ServingOptions
@@ -95,7 +93,11 @@ class Settings(ProbeOptions, ServingOptions):
         vLLM 0.32's CPU build returns garbage with those on float32 weights."""
         if not self.embedded_spec.trained:
             return None
-        return "bfloat16" if any(a.kv_cache_dtype in HALF_KV_ON_FLOAT32 for a in self.arms) else "float32"
+        return (
+            "bfloat16"
+            if any(a.kv_cache_dtype in engine_kind(self.engine).half_kv_on_float32 for a in self.arms)
+            else "float32"
+        )
 
     @property
     def rounds(self) -> int:
@@ -131,7 +133,7 @@ class Settings(ProbeOptions, ServingOptions):
     def kv_budget(self, arm: Arm) -> int | None:
         """``arm``'s KV budget in bytes (its own ``--kv-cache-memory-bytes``, else ``--kv-cache-bytes``)."""
 
-        return arm_budget(self.engine_args, arm.args, self.cache_bytes)
+        return arm_budget(self.engine_args, arm.args, self.cache_bytes, engine_kind(self.engine).budget_flag)
 
     @property
     def baselines_dir(self) -> Path:

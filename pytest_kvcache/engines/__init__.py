@@ -7,7 +7,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pytest_kvcache.config.arms import Arm
-from pytest_kvcache.config.budget import CPU_SPACE_ENV
 from pytest_kvcache.config.plan import Boot
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.datafiles import FOLDERS as _FOLDERS  # noqa: F401  (the folders found, by name)
@@ -106,9 +105,10 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
         port = lane_port(settings, boot.lane)
         argv = [*cmd, *args, "--host", HOST, "--port", str(port)]
         inherited = dict(os.environ)
-        budgeted = kind.kv_budget and settings.kv_budget(boot.arm) is not None
-        if budgeted and CPU_SPACE_ENV not in env_overrides:
-            inherited.pop(CPU_SPACE_ENV, None)  # it would override the budget on vLLM's CPU build
+        if settings.kv_budget(boot.arm) is not None:  # what would override the budget (vLLM's CPU build's space)
+            for name in kind.budget_env:
+                if name not in env_overrides:
+                    inherited.pop(name, None)
         return ProcessEngine(
             boot.boot_id,
             argv,

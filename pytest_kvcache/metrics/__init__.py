@@ -8,26 +8,14 @@ re-exported here.
 from __future__ import annotations
 
 from pytest_kvcache.metrics import catalogue as catalogue
-from pytest_kvcache.metrics.prometheus import CACHE_CONFIG_INFO as CACHE_CONFIG_INFO
-from pytest_kvcache.metrics.prometheus import CACHE_CONFIG_KEYS as CACHE_CONFIG_KEYS
-from pytest_kvcache.metrics.prometheus import ENGINE_COUNTERS as ENGINE_COUNTERS
-from pytest_kvcache.metrics.prometheus import REQUEST_SUCCESS as REQUEST_SUCCESS
-from pytest_kvcache.metrics.prometheus import SPEC_PER_POSITION as SPEC_PER_POSITION
 from pytest_kvcache.metrics.prometheus import Scrape as Scrape
-from pytest_kvcache.metrics.prometheus import cache_config as cache_config
 from pytest_kvcache.metrics.prometheus import delta as delta
 from pytest_kvcache.metrics.prometheus import engine_delta as engine_delta
 from pytest_kvcache.metrics.prometheus import parse as parse
 from pytest_kvcache.metrics.prometheus import spec_metrics as spec_metrics
 
 __all__ = [
-    "CACHE_CONFIG_INFO",
-    "CACHE_CONFIG_KEYS",
-    "ENGINE_COUNTERS",
-    "REQUEST_SUCCESS",
-    "SPEC_PER_POSITION",
     "Scrape",
-    "cache_config",
     "catalogue",
     "delta",
     "engine_delta",

@@ -1,4 +1,5 @@
-"""Prometheus ``/metrics`` scrapes of a vLLM server, and the values and deltas we read from them."""
+"""Prometheus ``/metrics`` scrapes of a server, and the values and deltas we read from them. The names read are an
+engine kind's own (``Kind.counters``: vLLM's in ``engines/kinds/vllm.py``)."""
 
 from __future__ import annotations
 
@@ -40,40 +41,12 @@ def parse(text: str) -> Scrape:
     return Scrape({name: tuple(rows) for name, rows in samples.items()})
 
 
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
-CACHE_CONFIG_KEYS = ("cache_dtype", "kv_cache_size_tokens", "block_size", "enable_prefix_caching", "num_gpu_blocks")
-
-
-def cache_config(scraped: Scrape) -> dict[str, str] | None:
-    """The labels of ``vllm:cache_config_info`` (cache_dtype, kv_cache_size_tokens, block_size, …)."""
-    return scraped.labels(CACHE_CONFIG_INFO)
-
-
 def delta(before: Scrape, after: Scrape, name: str, **match: str) -> float | None:
     """Counter increase between two scrapes; None when the counter is absent from either."""
     a, b = before.total(name, **match), after.total(name, **match)
     if a is None or b is None:
         return None
     return b - a
-
-
-#: Engine counters read around each request: name in records → Prometheus sample name.
-ENGINE_COUNTERS: dict[str, str] = {
-    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
-    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
-    "prompt_tokens": "vllm:prompt_tokens_total",
-    "generation_tokens": "vllm:generation_tokens_total",
-    "engine_ttft_s": "vllm:time_to_first_token_seconds_sum",
-    "engine_prefill_s": "vllm:request_prefill_time_seconds_sum",
-    "engine_decode_s": "vllm:request_decode_time_seconds_sum",
-    "engine_queue_s": "vllm:request_queue_time_seconds_sum",
-    "preemptions": "vllm:num_preemptions_total",
-    "spec_drafts": "vllm:spec_decode_num_drafts_total",
-    "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
-    "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
-}
-REQUEST_SUCCESS = "vllm:request_success_total"
-SPEC_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 
 def spec_metrics(engine: Mapping[str, object]) -> dict[str, float]:
@@ -94,11 +67,11 @@ def spec_metrics(engine: Mapping[str, object]) -> dict[str, float]:
 def engine_delta(
     before: Scrape,
     after: Scrape,
-    counters: Mapping[str, str] = ENGINE_COUNTERS,
-    per_position: str | None = SPEC_PER_POSITION,
+    counters: Mapping[str, str],
+    per_position: str | None = None,
 ) -> dict[str, object]:
     """Counter deltas between two scrapes; a counter the engine does not export is left out. ``counters``:
-    name in records → sample name (an engine kind's own; vLLM's by default).
+    name in records → sample name (an engine kind's own: ``Kind.counters``).
 
     ``spec_accepted_per_position`` lists accepted tokens per draft position when the engine exports it.
     """

@@ -403,6 +403,8 @@ class EngineWatch:
     ``scrape`` returns None for a server without vLLM's counters; the trial then has no engine figures."""
 
     scrape: Callable[[], Scrape | None]
+    #: the engine kind's counters (``Kind.counters``: name in records → sample name)
+    counters: Mapping[str, str]
     start: Scrape | None = None
     delta: dict[str, object] | None = None
     usage: list[float] = field(default_factory=list)
@@ -426,7 +428,7 @@ class EngineWatch:
                 if value is not None:
                     into.append(value)
         elif event == "done" and self.start is not None and (found := self.scrape()) is not None:
-            self.delta = engine_delta(self.start, found)
+            self.delta = engine_delta(self.start, found, self.counters)
 
     def info(self) -> dict[str, Any]:
         return {

@@ -84,7 +84,7 @@ def test_capacity(
             think = capacity.think_times(st.seed, depth, trial, i, turns, st.capacity_think_s)
             text = capacity.context(salt, sized.repeats, sized.pad_words)
             plans.append(capacity.session_plan(payload, text, salt, turns, think))
-        watch = capacity.EngineWatch(kv_client.scrape)
+        watch = capacity.EngineWatch(kv_client.scrape, kv_client.kind.counters if kv_client.kind else {})
         try:
             found = fanout.sessions(plans, window_s=window_s, monitor=watch, warm_concurrency=capacity.WARM_CONCURRENCY)
         except FanoutError as exc:

@@ -5,7 +5,7 @@ from pathlib import Path
 from pytest_kvcache import metrics
 from pytest_kvcache.config.hostcpu import cpu_flags, fp8_kv_unsupported_reason
 from pytest_kvcache.engines.base import EngineError, redact_argv, redact_env, salient_error, tail
-from pytest_kvcache.engines.kinds.vllm import parse_log
+from pytest_kvcache.engines.kinds.vllm import CACHE_CONFIG_INFO, parse_log
 from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype, speculative
 
 # Lines as vLLM 0.25.1 (the seed's GPU logs) and 0.32.0 (the CPU build here) print them.
@@ -56,7 +56,7 @@ vllm:prefix_cache_queries_total{engine="1",model_name="m"} 128.0
 
 def test_cache_config_and_counters() -> None:
     scraped = metrics.parse(METRICS)
-    cache = metrics.cache_config(scraped)
+    cache = scraped.labels(CACHE_CONFIG_INFO)
     assert cache is not None and cache["cache_dtype"] == "fp8_e4m3"
     assert scraped.total("vllm:prefix_cache_queries_total") == 640.0
     assert scraped.total("vllm:prefix_cache_queries_total", engine="1") == 128.0

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from pytest_kvcache import metrics
 from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.kinds import resolve_arm
 from pytest_kvcache.config.plan import Boot, BootPlan
@@ -16,7 +17,6 @@ from pytest_kvcache.engines import kinds, make_engine
 from pytest_kvcache.engines.base import EngineError
 from pytest_kvcache.engines.docker import DockerEngine
 from pytest_kvcache.engines.kinds import base
-from pytest_kvcache.engines.kinds.base import Container
 from pytest_kvcache.engines.kinds.llamacpp import LLAMACPP
 from pytest_kvcache.engines.kinds.openai import OPENAI
 from pytest_kvcache.engines.kinds.vllm import VLLM
@@ -103,34 +103,54 @@ def test_a_kind_without_a_command_or_a_log_parser_is_refused(
         kinds.load_entry_points()
 
 
-def test_the_docker_launcher_starts_what_the_kind_says(tmp_path: Path) -> None:
-    """``--kv-launcher=docker`` asks the kind for its container (arguments, environment, model mount): the
-    launcher holds nothing of any kind's. A kind without the hook cannot be started in a container."""
+def test_an_sglang_kind_is_one_module_docker_included(tmp_path: Path) -> None:
+    """A newcomer's SGLang kind (``sglang_kind.py``, outside the package) is one module and one import line: its
+    arms, its command line, its container (the docker launcher holds nothing of any kind's), its log and its
+    counters are all it declares; and nothing of vLLM's leaks in from the base kind."""
+    from tests.unit import sglang_kind
 
-    @kinds.register_kind("boxed")
-    class Boxed(kinds.Kind):
-        profile = kinds.EngineProfile(kind="boxed", title="a boxed server")
-        launchers = ("docker", "external")
-
-        def command(self, settings: Settings, boot: Boot, log_path: Path) -> kinds.Command:
-            raise AssertionError("the docker launcher runs no command line")
-
-        def parse_log(self, text: str) -> LogFacts:
-            return LogFacts()
-
-        def container(self, settings: Settings, boot: Boot) -> Container:
-            arm = boot.arm.kv_cache_dtype or "none"
-            return Container(["--model-path", "/m", "--kv", arm], {"BOXED": "1"}, model_mount=("/host/m", "/m"))
-
+    kinds.register_kind("sglang")(sglang_kind.SglangKind)  # again: another test may have unregistered it
+    model = tmp_path / "qwen"
+    model.mkdir()
     try:
-        settings = make_settings(tmp_path, arms="auto", engine="boxed", launcher="docker", image="boxed:1")
-        (boot,) = BootPlan.of(settings).boots
-        engine = make_engine(settings, boot, tmp_path / "runs" / "r1" / "auto", EngineRegistry(tmp_path / "reg"))
-        assert isinstance(engine, DockerEngine) and engine.image == "boxed:1"
-        assert engine.engine_args == ["--model-path", "/m", "--kv", "auto"] and engine.env == {"BOXED": "1"}
-        assert engine.model_mount == ("/host/m", "/m") and engine.compile_cache is None
+        assert resolve_arm("fp8", {}, "sglang").kv_cache_dtype == "fp8_e4m3"
+        assert resolve_arm("fp4_e2m1", {}, "sglang").kv_cache_dtype == "fp4_e2m1"
+        with pytest.raises(SettingsError, match="unknown arm 'int8'; valid arms: fp8, bf16, fp4, auto"):
+            resolve_arm("int8", {}, "sglang")  # vLLM's names are vLLM's
+        with pytest.raises(SettingsError, match="unknown kv_cache_dtype 'int8_per_token_head'"):
+            resolve_arm("mine", {"mine": {"kv_cache_dtype": "int8_per_token_head"}}, "sglang")
+        with pytest.raises(SettingsError, match="--kv-cache-bytes"):  # no byte budget: refused up front
+            make_settings(tmp_path, arms="auto,fp8", engine="sglang", model=str(model), cache_bytes="1GiB")
+
+        settings = make_settings(tmp_path, arms="auto,fp8", engine="sglang", model=str(model))
+        _auto, fp8 = BootPlan.of(settings).boots
+        program, args, _ = kinds.get_kind("sglang").command(settings, fp8, tmp_path / "log")
+        assert program == ("python", "-m", "sglang.launch_server")
+        assert args == ["--model-path", str(model), "--kv-cache-dtype", "fp8_e4m3", "--enable-metrics"]
+
+        boxed = make_settings(
+            tmp_path, arms="auto,fp8", engine="sglang", model=str(model), launcher="docker", image="lmsysorg/sglang:1"
+        )
+        boot = BootPlan.of(boxed).boots[1]
+        engine = make_engine(boxed, boot, tmp_path / "runs" / "r1" / "fp8", EngineRegistry(tmp_path / "reg"))
+        assert isinstance(engine, DockerEngine) and engine.image == "lmsysorg/sglang:1"
+        assert engine.engine_args == ["--model-path", "/model", "--kv-cache-dtype", "fp8_e4m3", "--enable-metrics"]
+        assert engine.model_mount == (str(model), "/model") and engine.compile_cache is None
+        assert not any(k.startswith("VLLM_") for k in engine.env)
+
+        log = "server_args=ServerArgs(kv_cache_dtype='fp8_e4m3', …)\nKV Cache is allocated. #tokens: 411230, K size…"
+        assert kinds.get_kind("sglang").parse_log(log) == {"kv_cache_size_tokens": 411230, "kv_cache_dtype": "fp8_e4m3"}
+        before = metrics.parse("sglang:prompt_tokens_total 10\nsglang:generation_tokens_total 4\n")
+        after = metrics.parse("sglang:prompt_tokens_total 110\nsglang:generation_tokens_total 36\n")
+        counters = kinds.get_kind("sglang").counters
+        assert metrics.engine_delta(before, after, counters) == {"prompt_tokens": 100, "generation_tokens": 32}
     finally:
-        kinds.unregister_kind("boxed")
+        kinds.unregister_kind("sglang")
+
+
+def test_a_kind_without_the_container_hook_cannot_run_in_docker(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, arms="auto", launcher="docker", image="vllm:1")
+    (boot,) = BootPlan.of(settings).boots
 
     class Plain(kinds.Kind):
         profile = kinds.EngineProfile(kind="plain", title="a plain server")

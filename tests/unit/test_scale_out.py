@@ -19,11 +19,12 @@ from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.plan import BootPlan, boot_order, lane_order
 from pytest_kvcache.config.resolve import resolve
 from pytest_kvcache.config.values import parse_gpu_groups
-from pytest_kvcache.distributed import LANE_KEY, Role, boot_of_nodeid, check, check_lane_cards
+from pytest_kvcache.distributed import LANE_KEY, Role, check, check_lane_cards
 from pytest_kvcache.engines import make_engine, visible_devices
 from pytest_kvcache.engines.registry import EngineRegistry
 from pytest_kvcache.gpu.state import GpuOptions, GpuState
 from pytest_kvcache.run.forward import Outbox, apply, target
+from pytest_kvcache.run.lanes import boot_of_nodeid
 from pytest_kvcache.run.run import Run
 from pytest_kvcache.testing.fake_nvml import FakeCard, FakeNvml
 from tests.factories import make_settings
@@ -308,20 +309,25 @@ class FakeNode:
         self.shutting_down = True
 
 
-class FakeSession:
-    def __init__(self, settings: Any) -> None:
-        self.settings = settings
-        self.boot_plan = BootPlan.of(settings)
+class FakeLanes:
+    def __init__(self) -> None:
         self.lost: list[tuple[int, int | None, str, list[str]]] = []
 
-    def planned_remote(self, counts: Any) -> None:
-        self.counts = dict(counts)
-
-    def block_skip_reason(self, block: int) -> None:
+    def skip_reason(self, block: int) -> None:
         return None
 
     def block_lost(self, lane: int, block: int | None, worker: str, tests: Any) -> None:
         self.lost.append((lane, block, worker, list(tests)))
+
+
+class FakeSession:
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.boot_plan = BootPlan.of(settings)
+        self.lanes = FakeLanes()
+
+    def planned_remote(self, counts: Any) -> None:
+        self.counts = dict(counts)
 
 
 def _scheduler(tmp_path: Path, replicates: int, tests: list[str]) -> tuple[Any, FakeSession, list[FakeNode]]:
@@ -375,7 +381,7 @@ def test_a_dead_workers_block_is_lost_and_its_lane_waits_for_a_replacement(tmp_p
     sched.mark_test_complete(dying, sched.node2pending[dying][0])  # one test done, then it dies
     crashed = sched.remove_node(dying)
     assert crashed is not None and "[" in crashed
-    assert [(lane, block, worker) for lane, block, worker, _ in session.lost] == [(1, 2, "gw1")]
+    assert [(lane, block, worker) for lane, block, worker, _ in session.lanes.lost] == [(1, 2, "gw1")]
     _finish(sched, first)
     assert not sched.tests_finished  # lane 1's block 4 waits for the replacement
     replacement = FakeNode(1, "gw2")

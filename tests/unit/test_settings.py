@@ -5,10 +5,11 @@ from typing import Any
 
 import pytest
 
-from pytest_kvcache.config.constants import ALIASES, KV_CACHE_DTYPES, SettingsError
+from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.kinds import resolve_arms
 from pytest_kvcache.config.plan import BootPlan
 from pytest_kvcache.config.settings import OPTIONS
+from pytest_kvcache.engines.kinds.vllm import ALIASES, KV_CACHE_DTYPES
 from tests.factories import make_settings
 
 settings = make_settings

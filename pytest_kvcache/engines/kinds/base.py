@@ -21,7 +21,7 @@ import httpx
 
 from pytest_kvcache import kind_registry
 from pytest_kvcache.config.arms import Arm, _named_arm, _typed_arm
-from pytest_kvcache.config.constants import ALIASES, KV_CACHE_DTYPES, SettingsError
+from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines.base import EngineError
 from pytest_kvcache.engines.kinds import folder
@@ -174,7 +174,7 @@ class Kind(ABC):
             def parse_log(self, text): ...
 
     The other defaults are a server that serves the embedded model as a folder (``engines/kinds/folder.py``),
-    whose arms are named arms or vLLM's dtype names (the names most OpenAI-compatible servers take).
+    whose arms are its named arms only (set ``dtype_aliases`` and ``dtypes`` for the KV dtype names it takes).
     """
 
     #: the ``--kv-engine`` value (set by :func:`register_kind`)
@@ -182,10 +182,14 @@ class Kind(ABC):
     profile: EngineProfile = EngineProfile(kind="", title="")
     #: what the terminal's evidence line calls it; None: a vLLM-shaped line (its /metrics cache config)
     short_title: str | None = None
-    #: short names users type (``int8``) → the engine's own KV dtype value, and the values it takes itself
-    #: (vLLM's by default: a named arm's ``kv_cache_dtype`` is checked against vLLM's too)
-    dtype_aliases: Mapping[str, str] = ALIASES
-    dtypes: tuple[str, ...] = KV_CACHE_DTYPES
+    #: short names users type (``int8``) → the engine's own KV dtype value, and the values it takes itself (none
+    #: by default: such a kind's arms are its named arms); a named arm's ``kv_cache_dtype`` is checked against them
+    dtype_aliases: Mapping[str, str] = {}
+    dtypes: tuple[str, ...] = ()
+    #: the dtypes vLLM's CPU build serves, when it serves the embedded model (``cpu_build``): the others are refused
+    cpu_dtypes: frozenset[str] = frozenset()
+    #: KV dtypes it serves wrongly on float32 weights: a run with such an arm serves the embedded model in bfloat16
+    half_kv_on_float32: frozenset[str] = frozenset()
     #: ``--kv-model`` is a file (a GGUF) rather than a model folder; the usage error's words when it is not
     model_is_file: bool = False
     model_file_what: str = "this engine serves a model file"
@@ -195,8 +199,11 @@ class Kind(ABC):
     launchers: tuple[str, ...] = ("process", "external")
     #: the process launcher has no default command for it: ``--kv-engine-cmd`` is required
     needs_cmd: bool = True
-    #: ``--kv-cache-bytes`` (vLLM's ``--kv-cache-memory-bytes``) sizes its KV cache
-    kv_budget: bool = False
+    #: the flag ``--kv-cache-bytes`` is passed as, which sizes its KV cache in bytes (None: it has no byte budget);
+    #: an arm's own such flag is its budget
+    budget_flag: str | None = None
+    #: environment variables that override that flag: dropped from what the engine inherits when a budget is set
+    budget_env: tuple[str, ...] = ()
     #: the flags that set its context length (read by the context check)
     context_flags: tuple[str, ...] = ("--max-model-len",)
     #: it serves the embedded model at the run's ``embedded_dtype`` (vLLM's ``--dtype``; the boot plan says so)
@@ -222,7 +229,7 @@ class Kind(ABC):
     def resolve_arm(self, name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
         """One typed arm name: a named arm (``[tool.pytest_kvcache.arms.NAME]``), an alias or a raw dtype."""
         if name in named:
-            return _named_arm(name, named[name])
+            return _named_arm(name, named[name], self.dtype_aliases, self.dtypes)
         return _typed_arm(name, named, self.dtype_aliases, self.dtypes, "arm")
 
     def check(self, *, launcher: str, engine_cmd: object) -> None:

@@ -81,7 +81,7 @@ def llamacpp_arm(name: str, named: Mapping[str, Mapping[str, Any]]) -> Arm:
     if name in named:
         table = dict(named[name])
         raw = table.pop("kv_cache_dtype", None)
-        arm = _named_arm(name, table)
+        arm = _named_arm(name, table, {}, ())
         if raw is None:
             return replace(arm, kv_cache_dtype="f16")
         if not isinstance(raw, str) or LLAMACPP_ALIASES.get(raw, raw) not in LLAMACPP_CACHE_TYPES:

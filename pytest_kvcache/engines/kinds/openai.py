@@ -38,6 +38,9 @@ class OpenaiKind(Kind):
 
     profile = OPENAI
     short_title = "OpenAI-compatible server"
+    # many such servers are vLLM underneath: its KV dtype names are the arms typed
+    dtype_aliases = vllm.ALIASES
+    dtypes = vllm.KV_CACHE_DTYPES
 
     def command(self, settings: Settings, boot: Boot, log_path: Path) -> Command:
         """``--kv-engine-cmd``, the model (``--kv-model``, else the embedded model's folder), the user's arguments."""

@@ -6,14 +6,11 @@ import ast
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from pytest_kvcache import metrics
 from pytest_kvcache.config.arms import Arm
-from pytest_kvcache.config.budget import CPU_SPACE_ENV
-from pytest_kvcache.config.budget import FLAG as BUDGET_FLAG
-from pytest_kvcache.config.constants import ALIASES, KV_CACHE_DTYPES
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines.kinds import vllm_kv
 from pytest_kvcache.engines.kinds.base import (
@@ -62,11 +59,70 @@ MEASUREMENT_ARGS: tuple[str, ...] = ("--enable-prompt-tokens-details",)
 
 #: vLLM's Prometheus names: the counters read around each request (name in records → sample name), the one
 #: that moves when a request finished, accepted draft tokens per position, and its cache-config info gauge.
-#: They are declared beside the scrape parser (``metrics``), which other modules read them from too.
-ENGINE_COUNTERS = metrics.ENGINE_COUNTERS
-REQUEST_SUCCESS = metrics.REQUEST_SUCCESS
-SPEC_PER_POSITION = metrics.SPEC_PER_POSITION
-CACHE_CONFIG_INFO = metrics.CACHE_CONFIG_INFO
+ENGINE_COUNTERS: Mapping[str, str] = {
+    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "engine_ttft_s": "vllm:time_to_first_token_seconds_sum",
+    "engine_prefill_s": "vllm:request_prefill_time_seconds_sum",
+    "engine_decode_s": "vllm:request_decode_time_seconds_sum",
+    "engine_queue_s": "vllm:request_queue_time_seconds_sum",
+    "preemptions": "vllm:num_preemptions_total",
+    "spec_drafts": "vllm:spec_decode_num_drafts_total",
+    "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+}
+REQUEST_SUCCESS = "vllm:request_success_total"
+SPEC_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+#: vLLM's KV budget: the flag that sizes its KV cache in bytes (``--kv-cache-bytes`` passes it), and the variable
+#: its CPU build sizes the cache from (whole GiB), which overrides the flag there.
+BUDGET_FLAG = "--kv-cache-memory-bytes"
+CPU_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+#: Every value vLLM's ``--kv-cache-dtype`` accepts (vLLM 0.32's ``CacheDType``), in one place.
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "ultraquant_4bit",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "nvfp4_4over6",
+)
+
+#: What vLLM's CPU attention backend serves: the only dtypes the embedded CPU default allows
+#: (fp8 ones need AVX-512 or AMX: ``hostcpu.py``; float16 was seen to serve the bf16 tiny model).
+CPU_KV_CACHE_DTYPES: frozenset[str] = frozenset({"auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"})
+
+#: KV dtypes vLLM 0.32's CPU build serves wrongly on float32 weights (garbage text; bf16 weights are fine):
+#: a run with such an arm serves the embedded trained model in bfloat16 (``Settings.embedded_dtype``).
+HALF_KV_ON_FLOAT32: frozenset[str] = frozenset({"float16", "bfloat16"})
+
+#: Short names users type. ``fp8`` resolves explicitly to e4m3, as the seed's engine resolved it.
+ALIASES: Mapping[str, str] = {
+    "fp8": "fp8_e4m3",
+    "e4m3": "fp8_e4m3",
+    "e5m2": "fp8_e5m2",
+    "int8": "int8_per_token_head",
+    "int8-pth": "int8_per_token_head",
+    "bf16": "auto",
+}
 
 
 def default_engine_cmd() -> tuple[str, ...]:
@@ -186,9 +242,12 @@ class VllmKind(Kind):
     profile = VLLM
     dtype_aliases = ALIASES
     dtypes = KV_CACHE_DTYPES
+    cpu_dtypes = CPU_KV_CACHE_DTYPES
+    half_kv_on_float32 = HALF_KV_ON_FLOAT32
     launchers = ("process", "docker", "external")
     needs_cmd = False
-    kv_budget = True
+    budget_flag = BUDGET_FLAG
+    budget_env = (CPU_SPACE_ENV,)
     embedded_dtype = True
     cpu_build = True
     counters = ENGINE_COUNTERS
