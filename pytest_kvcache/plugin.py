@@ -30,8 +30,6 @@ from pytest_kvcache.engines import make_engine
 from pytest_kvcache.engines.base import EngineError
 from pytest_kvcache.engines.kinds.base import load_entry_points
 from pytest_kvcache.probes import registry as probe_registry
-from pytest_kvcache.probes.concurrency import level_label
-from pytest_kvcache.probes.prefill import depth_label
 from pytest_kvcache.run.measure import ArmClient, death_notice
 from pytest_kvcache.session import KvSession
 from pytest_kvcache.stored import Stored, open_stored, report_options
@@ -238,22 +236,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     settings = session.settings
     boots = session.boot_plan.boots
     metafunc.parametrize("kv_arm", boots, indirect=True, scope="session", ids=[b.boot_id for b in boots])
-    if "kv_depth" in metafunc.fixturenames:
-        metafunc.parametrize("kv_depth", settings.depths, ids=[depth_label(d) for d in settings.depths])
-    if "kv_capacity_depth" in metafunc.fixturenames:
-        depths = settings.capacity_depths
-        metafunc.parametrize("kv_capacity_depth", depths, ids=[depth_label(d) for d in depths])
-    if "kv_concurrency" in metafunc.fixturenames:
-        levels = settings.concurrency
-        metafunc.parametrize("kv_concurrency", levels, ids=[level_label(n) for n in levels])
-    if "kv_agentic_session" in metafunc.fixturenames:
-        numbers = range(1, settings.sessions + 1)
-        metafunc.parametrize("kv_agentic_session", numbers, ids=[f"s{n}" for n in numbers])
-    if "kv_fidelity_text" in metafunc.fixturenames:
-        metafunc.parametrize("kv_fidelity_text", settings.fidelity_texts, ids=list(settings.fidelity_texts))
-    if "kv_retrieval_depth" in metafunc.fixturenames:
-        depths = settings.retrieval_depths
-        metafunc.parametrize("kv_retrieval_depth", depths, ids=[depth_label(d) for d in depths])
+    for spec in probe_registry.specs():  # each probe's own axis (``ProbeSpec.axis``): kv_depth over --kv-depths …
+        if spec.axis is not None and spec.axis.fixture in metafunc.fixturenames:
+            values = spec.axis.of(settings)
+            metafunc.parametrize(spec.axis.fixture, values, ids=[spec.axis.ids(v) for v in values])
 
 
 @pytest.hookimpl(trylast=True)

@@ -20,6 +20,7 @@ import pytest
 
 from pytest_kvcache import interrupt
 from pytest_kvcache.config.constants import FIDELITY_DEPTHS
+from pytest_kvcache.config.context import planned_points
 from pytest_kvcache.config.grammars import GateError
 from pytest_kvcache.config.plan import Boot, BootPlan
 from pytest_kvcache.config.settings import Settings
@@ -122,11 +123,8 @@ class KvSession:
     outcome: Outcome | None = None
     _previous_sigterm: Any = None
     _machine_info: Json = None
-    _depth_planned: bool = False
-    _fidelity_planned: bool = False
-    _retrieval_planned: bool = False
-    _capacity_planned: bool = False
-    _short_planned: bool = False
+    #: the markers of the probes (and probe groups: ``depth``) the collected tests measure
+    _planned: frozenset[str] = frozenset()
     #: A pytest-xdist worker refused the run on its host (exit 4): no report of an empty run.
     usage_error: str | None = None
 
@@ -239,11 +237,7 @@ class KvSession:
             if boot is not None:
                 counts[boot.boot_id] = counts.get(boot.boot_id, 0) + 1
         self.run.set_plan(counts)
-        self._depth_planned = any(boot_of(i) is not None and i.get_closest_marker("depth") for i in items)
-        self._fidelity_planned = any(boot_of(i) is not None and i.get_closest_marker("fidelity") for i in items)
-        self._retrieval_planned = any(boot_of(i) is not None and i.get_closest_marker("retrieval") for i in items)
-        self._capacity_planned = any(boot_of(i) is not None and i.get_closest_marker("capacity") for i in items)
-        self._short_planned = any(boot_of(i) is not None and i.get_closest_marker("short") for i in items)
+        self._planned = frozenset(m.name for i in items if boot_of(i) is not None for m in i.iter_markers())
         if self.progress is not None:
             self.progress.planned(counts)
 
@@ -259,7 +253,13 @@ class KvSession:
         marked = [{s.name for s in specs.values() if i.get_closest_marker(s.marker)} for i in tests]
         selected = set().union(*marked) if all(marked) and self.role is None else None
         try:
-            check_all(self.settings.gates, [a.name for a in self.settings.arms], specs, selected)
+            check_all(
+                self.settings.gates,
+                [a.name for a in self.settings.arms],
+                specs,
+                selected,
+                planned_points(self.settings),
+            )
         except GateError as exc:
             raise pytest.UsageError(f"pytest-kvcache: --kv-fail: {exc}") from None
         boots_here = self.role is None or self.role.kind == "worker"  # a pytest-xdist controller boots nothing
@@ -304,25 +304,25 @@ class KvSession:
         if st.context_tokens is not None:
             lines.append(f"  context {st.context_tokens:,} tokens ({st.context_source}): no request beyond it is sent")
         cpu = st.embedded and st.launcher != "external"
-        if cpu and self._short_planned and (st.max_tokens, st.warmups, st.runs) != (None, 3, 5):
+        if cpu and "short" in self._planned and (st.max_tokens, st.warmups, st.runs) != (None, 3, 5):
             lines.append(
                 f"  short probes sized for the CPU: {st.max_tokens or 'each shape’s'} tokens, {st.warmups} warmup(s) + "
                 f"{st.runs} runs a shape (elsewhere: 1000/800 tokens, 3 + 5)"
             )
-        if cpu and self._depth_planned:
+        if cpu and "depth" in self._planned:
             lines.append(
                 f"  depth probes sized for the CPU: depths {','.join(depth_label(d) for d in st.depths)}, "
                 f"{st.sessions} agentic session(s) of {st.turns or 'all'} turns, "
                 f"{st.agentic_max_tokens} tokens a turn, "
                 f"agentic depth {st.agentic_depth} (the seed's: --kv-depths=10k,90k --kv-sessions=2 --kv-turns=15)"
             )
-        if cpu and self._fidelity_planned:
+        if cpu and "fidelity" in self._planned:
             lines.append(
                 f"  fidelity sized for the CPU: depths {','.join(depth_label(d) for d in st.fidelity_depths)}, "
                 f"window {st.fidelity_window} (elsewhere: --kv-fidelity-depths="
                 f"{','.join(depth_label(d) for d in FIDELITY_DEPTHS)} --kv-fidelity-window=512)"
             )
-        if self._retrieval_planned:
+        if "retrieval" in self._planned:
             lines.append(
                 "  "
                 + retrieval_line(
@@ -336,6 +336,9 @@ class KvSession:
                     cpu=cpu,
                 )
             )
+        for probe in probe_registry.specs():  # a probe's own line (``ProbeSpec.plan``), when its tests are selected
+            if probe.plan is not None and probe.marker in self._planned and (line := probe.plan(st)):
+                lines.append(f"  {line}")
         lines += [f"  {note}" for note in st.context_notes]
         if st.max_replicates:
             lines.append(
@@ -344,7 +347,7 @@ class KvSession:
                 f"{'' if st.rounds == st.replicates + 1 else f'–{st.rounds}'} boot only while "
                 f"{self.adaptive_condition()}"
             )
-        if self._capacity_planned:
+        if "capacity" in self._planned:
             lines.append(capacity_plan_line(st))
         lines += kv_plan_lines(self.run.plan)
         for i, entry in enumerate(self.run.plan, 1):
@@ -517,7 +520,7 @@ class KvSession:
         """The scheduler saw the workers' collection: the boot plan, as a plain run's collection sets it."""
         self.run.set_plan(tests_per_boot)
         self.run.write_meta(status="running")
-        self._depth_planned = self._fidelity_planned = self._retrieval_planned = False
+        self._planned = frozenset({"capacity", "short"} & self._planned)
         if self.progress is not None:
             self.progress.planned(tests_per_boot)
         writer = TerminalWriter(self.config)

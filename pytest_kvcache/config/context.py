@@ -20,24 +20,16 @@ from pytest_kvcache.config.budget import flag_value
 from pytest_kvcache.config.constants import CPU_RETRIEVAL_DEPTHS, RETRIEVAL_DEPTHS, SettingsError
 from pytest_kvcache.config.kinds import engine_kind
 from pytest_kvcache.config.model_files import read
+from pytest_kvcache.probes import registry as probe_registry
+from pytest_kvcache.probes.registry import RETRIEVAL_OUTPUT_TOKENS, depth_label
 
 if TYPE_CHECKING:
     from pytest_kvcache.config.settings import Settings
 
-#: Output tokens of a fresh-prefill request (``probes.prefill.MAX_TOKENS``).
-PREFILL_OUTPUT_TOKENS = 16
-#: A retrieval request's answer: a few greedy tokens (``probes.retrieval.answer_tokens``).
-RETRIEVAL_OUTPUT_TOKENS = 24
 #: A default retrieval depth this close below the model's limit gives way to it (``retrieval_defaults``).
 NEAR_LIMIT = 0.9
-#: A fidelity request scores its prompt and generates one token.
-FIDELITY_OUTPUT_TOKENS = 1
 #: Config keys that hold a model's context, in the order they are tried (text_config first for VLMs).
 CONFIG_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions", "max_seq_len")
-
-
-def _label(tokens: int) -> str:
-    return f"{tokens // 1000}k" if tokens % 1000 == 0 else str(tokens)
 
 
 def _int(value: str | None) -> int | None:
@@ -130,15 +122,14 @@ def retrieval_defaults(kept: tuple[int, ...], context: int) -> tuple[int, ...]:
 
 
 def planned_points(settings: Settings) -> dict[str, tuple[str, ...]]:
-    """The points the stock probes whose points follow from the settings will have (their depths and levels, after
-    the defaults that cannot fit were left out): a gate on another point is a usage error before any boot."""
-    return {
-        "prefill": tuple(map(_label, settings.depths)),
-        "fidelity": tuple(map(_label, settings.fidelity_depths)),
-        "capacity": tuple(map(_label, settings.capacity_depths)),
-        "retrieval": tuple(map(_label, settings.retrieval_depths)),
-        "concurrency": tuple(f"c{n}" for n in settings.concurrency),
-    }
+    """The points the probes whose points follow from the settings will have (their depths and levels, after the
+    defaults that cannot fit were left out): a gate on another point is a usage error before any boot."""
+    return {spec.name: found for spec in probe_registry.specs() if (found := spec.planned_points(settings)) is not None}
+
+
+def _flag(field: str) -> str:
+    """The command-line flag of a ``Settings`` field (``capacity_depths`` → ``--kv-capacity-depths``)."""
+    return "--kv-" + field.replace("_", "-")
 
 
 def agentic_target(spec: str, context: int | None, max_tokens: int) -> int | None:
@@ -159,33 +150,27 @@ def problems(settings: Settings, context: int, source: str) -> tuple[list[str], 
     where = f"the context of {context:,} tokens ({source})"
     explicit = settings.explicit
 
-    # every depth option, one rule: a depth given explicitly whose prompt and output tokens cannot fit is a usage
-    # error naming the option, the depth and the context; a default one is left out and said so
-    for field, flag, probe, output, output_flag in (
-        ("depths", "--kv-depths", "prefill", PREFILL_OUTPUT_TOKENS, None),
-        ("fidelity_depths", "--kv-fidelity-depths", "fidelity", FIDELITY_OUTPUT_TOKENS, None),
-        (
-            "capacity_depths",
-            "--kv-capacity-depths",
-            "capacity",
-            settings.capacity_max_tokens,
-            "--kv-capacity-max-tokens",
-        ),
-        ("retrieval_depths", "--kv-retrieval-depths", "retrieval", RETRIEVAL_OUTPUT_TOKENS, None),
-    ):
+    # every probe's depths, one rule (the probe's own ``fits``): a depth given explicitly whose prompt and output
+    # tokens cannot fit is a usage error naming the option, the depth and the context; a default one is left out
+    # and said so
+    for spec in probe_registry.specs():
+        if spec.depths is None:
+            continue
+        field, flag, probe, output = spec.depths, _flag(spec.depths), spec.name, spec.output(settings) or 0
+        output_flag = _flag(spec.output_tokens) if isinstance(spec.output_tokens, str) else None
         given: tuple[int, ...] = getattr(settings, field)
-        over = [d for d in given if d + output > context]
+        over = [d for d in given if not spec.fits(d, context, settings)]
         if not over:
             continue
         tokens = f"{output} output token{'' if output == 1 else 's'}" + (f" ({output_flag})" if output_flag else "")
         if field in explicit:
             errors.append(
-                f"{flag}: {', '.join(map(_label, over))} + {tokens} cannot fit {where}; give depths up to "
+                f"{flag}: {', '.join(map(depth_label, over))} + {tokens} cannot fit {where}; give depths up to "
                 f"{context - output:,}"
             )
         else:
             changes[field] = tuple(d for d in given if d not in over)
-            notes.extend(f"{probe}@{_label(d)}: left out, {d:,} + {output} tokens exceed {where}" for d in over)
+            notes.extend(f"{probe}@{depth_label(d)}: left out, {d:,} + {output} tokens exceed {where}" for d in over)
 
     # the retrieval probe's GPU default reaches the model's own limit too
     if "retrieval_depths" not in explicit and settings.retrieval_depths == RETRIEVAL_DEPTHS:
@@ -200,12 +185,10 @@ def problems(settings: Settings, context: int, source: str) -> tuple[list[str], 
         )
     # an output length given explicitly that cannot fit is a usage error; a default one only leaves its probe's
     # requests out (each is counted before it is sent), so a probe that is not selected never stops the run
-    for field, flag, probe, value in (
-        ("agentic_max_tokens", "--kv-agentic-max-tokens", "agentic", settings.agentic_max_tokens),
-        ("max_tokens", "--kv-max-tokens", "short", settings.max_tokens),
-        ("concurrency_max_tokens", "--kv-concurrency-max-tokens", "concurrency", settings.concurrency_max_tokens),
-        ("capacity_max_tokens", "--kv-capacity-max-tokens", "capacity", settings.capacity_max_tokens),
-    ):
+    for spec in probe_registry.specs():
+        if not isinstance(spec.output_tokens, str):
+            continue
+        field, flag, probe, value = spec.output_tokens, _flag(spec.output_tokens), spec.name, spec.output(settings)
         if value is None or value < context:
             continue
         if field in explicit:

@@ -23,10 +23,6 @@ from pytest_kvcache.sample import Sample
 PROMPT = SHAPES[1].prompt  # the code shape: short prompt, long decode
 
 
-def level_label(streams: int) -> str:
-    return f"c{streams}"
-
-
 def stream_payload(
     model: str, seed: int, streams: int, phase: str, trial: int, stream: int, max_tokens: int
 ) -> dict[str, Any]:

@@ -19,9 +19,9 @@ gated) without the user's file. Plain Python: no pytest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model.evidence import ProbeSpecData
@@ -53,6 +53,42 @@ COUNT_METRICS = catalogue.names("count")
 def depth_label(depth: int) -> str:
     """A depth as a point's name: ``10000`` → ``10k``, ``1500`` → ``1500``."""
     return f"{depth // 1000}k" if depth % 1000 == 0 else str(depth)
+
+
+def level_label(streams: int) -> str:
+    """A concurrency level as a point's name: ``4`` → ``c4``."""
+    return f"c{streams}"
+
+
+#: Output tokens of a fresh-prefill request (``probes.prefill.MAX_TOKENS``).
+PREFILL_OUTPUT_TOKENS = 16
+#: A retrieval request's answer: a few greedy tokens (``probes.retrieval.answer_tokens``).
+RETRIEVAL_OUTPUT_TOKENS = 24
+#: A fidelity request scores its prompt and generates one token.
+FIDELITY_OUTPUT_TOKENS = 1
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A probe's own parametrization: a test that takes ``fixture`` runs once per value (and per boot), named
+    ``ids(value)``. The values are those of the option ``option`` (a ``Settings`` field: ``--kv-depths`` is
+    ``depths``), 1..N where the option is a ``count`` (``--kv-sessions``), or what ``values(settings)`` returns (a
+    probe from outside the package, whose option is its own). ``points``: the values name the probe's report
+    points too, so a gate on another point is refused before any boot."""
+
+    fixture: str
+    option: str
+    ids: Callable[[Any], str] = str
+    count: bool = False
+    points: bool = False
+    values: Callable[[Any], Sequence[Any]] | None = None
+
+    def of(self, settings: object) -> tuple[Any, ...]:
+        """The axis's values for a run's settings."""
+        if self.values is not None:
+            return tuple(self.values(settings))
+        value = getattr(settings, self.option)
+        return tuple(range(1, value + 1)) if self.count else tuple(value)
 
 
 @dataclass(frozen=True)
@@ -90,8 +126,19 @@ class ProbeSpec:
     #: into one frame row per boot and point, whose metrics carry their own bootstrap (``frame.compare``)
     search: bool = False
     #: the ``Settings`` field that says how many measured requests a point plans (``runs``, ``depth_runs``,
-    #: ``turns``); run-time only (not stored with the spec)
+    #: ``turns``); run-time only (not stored with the spec), as are the fields below
     requests_option: str | None = None
+    #: its own parametrization (``kv_depth`` over ``--kv-depths``): the plugin parametrizes every test that takes
+    #: the fixture
+    axis: Axis | None = None
+    #: the ``Settings`` field that holds its depths (prompts of that many tokens), and the tokens each of its
+    #: requests generates beyond its prompt (a count, or the ``Settings`` field that says it): what decides whether
+    #: a depth fits the model's context (:meth:`fits`) — a default depth that cannot is left out, a given one is
+    #: a usage error
+    depths: str | None = None
+    output_tokens: int | str = 0
+    #: its line in the boot plan when its tests are selected (None: it adds none)
+    plan: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -108,6 +155,26 @@ class ProbeSpec:
         """The metrics that get deltas and gates (the catalogue's ``compared``: token counts are only
         summarised)."""
         return tuple(m for m in self.metrics if catalogue.compared(m))
+
+    def output(self, settings: object) -> int | None:
+        """The tokens one of its requests generates beyond its prompt (None: the option leaves it to each request)."""
+        if isinstance(self.output_tokens, int):
+            return self.output_tokens
+        value = getattr(settings, self.output_tokens)
+        return value if isinstance(value, int) else None
+
+    def fits(self, depth: int, context: int, settings: object = None) -> bool:
+        """Whether a request at ``depth`` prompt tokens, and what it generates, fits a context of ``context``."""
+        return depth + (self.output(settings) or 0) <= context
+
+    def planned_points(self, settings: object) -> tuple[str, ...] | None:
+        """The points its settings give it (its depths, or its axis's values where they are its points); None
+        where they do not follow from the settings."""
+        if self.depths is not None:
+            return tuple(map(depth_label, getattr(settings, self.depths)))
+        if self.axis is not None and self.axis.points:
+            return tuple(map(self.axis.ids, self.axis.of(settings)))
+        return None
 
     def planned_requests(self, settings: object) -> int | None:
         """How many measured requests one point of this probe plans (progress's ``i/N``): the value of the
@@ -174,6 +241,7 @@ STOCK: tuple[ProbeSpec, ...] = (
         order=0,
         label="shape",
         requests_option="runs",
+        output_tokens="max_tokens",
     ),
     ProbeSpec(
         name="prefill",
@@ -196,6 +264,9 @@ STOCK: tuple[ProbeSpec, ...] = (
         markers=("depth",),
         label="at",
         requests_option="depth_runs",
+        axis=Axis("kv_depth", "depths", depth_label),
+        depths="depths",
+        output_tokens=PREFILL_OUTPUT_TOKENS,
     ),
     ProbeSpec(
         name="agentic",
@@ -213,6 +284,8 @@ STOCK: tuple[ProbeSpec, ...] = (
         markers=("depth",),
         label="at",
         requests_option="turns",
+        axis=Axis("kv_agentic_session", "sessions", lambda n: f"s{n}", count=True),
+        output_tokens="agentic_max_tokens",
     ),
     ProbeSpec(
         name="concurrency",
@@ -223,6 +296,8 @@ STOCK: tuple[ProbeSpec, ...] = (
         order=3,
         trials=True,
         requests_option="runs",
+        axis=Axis("kv_concurrency", "concurrency", level_label, points=True),
+        output_tokens="concurrency_max_tokens",
     ),
     ProbeSpec(
         name="fidelity",
@@ -235,6 +310,9 @@ STOCK: tuple[ProbeSpec, ...] = (
         point="depth",
         label="at",
         own_section=True,
+        axis=Axis("kv_fidelity_text", "fidelity_texts"),
+        depths="fidelity_depths",
+        output_tokens=FIDELITY_OUTPUT_TOKENS,
     ),
     ProbeSpec(
         name="capacity",
@@ -247,6 +325,9 @@ STOCK: tuple[ProbeSpec, ...] = (
         point="depth",
         label="at",
         search=True,
+        axis=Axis("kv_capacity_depth", "capacity_depths", depth_label),
+        depths="capacity_depths",
+        output_tokens="capacity_max_tokens",
     ),
     ProbeSpec(
         name="retrieval",
@@ -259,6 +340,9 @@ STOCK: tuple[ProbeSpec, ...] = (
         point="depth",
         label="at",
         own_section=True,
+        axis=Axis("kv_retrieval_depth", "retrieval_depths", depth_label),
+        depths="retrieval_depths",
+        output_tokens=RETRIEVAL_OUTPUT_TOKENS,
     ),
 )
 
@@ -320,10 +404,12 @@ __all__ = [
     "GROUP_MARKERS",
     "SPEC_METRICS",
     "STOCK",
+    "Axis",
     "ProbeSpec",
     "add_listener",
     "depth_label",
     "get",
+    "level_label",
     "register",
     "remove_listener",
     "resolve",

@@ -89,13 +89,18 @@ def unusable(
 
 
 def check_all(
-    texts: Sequence[str], arms: Sequence[str], specs: Mapping[str, ProbeSpec], selected: set[str] | None
+    texts: Sequence[str],
+    arms: Sequence[str],
+    specs: Mapping[str, ProbeSpec],
+    selected: set[str] | None,
+    points: Mapping[str, Sequence[str]] | None = None,
 ) -> None:
     """Every gate parsed, checked against the registered probes and evaluable in a run of ``arms``; GateError
-    names the first that is not. ``selected``: the probes the run's selected tests measure (None: unknown)."""
+    names the first that is not. ``selected``: the probes the run's selected tests measure (None: unknown);
+    ``points``: each probe's points in the run, where its settings give them (a user's probe's axis included)."""
     for text in texts:
         gate = parse(text, arms=arms, specs=specs)
-        why = unusable(gate, arms, specs)
+        why = unusable(gate, arms, specs, points)
         if why is None and selected is not None and gate.probe not in selected:
             why = f"no {gate.probe} test is selected (-m, -k)"
         if why is not None:

@@ -10,10 +10,10 @@ from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes.concurrency import (
     aggregate_tps,
     excluded_reason,
-    level_label,
     saturation,
     stream_payload,
 )
+from pytest_kvcache.probes.registry import level_label
 from pytest_kvcache.probes.runner import Adaptive, server_lost
 from pytest_kvcache.run.measure import ArmClient, Server
 

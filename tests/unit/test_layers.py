@@ -32,6 +32,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "interrupt",
             # names → engine kinds: the kinds register into it from above, the settings look them up
             "kind_registry",
+            # the probes' specs as data (axis, depths, fits, points): the stock ones and a user's register here; the
+            # settings check depths and gate points against them, the plugin parametrizes by them
+            "probes.registry",
             # finds and converts the trained GGUF: plain Python over the machine's cache, no package import
             "engines.trained_model",
             "engines.llamacpp_build",
