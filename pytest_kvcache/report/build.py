@@ -1,5 +1,5 @@
 """The report's content as a pure function of a loaded run folder: :func:`build` walks the report's sections
-(:data:`pytest_kvcache.report.sections.SECTIONS`, one module each, in ``report.json``'s key order) and merges
+(each report part's section, :func:`pytest_kvcache.report.part.ordered`, in ``report.json``'s key order) and merges
 what each adds — summary, deltas with CIs, crossovers, verdicts, boots, confounds, agreement, agentic
 growth, speculative decoding, fidelity, energy, capacity, failures.
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from pytest_kvcache.model.report import Report
-from pytest_kvcache.report import sections
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.part import ordered
 from pytest_kvcache.report.sections import context
 
 
@@ -27,6 +27,6 @@ def build(run: RunData, allow_diff: Sequence[str] = ()) -> Report:
     to the run's own ``--kv-allow-diff`` keys."""
     ctx = context.BuildContext(run, allow_diff)
     report: dict[str, Any] = {}
-    for section in sections.SECTIONS:
+    for section in ordered("json"):
         report.update(ctx.of(section))
     return cast(Report, report)

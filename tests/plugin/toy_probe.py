@@ -16,8 +16,8 @@ import pytest
 
 from pytest_kvcache.probes.registry import Axis, ProbeSpec, register
 from pytest_kvcache.probes.short import chat_payload
-from pytest_kvcache.report.outputs import markdown
-from pytest_kvcache.report.sections import register as register_section
+from pytest_kvcache.report.part import ReportPart
+from pytest_kvcache.report.part import register as register_part
 
 LENGTHS = tuple(int(n) for n in os.environ.get("TOY_ECHO_TOKENS", "4,8").split(","))
 
@@ -62,9 +62,8 @@ def lines(report: Any) -> list[str]:
     return out + [f"| {arm} | {point} | {n} |" for arm, points in echo.items() for point, n in points.items()]
 
 
-register_section(section)
-if lines not in markdown.SECTIONS:
-    markdown.SECTIONS.append(lines)
+#: its report part: report.json's key after every stock one, report.md's table after the probe tables
+register_part(ReportPart("echo", {"json": 1000, "markdown": 85}, section=section, markdown=lines))
 
 
 @pytest.mark.echo

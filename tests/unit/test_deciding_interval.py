@@ -13,7 +13,7 @@ from pytest_kvcache.report.build import build
 from pytest_kvcache.report.outputs import jsonfile, markdown
 from pytest_kvcache.report.outputs.formats import fmt_delta
 from pytest_kvcache.report.outputs.md_verdict import gate_table
-from pytest_kvcache.report.outputs.terminal import _gates
+from pytest_kvcache.report.outputs.terminal import gates_terminal
 from pytest_kvcache.report.verdicts import _standing, judge_crossovers
 from tests.unit.test_report_sections import two_arm_run
 
@@ -177,7 +177,7 @@ def test_gates_print_their_deciding_ci_beside_its_basis() -> None:
             "evidence": {"kind": "default band", "text": "within-boot CI (1 boot per arm) widened by the band"},
         },
     )
-    line = _gates(cast(Report, {"gates": [gate]}))[0].text
+    line = gates_terminal(cast(Report, {"gates": [gate]}))[0].text
     assert "deciding CI [1.020, 1.619]" in line and "widened by the band" in line
     table = gate_table([gate])
     assert "Deciding 95% CI" in table[0] and "[1.020, 1.619]" in table[2]

@@ -1,6 +1,6 @@
-"""The report in sections (issue 35): ``build()`` walks one ordered list of sections, each a module with
-``section(run, ctx) -> keys``; a new section is one module and one line in the list (or one ``register``
-call), and report.md walks its renderers the same way."""
+"""The report in parts (issues 35 and 43): ``build()`` and every output walk the report parts in their own order,
+each part declared by its feature's module (its ``section(run, ctx) -> keys`` and its renderers); a new feature is
+one module, or one ``part.register`` call, and no output keeps a list."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_kvcache.report import sections
+from pytest_kvcache.report import part
 from pytest_kvcache.report.build import build
 from pytest_kvcache.report.load import RunData
-from pytest_kvcache.report.outputs import markdown
+from pytest_kvcache.report.outputs import htmlpage, markdown, terminal
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
@@ -46,23 +47,47 @@ def toy(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"toy": {"records": len(run.records), "deltas": len(ctx.deltas)}}
 
 
-def test_a_new_section_is_one_line_in_the_list(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sections, "SECTIONS", [*sections.SECTIONS, toy])
+@pytest.fixture
+def registered() -> Any:
+    yield part.register
+    part.unregister("toy")
+
+
+def test_a_new_part_is_one_declaration(registered: Any) -> None:
+    registered(ReportPart("toy", {"json": 1000}, section=toy))
     report = build(two_arm_run())
     assert report["toy"] == {"records": 16, "deltas": 1}  # type: ignore[typeddict-item]
-    assert list(report)[-1] == "toy"  # keys follow the list's order
+    assert list(report)[-1] == "toy"  # keys follow the parts' places
 
 
-def test_register_places_a_section_before_another(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sections, "SECTIONS", list(sections.SECTIONS))
-    assert sections.register(toy, before=sections.notes.section) is toy
-    sections.register(toy)  # once only
+def test_a_part_stands_where_its_number_puts_it(registered: Any) -> None:
+    notes = next(p for p in part.parts() if p.name == "notes")
+    registered(ReportPart("toy", {"json": notes.at["json"] - 5}, section=toy))
+    registered(ReportPart("toy", {"json": notes.at["json"] - 5}, section=toy))  # once only: the later replaces it
     keys = list(build(two_arm_run()))
     assert keys.count("toy") == 1 and keys.index("toy") == keys.index("notes") - 1
 
 
-def test_a_section_that_adds_nothing_leaves_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sections, "SECTIONS", [*sections.SECTIONS, lambda run, ctx: {}])
+def test_a_part_is_placed_in_exactly_the_outputs_it_renders() -> None:
+    with pytest.raises(ValueError, match=r"place it .at=. in exactly the outputs it renders"):
+        ReportPart("toy", {"json": 5, "markdown": 5}, section=toy)
+    with pytest.raises(ValueError, match=r"renders .'terminal'., placed in .'html'."):
+        ReportPart("toy", {"html": 5}, terminal=lambda r: [])
+
+
+def test_every_stock_part_is_its_features_module() -> None:
+    names = [p.name for p in part.parts()]
+    assert len(names) == len(set(names))
+    # every output's stock renderers are parts' (none is listed anywhere else), each at a place of its own
+    for output in part.OUTPUTS:
+        places = [p.at[output] for p in part.parts() if output in p.at]
+        assert len(places) == len(set(places)), output
+    assert not hasattr(markdown, "SECTIONS") and not hasattr(terminal, "SECTIONS")
+    assert not hasattr(htmlpage, "TABLES") and not hasattr(htmlpage, "FOLDED")
+
+
+def test_a_section_that_adds_nothing_leaves_no_key(registered: Any) -> None:
+    registered(ReportPart("toy", {"json": 1000}, section=lambda run, ctx: {}))
     report = build(two_arm_run())
     assert "capacity" not in report and "blocks" not in report  # neither probe nor lanes: both leave themselves out
     assert list(report)[:5] == ["report_version", "run_id", "status", "model", "versions"]
@@ -79,9 +104,9 @@ def test_a_section_reads_another_once() -> None:
     assert ctx.of(counted) is ctx.of(counted) and calls == [1]
 
 
-def test_report_md_walks_its_renderers_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_md_walks_its_renderers_in_order(registered: Any) -> None:
     report = build(two_arm_run())
     before = markdown.markdown(report)
-    monkeypatch.setattr(markdown, "SECTIONS", [*markdown.SECTIONS, lambda r: ["", "## Toy", "", f"- {r['run_id']}"]])
+    registered(ReportPart("toy", {"markdown": 1000}, markdown=lambda r: ["", "## Toy", "", f"- {r['run_id']}"]))
     after = markdown.markdown(report)
     assert after == before + "\n## Toy\n\n- None\n"

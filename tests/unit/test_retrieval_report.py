@@ -17,7 +17,7 @@ from pytest_kvcache import stats
 from pytest_kvcache.model.records import RetrievalRecord
 from pytest_kvcache.report import retrieval, retrieval_render, retrieval_stats
 from pytest_kvcache.report.gates import parse
-from pytest_kvcache.report.outputs.htmlpage import Table
+from pytest_kvcache.report.outputs.formats import Table
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

@@ -4,6 +4,7 @@ deltas with the interval that decided their verdict, a markdown table, and the p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model.base import Json
@@ -39,6 +40,17 @@ def fmt_delta(row: DeltaRow | SavedRow) -> str:
     if widened(row) and own_lo is not None and own_hi is not None:
         text += f"; within-boot {pct_interval(own_lo, own_hi)}"
     return text
+
+
+Tone = Literal["plain", "red", "yellow"]
+
+
+@dataclass(frozen=True)
+class Line:
+    """A line the terminal prints, and its colour."""
+
+    text: str
+    tone: Tone = "plain"
 
 
 @dataclass

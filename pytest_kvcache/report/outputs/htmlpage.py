@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import cache
 from typing import TYPE_CHECKING
 
 from pytest_kvcache.model.report import DeltaRow, Report, SavedRow
-from pytest_kvcache.report import cost, energy, failures, kv_plan, retrieval_render
+from pytest_kvcache.report import cost, energy, failures, kv_plan
 from pytest_kvcache.report.capacity import render as capacity_render
 from pytest_kvcache.report.outputs import formats, md_probes, md_setup, md_verdict
 from pytest_kvcache.report.outputs.formats import Cell, Table
+from pytest_kvcache.report.part import ordered
 
 if TYPE_CHECKING:
     import jinja2
@@ -57,7 +58,7 @@ def _delta_cell(delta: DeltaRow | SavedRow | None) -> Cell:
     return Cell(f"{MARKS.get(verdict, '')} {formats.fmt_delta(delta)}".strip(), verdict)
 
 
-def _probe_tables(report: Report) -> list[Table]:
+def probe_tables(report: Report) -> list[Table]:
     arms = [a["name"] for a in report["arms"]]
     tables: list[Table] = []
     by_probe: dict[str, list[list[Cell]]] = {}
@@ -73,7 +74,7 @@ def _probe_tables(report: Report) -> list[Table]:
     return tables
 
 
-def _fidelity(report: Report) -> list[Table]:
+def fidelity_tables(report: Report) -> list[Table]:
     fidelity_header, fidelity_rows = md_probes.fidelity_table(report)
     section = report.get("fidelity")
     if not fidelity_rows or not section:
@@ -82,7 +83,7 @@ def _fidelity(report: Report) -> list[Table]:
     return [Table("Fidelity at depth", fidelity_header, _plain(fidelity_rows), intro, list(section["notes"]))]
 
 
-def _energy(report: Report) -> list[Table]:
+def energy_tables(report: Report) -> list[Table]:
     metered = report.get("energy")
     energy_header, energy_rows = energy.table(metered)
     if not metered or not energy_rows:
@@ -92,7 +93,7 @@ def _energy(report: Report) -> list[Table]:
     return [Table("Energy per token", energy_header, _plain(energy_rows), intro, notes)]
 
 
-def _capacity(report: Report) -> list[Table]:
+def capacity_tables(report: Report) -> list[Table]:
     sessions = report.get("capacity")
     if not sessions or not sessions["rows"]:
         return []
@@ -106,7 +107,7 @@ def _capacity(report: Report) -> list[Table]:
     return [*tables, Table("Capacity trials", head, _plain(rows), notes=list(sessions["notes"]))]
 
 
-def _agentic(report: Report) -> list[Table]:
+def agentic_tables(report: Report) -> list[Table]:
     agentic = report.get("agentic")
     if not agentic or not agentic["turns"]:
         return []
@@ -114,7 +115,7 @@ def _agentic(report: Report) -> list[Table]:
     return [Table("Agentic turns (means across sessions)", head, _plain(turns), notes=md_probes.growth_lines(report))]
 
 
-def _spec_decode(report: Report) -> list[Table]:
+def spec_decode_tables(report: Report) -> list[Table]:
     spec = md_probes.spec_decode_rows(report)
     if not spec:
         return []
@@ -124,7 +125,7 @@ def _spec_decode(report: Report) -> list[Table]:
     return [Table("Speculative decoding", md_probes.SPEC_HEADER, _plain(spec), intro, [md_probes.SPEC_NOTE])]
 
 
-def _agreement(report: Report) -> list[Table]:
+def agreement_tables(report: Report) -> list[Table]:
     agreement = md_probes.agreement_table(report)
     if not agreement:
         return []
@@ -133,14 +134,14 @@ def _agreement(report: Report) -> list[Table]:
     return [Table("Output agreement (greedy token ids)", head, _plain(agreement), notes=notes)]
 
 
-def _failures(report: Report) -> list[Table]:
+def failures_tables(report: Report) -> list[Table]:
     lost = report.get("failures")
     if not lost:
         return []
     return [Table("Failures and exclusions", failures.HEADER, _plain(failures.table(lost)), lost["lines"][0])]
 
 
-def _compare(report: Report) -> list[Table]:
+def compare_tables(report: Report) -> list[Table]:
     compare = report.get("compare")
     if not compare:
         return []
@@ -151,43 +152,28 @@ def _compare(report: Report) -> list[Table]:
     return [Table(f"Against stored run {compare['baseline_run']}", head, saved, notes=compare["warnings"])]
 
 
-#: The page's tables, one function per section, in the order they are shown.
-TABLES: list[Callable[[Report], list[Table]]] = [
-    _probe_tables,
-    _fidelity,
-    retrieval_render.html_tables,
-    _energy,
-    _capacity,
-    _agentic,
-    _spec_decode,
-    _agreement,
-    _failures,
-    _compare,
-]
-
-
 def _tables(report: Report) -> list[Table]:
-    return [table for section in TABLES for table in section(report)]
+    return [table for render in ordered("html") for table in render(report)]
 
 
-def _arms(report: Report) -> list[dict[str, object]]:
+def arms_folded(report: Report) -> list[dict[str, object]]:
     head, rows = md_setup.arms_table(report)
     return [{"title": "Arms: declared and resolved", "header": head, "rows": rows}]
 
 
-def _kv_plan(report: Report) -> list[dict[str, object]]:
+def kv_plan_folded(report: Report) -> list[dict[str, object]]:
     if not report.get("kv_plan"):
         return []
     head, rows = kv_plan.table(report)
     return [{"title": "KV cache: planned and reported", "header": head, "rows": rows, "lines": kv_plan.notes(report)}]
 
 
-def _gpu(report: Report) -> list[dict[str, object]]:
+def gpu_folded(report: Report) -> list[dict[str, object]]:
     head, rows = md_setup.gpu_table(report)
     return [{"title": "GPU state", "header": head, "rows": rows}] if rows else []
 
 
-def _boots(report: Report) -> list[dict[str, object]]:
+def boots_folded(report: Report) -> list[dict[str, object]]:
     if not report.get("boots"):
         return []
     head, rows = md_setup.boot_table(report)
@@ -197,45 +183,32 @@ def _boots(report: Report) -> list[dict[str, object]]:
     return [{"title": "Boots and order", "header": head, "rows": rows, "lines": lines}]
 
 
-def _blocks(report: Report) -> list[dict[str, object]]:
+def blocks_folded(report: Report) -> list[dict[str, object]]:
     if not report.get("blocks"):
         return []
     head, rows = md_setup.block_table(report)
     return [{"title": "Blocks (pytest-xdist lanes)", "header": head, "rows": rows}]
 
 
-def _confounds(report: Report) -> list[dict[str, object]]:
+def confounds_folded(report: Report) -> list[dict[str, object]]:
     if not report.get("confounds"):
         return []
     lines = [line.removeprefix("- ").replace("**", "") for line in md_setup.confound_lines(report) if line.strip()]
     return [{"title": "Confounds", "lines": lines}]
 
 
-def _sampling(report: Report) -> list[dict[str, object]]:
+def sampling_folded(report: Report) -> list[dict[str, object]]:
     sampling = md_verdict.sampling_lines(report)
     return [{"title": "Sampling", "lines": sampling}] if sampling else []
 
 
-def _notes(report: Report) -> list[dict[str, object]]:
+def notes_folded(report: Report) -> list[dict[str, object]]:
     notes = md_verdict.note_lines(report)
     return [{"title": f"Notes ({len(notes)})", "lines": notes}] if notes else []
 
 
-#: The evidence folded below the tables, one function per section, in order.
-FOLDED: list[Callable[[Report], list[dict[str, object]]]] = [
-    _arms,
-    _kv_plan,
-    _gpu,
-    _boots,
-    _blocks,
-    _confounds,
-    _sampling,
-    _notes,
-]
-
-
 def _folded(report: Report) -> list[dict[str, object]]:
-    return [found for section in FOLDED for found in section(report)]
+    return [found for render in ordered("folded") for found in render(report)]
 
 
 def inline_code(text: object) -> markupsafe.Markup:

@@ -4,9 +4,8 @@ same thing and everything shown here is in ``report.md``/``report.json`` too."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -17,7 +16,7 @@ from pytest_kvcache.model.evidence import Evidence, GpuCard, kv_capacity_tokens,
 from pytest_kvcache.model.report import Report
 from pytest_kvcache.report import cost, energy, greedy, kv_plan, left_out, retrieval_render
 from pytest_kvcache.report.capacity import render as capacity_render
-from pytest_kvcache.report.outputs.formats import fmt, fmt_delta, probe_specs, title
+from pytest_kvcache.report.outputs.formats import Line, Tone, fmt, fmt_delta, probe_specs, title
 from pytest_kvcache.report.outputs.md_probes import (
     ab_tables,
     agentic_table,
@@ -27,17 +26,10 @@ from pytest_kvcache.report.outputs.md_probes import (
 )
 from pytest_kvcache.report.outputs.md_setup import block_table, order_lines
 from pytest_kvcache.report.outputs.md_verdict import gate_evidence, sampling_lines, self_check_line
+from pytest_kvcache.report.part import ordered
 
 if TYPE_CHECKING:
     from pytest_kvcache.report.pipeline import Outcome
-
-Tone = Literal["plain", "red", "yellow"]
-
-
-@dataclass(frozen=True)
-class Line:
-    text: str
-    tone: Tone = "plain"
 
 
 def evidence_lines(boot_id: str, evidence: Evidence) -> list[str]:
@@ -115,7 +107,7 @@ def boot_lines(report: Report) -> list[Line]:
     return out
 
 
-def _kv_plan(report: Report) -> list[Line]:
+def kv_plan_terminal(report: Report) -> list[Line]:
     """Each arm's KV tokens planned and reported; a difference over 2% flagged."""
     return [
         Line(("warning: " if flagged else "") + text, "yellow" if flagged else "plain")
@@ -211,11 +203,11 @@ def ab_lines(report: Report) -> list[str]:
     return lines
 
 
-def _summary(report: Report) -> list[Line]:
+def summary_terminal(report: Report) -> list[Line]:
     return [Line(text) for text in summary_lines(report)]
 
 
-def _agentic(report: Report) -> list[Line]:
+def agentic_terminal(report: Report) -> list[Line]:
     agentic = report.get("agentic")
     if not agentic or not agentic["turns"]:
         return []
@@ -225,7 +217,7 @@ def _agentic(report: Report) -> list[Line]:
     return out + [Line("  " + line) for line in table + growth_lines(report)]
 
 
-def _capacity(report: Report) -> list[Line]:
+def capacity_terminal(report: Report) -> list[Line]:
     sessions = report.get("capacity")
     if not sessions or not sessions["rows"]:
         return []
@@ -235,32 +227,32 @@ def _capacity(report: Report) -> list[Line]:
     return out + [Line(f"  {note}") for note in sessions["notes"]]
 
 
-def _spec_decode(report: Report) -> list[Line]:
+def spec_decode_terminal(report: Report) -> list[Line]:
     """Acceptance, or why there is none; nothing where no timed request ran (retrieval or fidelity alone)."""
     spec = report.get("spec_decode")
     timed = any(row.get("probe") not in BOOT_INVARIANT_PROBES for row in report.get("summary") or [])
     return [Line(""), Line(f"speculative decoding: {spec['line']}")] if spec and (timed or spec["rows"]) else []
 
 
-def _flags(report: Report) -> list[Line]:
+def flags_terminal(report: Report) -> list[Line]:
     flags = report.get("flags")
     if not flags or not flags["samples"]:
         return []
     return [Line(f"warning: {flags['samples']} measured sample(s) flagged: {', '.join(flags['kinds'])}", "yellow")]
 
 
-def _notes(report: Report) -> list[Line]:
+def notes_terminal(report: Report) -> list[Line]:
     return [Line(f"note: {n}", "yellow") for n in report.get("notes") or []]
 
 
-def _ab(report: Report) -> list[Line]:
+def ab_terminal(report: Report) -> list[Line]:
     """The A/B block; its head only where there is an A/B table (a run of retrieval or fidelity alone has none)."""
     head = "A/B (ratio of means − 1, [the 95% interval its verdict was judged on]):"
     lines = [Line(text) for text in ab_lines(report)]
     return [Line(""), Line(head), *lines] if ab_tables(report) else [Line(""), *lines] if lines else []
 
 
-def _compare(report: Report) -> list[Line]:
+def compare_terminal(report: Report) -> list[Line]:
     compare = report.get("compare")
     if not compare:
         return []
@@ -270,7 +262,7 @@ def _compare(report: Report) -> list[Line]:
     return out
 
 
-def _failures(report: Report) -> list[Line]:
+def failures_terminal(report: Report) -> list[Line]:
     found = report.get("failures")
     if not found:
         return []
@@ -279,7 +271,7 @@ def _failures(report: Report) -> list[Line]:
     return out + [Line(f"  {line}", tone) for line in found["lines"][1:]]
 
 
-def _gates(report: Report) -> list[Line]:
+def gates_terminal(report: Report) -> list[Line]:
     out: list[Line] = []
     for g in report.get("gates") or []:
         ci = f" deciding CI {g['ci_text']}" if g["ci_low"] is not None else ""
@@ -294,36 +286,17 @@ def _gates(report: Report) -> list[Line]:
     return out
 
 
-def _retrieval(report: Report) -> list[Line]:
+def retrieval_terminal(report: Report) -> list[Line]:
     return [Line(text) for text in retrieval_render.terminal_lines(report)]
 
 
-def _cost(report: Report) -> list[Line]:
+def cost_terminal(report: Report) -> list[Line]:
     return [Line(text) for text in cost.first_screen(report)]
-
-
-#: The terminal's sections, one function each, in the order they are printed.
-SECTIONS: list[Callable[[Report], list[Line]]] = [
-    boot_lines,
-    _kv_plan,
-    _summary,
-    _agentic,
-    _capacity,
-    _retrieval,
-    _spec_decode,
-    _flags,
-    _notes,
-    _ab,
-    _compare,
-    _failures,
-    _gates,
-    _cost,
-]
 
 
 def report_lines(report: Report) -> list[Line]:
     """The whole report, as the terminal shows it at the end of a run."""
-    return [line for section in SECTIONS for line in section(report)]
+    return [line for render in ordered("terminal") for line in render(report)]
 
 
 def _failed_words(failed: Sequence[Mapping[str, Any]]) -> str:

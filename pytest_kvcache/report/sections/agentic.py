@@ -10,6 +10,8 @@ import pandas as pd
 from pytest_kvcache.model.report import AgenticSection, AgenticTurn, GrowthVerdict
 from pytest_kvcache.probes.agentic import growth_verdict
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, md_probes, terminal
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
@@ -74,3 +76,16 @@ def agentic_section(data: pd.DataFrame, arms: Sequence[str]) -> AgenticSection:
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"agentic": agentic_section(ctx.data, ctx.arms)}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "agentic",
+        {"json": 150, "markdown": 150, "html": 50, "terminal": 30},
+        section=section,
+        markdown=md_probes.render_agentic,
+        html=htmlpage.agentic_tables,
+        terminal=terminal.agentic_terminal,
+    ),
+)

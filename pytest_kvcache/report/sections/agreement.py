@@ -10,6 +10,8 @@ from typing import Any, cast
 from pytest_kvcache.model.report import AgreementRow, AgreementSection
 from pytest_kvcache.probes import agreement
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, md_probes
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
@@ -59,3 +61,15 @@ def agreement_report(run: RunData, arms: Sequence[str]) -> AgreementSection:
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"agreement": agreement_report(run, ctx.arms)}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "agreement",
+        {"json": 80, "markdown": 130, "html": 70},
+        section=section,
+        markdown=md_probes.render_agreement,
+        html=htmlpage.agreement_tables,
+    ),
+)

@@ -9,6 +9,8 @@ from typing import Any
 from pytest_kvcache.model.evidence import Evidence
 from pytest_kvcache.model.report import ArmEntry
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, md_setup
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
@@ -26,3 +28,17 @@ def missing_evidence_notes(entries: Sequence[ArmEntry]) -> list[str]:
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"arms": ctx.entries}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "arms",
+        {"json": 20, "markdown": 20, "folded": 0},
+        section=section,
+        markdown=md_setup.render_arms,
+        folded=htmlpage.arms_folded,
+    ),
+    # the arms' GPU state (``gpu.gpu_summary``), shown apart
+    ReportPart("gpu", {"markdown": 40, "folded": 20}, markdown=md_setup.render_gpu, folded=htmlpage.gpu_folded),
+)

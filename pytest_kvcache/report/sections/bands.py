@@ -6,9 +6,14 @@ from typing import Any
 
 from pytest_kvcache.report.frame import host_busy
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     found = {"platform": ctx.platform, **ctx.used_bands, "host_busy": host_busy(ctx.data)}
     return {"bands": {**found, **({"unlike": ctx.unlike} if ctx.unlike else {})}}
+
+
+#: its place in report.json and each output
+PARTS = (ReportPart("bands", {"json": 230}, section=section),)

@@ -5,8 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, md_setup
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"blocks": ctx.blocks} if ctx.blocks else {}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "blocks",
+        {"json": 260, "markdown": 60, "folded": 40},
+        section=section,
+        markdown=md_setup.render_blocks,
+        folded=htmlpage.blocks_folded,
+    ),
+)

@@ -13,6 +13,8 @@ from pytest_kvcache.model.report import BootEntry, BootResult
 from pytest_kvcache.report.comparison import _probes
 from pytest_kvcache.report.frame import values
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, md_setup, terminal
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.points import Specs, point_sort, spec_of
 from pytest_kvcache.report.sections.context import BuildContext
 
@@ -49,3 +51,16 @@ def boot_results(data: pd.DataFrame, boots: Sequence[BootEntry], specs: Specs) -
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"boots": ctx.boots, "boot_results": boot_results(ctx.data, ctx.boots, ctx.specs)}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "boots",
+        {"json": 30, "markdown": 50, "folded": 30, "terminal": 0},
+        section=section,
+        markdown=md_setup.render_boots,
+        folded=htmlpage.boots_folded,
+        terminal=terminal.boot_lines,
+    ),
+)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_kvcache.report.capacity import render as capacity_render
 from pytest_kvcache.report.capacity import search as capacity_search
 from pytest_kvcache.report.capacity import section as capacity_section
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, terminal
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
@@ -15,3 +18,16 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     if data.empty or not (data["probe"] == capacity_search.PROBE).any():
         return {}
     return {"capacity": capacity_section.section(data, ctx.arms, ctx.deltas, run.evidence, ctx.settings, ctx.seed)}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "capacity",
+        {"json": 250, "markdown": 120, "html": 40, "terminal": 40},
+        section=section,
+        markdown=capacity_render.lines,
+        html=htmlpage.capacity_tables,
+        terminal=terminal.capacity_terminal,
+    ),
+)

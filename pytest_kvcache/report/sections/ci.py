@@ -8,6 +8,7 @@ from typing import Any
 
 from pytest_kvcache.model.report import BlockEntry, BootEntry, CiStatement
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI
 from pytest_kvcache.report.sections.context import BuildContext
 
@@ -94,3 +95,7 @@ def ci_statement(
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     adaptive = adaptive_text(run, ctx.boots)
     return {"ci": ci_statement(ctx.boots, ctx.arms, run.settings.get("launcher"), ctx.blocks, adaptive)}
+
+
+#: its place in report.json and each output
+PARTS = (ReportPart("ci", {"json": 60}, section=section),)

@@ -11,6 +11,7 @@ import numpy as np
 from pytest_kvcache.model.records import Record
 from pytest_kvcache.model.report import ClientLoadSection, SelfCheckSection
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 from pytest_kvcache.selfcheck import overhead_warning
 
@@ -98,3 +99,7 @@ def self_check_report(run: RunData) -> SelfCheckSection | None:
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"self_check": self_check_report(run), "client_load": client_load_report(run.records)}
+
+
+#: its place in report.json and each output
+PARTS = (ReportPart("client", {"json": 100}, section=section),)

@@ -9,6 +9,7 @@ import numpy as np
 
 from pytest_kvcache.model.report import BootEntry
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
@@ -39,3 +40,7 @@ def compile_cache_lines(boots: Sequence[BootEntry]) -> list[str]:
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"compile_cache": compile_cache_lines(ctx.boots)}
+
+
+#: its place in report.json and each output
+PARTS = (ReportPart("compile_cache", {"json": 50}, section=section),)

@@ -8,6 +8,8 @@ from typing import Any
 from pytest_kvcache.model.report import BootEntry, Confounds
 from pytest_kvcache.report import confounds
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, md_setup
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
@@ -20,3 +22,15 @@ def confound_report(run: RunData, boots: Sequence[BootEntry], allow: Sequence[st
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"confounds": confound_report(run, ctx.boots, ctx.allow)}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "confounds",
+        {"json": 70, "markdown": 70, "folded": 50},
+        section=section,
+        markdown=md_setup.render_confounds,
+        folded=htmlpage.confounds_folded,
+    ),
+)

@@ -6,8 +6,14 @@ from typing import Any
 
 from pytest_kvcache.report import cost
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import terminal
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"cost": cost.section(run, ctx.boots)}
+
+
+#: its place in report.json and each output
+PARTS = (ReportPart("cost", {"json": 10, "terminal": 130}, section=section, terminal=terminal.cost_terminal),)

@@ -7,6 +7,8 @@ from typing import Any
 
 from pytest_kvcache.report import fidelity, judging
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, md_probes
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
@@ -14,3 +16,15 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     found = {"fidelity": fidelity.section(run.fidelity_blocks, run.fidelity, ctx.arms, ctx.settings, ctx.seed)}
     check = judging.check(run.fidelity, ctx.arms)
     return found if check is None else {**found, "baseline_check": check}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "fidelity",
+        {"json": 170, "markdown": 90, "html": 10},
+        section=section,
+        markdown=md_probes.fidelity_lines,
+        html=htmlpage.fidelity_tables,
+    ),
+)

@@ -8,6 +8,8 @@ from typing import Any
 from pytest_kvcache.model.records import Record
 from pytest_kvcache.model.report import FlagSummary
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import terminal
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
@@ -18,3 +20,7 @@ def flag_summary(records: Sequence[Record]) -> FlagSummary:
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"flags": flag_summary(run.records)}
+
+
+#: its place in report.json and each output
+PARTS = (ReportPart("flags", {"json": 220, "terminal": 70}, section=section, terminal=terminal.flags_terminal),)

@@ -6,8 +6,14 @@ from typing import Any
 
 from pytest_kvcache.report import greedy
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import md_probes
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"greedy": greedy.section(run.agreement, ctx.arms)}
+
+
+#: its place in report.json and each output
+PARTS = (ReportPart("greedy", {"json": 200, "markdown": 140}, section=section, markdown=md_probes.render_greedy),)

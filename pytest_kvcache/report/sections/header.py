@@ -6,6 +6,8 @@ from typing import Any
 
 from pytest_kvcache.model.base import REPORT_VERSION
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import md_setup
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
@@ -17,3 +19,10 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
         "model": run.meta.get("model"),
         "versions": run.meta.get("versions"),
     }
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart("head", {"json": 0, "markdown": 0}, section=section, markdown=md_setup.render_head),
+    ReportPart("first screen", {"markdown": 10}, markdown=md_setup.render_first_screen),
+)

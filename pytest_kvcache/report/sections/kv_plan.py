@@ -6,10 +6,26 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_kvcache.report import kv_plan
+from pytest_kvcache.report import kv_plan as kv_plan_render
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, terminal
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     found = kv_plan.rows(run)
     return {"kv_plan": found} if found else {}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "kv_plan",
+        {"json": 40, "markdown": 30, "folded": 10, "terminal": 10},
+        section=section,
+        markdown=kv_plan_render.markdown,
+        folded=htmlpage.kv_plan_folded,
+        terminal=terminal.kv_plan_terminal,
+    ),
+)

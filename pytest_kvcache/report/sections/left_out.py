@@ -6,8 +6,14 @@ from typing import Any
 
 from pytest_kvcache.report import left_out
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import md_probes
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"left_out": left_out.section(run.path, ctx.settings, run.records)}
+
+
+#: its place in report.json and each output
+PARTS = (ReportPart("left_out", {"json": 210, "markdown": 170}, section=section, markdown=md_probes.render_left_out),)

@@ -8,6 +8,8 @@ from typing import Any
 
 from pytest_kvcache.model.records import Record
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, md_verdict, terminal
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.arms import missing_evidence_notes
 from pytest_kvcache.report.sections.context import BuildContext
 
@@ -41,3 +43,16 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     notes += [host_cpu] if host_cpu else []
     notes += missing_evidence_notes(ctx.entries)
     return {"notes": notes}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "notes",
+        {"json": 130, "markdown": 240, "folded": 70, "terminal": 80},
+        section=section,
+        markdown=md_verdict.render_notes,
+        folded=htmlpage.notes_folded,
+        terminal=terminal.notes_terminal,
+    ),
+)

@@ -6,9 +6,23 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, md_probes
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     specs = ctx.specs
     return {"seed": ctx.seed, "probes": [specs[p].to_dict() for p in sorted(specs, key=lambda n: (specs[n].order, n))]}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "probes",
+        {"json": 140, "markdown": 80, "html": 0},
+        section=section,
+        markdown=md_probes.render_probe_tables,
+        html=htmlpage.probe_tables,
+    ),
+)

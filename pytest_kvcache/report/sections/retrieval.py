@@ -4,11 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_kvcache.report import retrieval
+from pytest_kvcache.report import retrieval, retrieval_render
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import terminal
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     found = retrieval.section(run.retrieval, ctx.arms, ctx.settings)
     return {} if found is None else {"retrieval": found}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "retrieval",
+        {"json": 180, "markdown": 100, "html": 20, "terminal": 50},
+        section=section,
+        markdown=retrieval_render.markdown_lines,
+        html=retrieval_render.html_tables,
+        terminal=terminal.retrieval_terminal,
+    ),
+)

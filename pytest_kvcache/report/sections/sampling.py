@@ -5,8 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, md_verdict
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections.context import BuildContext
 
 
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"sampling": run.sampling}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "sampling",
+        {"json": 90, "markdown": 230, "folded": 60},
+        section=section,
+        markdown=md_verdict.render_sampling,
+        folded=htmlpage.sampling_folded,
+    ),
+)

@@ -16,6 +16,8 @@ from pytest_kvcache import stats
 from pytest_kvcache.model.records import Record
 from pytest_kvcache.model.sections import SpecDecodeRow, SpecDecodeSection
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import htmlpage, md_probes, terminal
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.points import Specs, point_of, point_sort, spec_of
 from pytest_kvcache.report.sections.context import BuildContext
 
@@ -128,3 +130,16 @@ def spec_decode_section(
 def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     config = {a["name"]: a["resolved"].get("speculative") for a in ctx.entries}
     return {"spec_decode": spec_decode_section(run.records, ctx.arms, ctx.specs, config, ctx.seed)}
+
+
+#: its place in report.json and each output
+PARTS = (
+    ReportPart(
+        "spec_decode",
+        {"json": 160, "markdown": 160, "html": 60, "terminal": 60},
+        section=section,
+        markdown=md_probes.spec_decode_lines,
+        html=htmlpage.spec_decode_tables,
+        terminal=terminal.spec_decode_terminal,
+    ),
+)

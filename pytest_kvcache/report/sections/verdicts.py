@@ -7,6 +7,8 @@ from typing import Any, cast
 
 from pytest_kvcache.model.report import Report
 from pytest_kvcache.report.load import RunData
+from pytest_kvcache.report.outputs import md_verdict
+from pytest_kvcache.report.part import ReportPart
 from pytest_kvcache.report.sections import agreement, arms, capacity, comparison, fidelity
 from pytest_kvcache.report.sections.context import BuildContext
 from pytest_kvcache.report.verdicts import report_verdicts
@@ -17,3 +19,7 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     for part in (arms.section, comparison.section, agreement.section, fidelity.section, capacity.section):
         read.update(ctx.of(part))
     return {"verdicts": report_verdicts(cast(Report, read), ctx.specs)}
+
+
+#: its place in report.json and each output
+PARTS = (ReportPart("verdicts", {"json": 120, "markdown": 200}, section=section, markdown=md_verdict.render_verdicts),)
