@@ -20,7 +20,7 @@ from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report.capacity import search as capacity_search
 from pytest_kvcache.report.capacity import statistics as capacity_statistics
 from pytest_kvcache.report.energy import request_windows, trial_windows
-from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI, Specs, point_of, provisional_note, spec_of
+from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI, Specs, comparison, point_of, provisional_note, spec_of
 
 #: A sample's flag that the host was busy outside the engine and the client (``run.hostload``): its boot may
 #: have measured the other work (``report.spread``: no one-boot claim on the default band then).
@@ -206,23 +206,16 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
         ratio, lo, hi = stats.ratio_ci(bv, av, paired=paired, seed=seed)
         base_value = (sum(bv) / len(bv)) if bv else None
         arm_value = (sum(av) / len(av)) if av else None
-    verdict = stats.verdict(metric, lo, hi)
-    found: Comparison = {
-        "baseline_value": base_value,
-        "arm_value": arm_value,
-        "ratio": ratio,
-        "delta_pct": (ratio - 1) * 100 if ratio is not None else None,
-        "ci_low": lo,
-        "ci_high": hi,
-        "paired": paired,
-        "ci_method": method,
-        "n_baseline": len(bv),
-        "n_arm": len(av),
-        "boots_baseline": len(base_boots),
-        "boots_arm": len(arm_boots),
-        "direction": catalogue.direction(metric),
-        "verdict": verdict,
-    }
+    found = comparison(
+        metric,
+        (base_value, arm_value),
+        (ratio, lo, hi),
+        paired=paired,
+        method=method,
+        n=(len(bv), len(av)),
+        boots=(len(base_boots), len(arm_boots)),
+    )
+    verdict = found["verdict"]
     spread = stats.pooled_log_sd(base_boots, arm_boots)
     if spread is not None:  # the run's own boot-to-boot spread (report.spread), from 2 boots on a side
         found["boot_sd"], found["boot_df"] = spread
@@ -281,24 +274,20 @@ def compare_over_prompts(base: pd.DataFrame, other: pd.DataFrame, metric: str) -
         centre, low, high = stats.mean_ci_clusters([math.log(a[k] / b[k]) for k in shared])
         if centre is not None and low is not None and high is not None:
             ratio, lo, hi = math.exp(centre), math.exp(low), math.exp(high)
-    found: Comparison = {
-        "baseline_value": base_value,
-        "arm_value": arm_value,
-        "ratio": ratio,
-        "delta_pct": (ratio - 1) * 100 if ratio is not None else None,
-        "ci_low": lo,
-        "ci_high": hi,
-        "paired": True,
-        "ci_method": "prompts",
-        "n_baseline": len(values(base, metric)),
-        "n_arm": len(values(other, metric)),
-        "boots_baseline": int(base["boot"].nunique()) if "boot" in base and not base.empty else 0,
-        "boots_arm": int(other["boot"].nunique()) if "boot" in other and not other.empty else 0,
-        "direction": catalogue.direction(metric),
-        "verdict": stats.verdict(metric, lo, hi),
-        "host_busy": host_busy(base) + host_busy(other),
-        "prompts": len(shared),
-    }
+    found = comparison(
+        metric,
+        (base_value, arm_value),
+        (ratio, lo, hi),
+        paired=True,
+        method="prompts",
+        n=(len(values(base, metric)), len(values(other, metric))),
+        boots=(
+            int(base["boot"].nunique()) if "boot" in base and not base.empty else 0,
+            int(other["boot"].nunique()) if "boot" in other and not other.empty else 0,
+        ),
+    )
+    found["host_busy"] = host_busy(base) + host_busy(other)
+    found["prompts"] = len(shared)
     if lo is not None:
         found["ci_df"] = len(shared) - 1
     if note is not None:

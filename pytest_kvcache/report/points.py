@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pytest_kvcache import stats
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model.records import Record
+from pytest_kvcache.model.report import Comparison
 from pytest_kvcache.probes.registry import ProbeSpec, user_spec
 
 #: With this many boots per arm or more, CIs are computed over boots (hierarchical bootstrap).
@@ -49,3 +52,35 @@ def point_sort(point: str) -> tuple[int, float, str]:
 def provisional_note(boots: int) -> str:
     """Why a better/worse verdict (or a gate) from a within-boot CI is provisional."""
     return f"{boots} boot{'' if boots == 1 else 's'} per arm: within-boot CI only"
+
+
+def comparison(
+    metric: str,
+    values: tuple[float | None, float | None],
+    interval: tuple[float | None, float | None, float | None],
+    *,
+    paired: bool,
+    method: str,
+    n: tuple[int, int],
+    boots: tuple[int, int],
+) -> Comparison:
+    """The fields every comparison of an arm with the baseline has, in report.json's order: the baseline's and the
+    arm's ``values``, the ratio and its CI (``interval``: ratio, low, high), how the CI was made (``paired``,
+    ``method``), on how many samples and boots a side, the metric's direction and the verdict the CI gives."""
+    ratio, lo, hi = interval
+    return {
+        "baseline_value": values[0],
+        "arm_value": values[1],
+        "ratio": ratio,
+        "delta_pct": (ratio - 1) * 100 if ratio is not None else None,
+        "ci_low": lo,
+        "ci_high": hi,
+        "paired": paired,
+        "ci_method": method,
+        "n_baseline": n[0],
+        "n_arm": n[1],
+        "boots_baseline": boots[0],
+        "boots_arm": boots[1],
+        "direction": catalogue.direction(metric),
+        "verdict": stats.verdict(metric, lo, hi),
+    }

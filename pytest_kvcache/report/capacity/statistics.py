@@ -10,9 +10,8 @@ import numpy as np
 import pandas as pd
 
 from pytest_kvcache import stats
-from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model.report import Comparison
-from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI, provisional_note
+from pytest_kvcache.report.points import MIN_BOOTS_FOR_BOOT_CI, comparison, provisional_note
 
 if TYPE_CHECKING:
     pass
@@ -107,24 +106,20 @@ def compare(base: pd.DataFrame, other: pd.DataFrame, metric: str, *, seed: int) 
             )
             lo, hi = _percentiles(replicates)
     method = "boots" if len(bu) >= MIN_BOOTS_FOR_BOOT_CI and len(au) >= MIN_BOOTS_FOR_BOOT_CI else "within-boot"
-    verdict = stats.verdict(metric, lo, hi)
-    found: Comparison = {
-        "baseline_value": base_value,
-        "arm_value": arm_value,
-        "ratio": ratio,
-        "delta_pct": (ratio - 1) * 100 if ratio is not None else None,
-        "ci_low": lo,
-        "ci_high": hi,
-        "paired": False,
-        "ci_method": method,
-        "n_baseline": sum(int(t.ttft.size) for _, s in bu for t in s.judged),
-        "n_arm": sum(int(t.ttft.size) for _, s in au for t in s.judged),
-        "boots_baseline": len(bu),
-        "boots_arm": len(au),
-        "direction": catalogue.direction(metric),
-        "verdict": verdict,
-        "censored": any(s.censored_of(metric) for _, s in [*bu, *au]),
-    }
+    found = comparison(
+        metric,
+        (base_value, arm_value),
+        (ratio, lo, hi),
+        paired=False,
+        method=method,
+        n=(
+            sum(int(t.ttft.size) for _, s in bu for t in s.judged),
+            sum(int(t.ttft.size) for _, s in au for t in s.judged),
+        ),
+        boots=(len(bu), len(au)),
+    )
+    verdict = found["verdict"]
+    found["censored"] = any(s.censored_of(metric) for _, s in [*bu, *au])
     if note:
         found["ci_note"] = note
     spread = stats.pooled_log_sd([[_knee(s, metric)] for _, s in bu], [[_knee(s, metric)] for _, s in au])
