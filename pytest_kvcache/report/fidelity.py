@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from pytest_kvcache import stats
+from pytest_kvcache.engines.scoring import Window
 from pytest_kvcache.model.base import Json
 from pytest_kvcache.model.records import FidelityRecord
 from pytest_kvcache.model.report import DeltaRow
@@ -90,12 +91,12 @@ def _pairs(records: Sequence[FidelityRecord], arms: Sequence[str]) -> list[tuple
     return out
 
 
-def _windows(record: FidelityRecord) -> list[fidelity.Window]:
+def _windows(record: FidelityRecord) -> list[Window]:
     """A record's well-formed windows (a malformed one is named in the section's notes)."""
     found = []
     for data in record.get("windows") or []:
         try:
-            found.append(fidelity.Window.from_dict(data))
+            found.append(Window.from_dict(data))
         except ValueError:
             continue
     return found
@@ -349,7 +350,7 @@ def _notes(records: Sequence[FidelityRecord], arms: Sequence[str]) -> list[str]:
             notes.append(f"{where}: depth(s) {depths} beyond the {r.get('prompt_tokens', 0):,} tokens it could score")
         for data in r.get("windows") or []:
             try:
-                fidelity.Window.from_dict(data)
+                Window.from_dict(data)
             except ValueError as exc:
                 notes.append(f"{where}: a window left out: {exc}")
     base = arms[0] if arms else None

@@ -15,11 +15,18 @@ import pandas as pd
 import pytest
 
 from pytest_kvcache.config.constants import FIDELITY_TEXTS, SettingsError
+from pytest_kvcache.engines.kinds.vllm import parse_prompt_logprobs
+from pytest_kvcache.engines.scoring import Scored, Window, windows
 from pytest_kvcache.model.records import FidelityRecord
 from pytest_kvcache.probes import fidelity
 from pytest_kvcache.report import fidelity as report_fidelity
 from pytest_kvcache.report.gates import evaluate, parse
 from tests.factories import make_settings
+
+
+def _windows(ids: Any, scored: list[Scored], depths: list[int], window: int) -> tuple[list[Window], list[int]]:
+    """The windows of a prompt scored in one request (vLLM's prompt logprobs: position p is ``scored[p - 1]``)."""
+    return windows(ids, depths, window, 3, lambda position: scored[position - 1])
 
 
 def body_for(ids: list[int], top: int = 3, shift: float = 0.0) -> dict[str, Any]:
@@ -37,7 +44,7 @@ IDS = list(range(1, 201))
 
 
 def test_prompt_logprobs_parse_into_the_actual_tokens_logprob_and_the_ranked_top_k() -> None:
-    scored = fidelity.parse_prompt_logprobs(body_for(IDS), IDS, 3)
+    scored = parse_prompt_logprobs(body_for(IDS), IDS, 3)
     assert len(scored) == len(IDS) - 1
     actual, top = scored[0]  # position 1: token 2
     assert actual == -3.0 and top == [(1000, -0.5), (1001, -1.5), (1002, -2.5)]
@@ -54,23 +61,23 @@ def test_prompt_logprobs_parse_into_the_actual_tokens_logprob_and_the_ranked_top
 )
 def test_a_response_without_usable_prompt_logprobs_says_what_is_missing(body: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
-        fidelity.parse_prompt_logprobs(body, IDS, 3)
+        parse_prompt_logprobs(body, IDS, 3)
 
 
 def test_windows_keep_the_last_positions_before_each_depth_and_name_the_depths_too_deep() -> None:
-    scored = fidelity.parse_prompt_logprobs(body_for(IDS), IDS, 3)
-    kept, short = fidelity.windows(IDS, scored, [50, 200, 300], window=64)
+    scored = parse_prompt_logprobs(body_for(IDS), IDS, 3)
+    kept, short = _windows(IDS, scored, [50, 200, 300], 64)
     assert short == [300]
     first, second = kept
     assert (first.depth, first.start, len(first.logprob)) == (50, 1, 49)  # clamped at position 1
     assert (second.start, len(second.ids)) == (136, 64) and second.ids == tuple(IDS[136:200])
     assert second.logprob[0] == -(1 + IDS[136] % 5)
-    assert fidelity.Window.from_dict(second.to_dict()) == second
+    assert Window.from_dict(second.to_dict()) == second
 
 
-def _window(shift: float, top: int = 3) -> fidelity.Window:
-    scored = fidelity.parse_prompt_logprobs(body_for(IDS, top, shift), IDS, top)
-    return fidelity.windows(IDS, scored, [200], window=128)[0][0]
+def _window(shift: float, top: int = 3) -> Window:
+    scored = parse_prompt_logprobs(body_for(IDS, top, shift), IDS, top)
+    return _windows(IDS, scored, [200], 128)[0][0]
 
 
 def test_identical_windows_give_zero_drift_and_zero_kl() -> None:
@@ -150,8 +157,8 @@ def test_the_data_text_is_json_lines_and_the_markup_shows_nothing_of_the_machine
 
 
 def record(arm: str, replicate: int, text: str, shift: float, **extra: Any) -> FidelityRecord:
-    scored = fidelity.parse_prompt_logprobs(body_for(IDS, 3, shift), IDS, 3)
-    kept, _ = fidelity.windows(IDS, scored, [100, 200], window=64)
+    scored = parse_prompt_logprobs(body_for(IDS, 3, shift), IDS, 3)
+    kept, _ = _windows(IDS, scored, [100, 200], 64)
     entry: FidelityRecord = {
         "arm": arm,
         "boot": f"{arm}.r{replicate}",
@@ -336,8 +343,8 @@ def test_across_boots_starts_from_each_texts_first_usable_boot() -> None:
 
 
 def test_without_top_k_there_is_no_kl() -> None:
-    scored = fidelity.parse_prompt_logprobs(body_for(IDS, 0), IDS, 0)
-    base, arm = (fidelity.windows(IDS, s, [200], window=64)[0][0] for s in (scored, scored))
+    scored = parse_prompt_logprobs(body_for(IDS, 0), IDS, 0)
+    base, arm = (_windows(IDS, s, [200], 64)[0][0] for s in (scored, scored))
     assert np.isnan(fidelity.compare_windows(base, arm)["kl_topk"]).all()
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvcache.probes import fidelity
+from pytest_kvcache.engines import scoring
+from pytest_kvcache.engines.kinds.llamacpp import forced_payload, parse_forced
 from pytest_kvcache.report import greedy, left_out
 
 
@@ -78,22 +79,22 @@ def test_left_out_section_names_turns_and_the_fixture(tmp_path: Path) -> None:
 
 def test_forced_scoring_payload_parse_and_windows() -> None:
     ids = list(range(100, 140))
-    body = fidelity.forced_payload(ids, 10, top_k=3)
+    body = forced_payload(ids, 10, top_k=3)
     assert body["prompt"] == ids[:10] and body["logit_bias"] == [[110, 1e4]] and body["n_probs"] == 3
     assert body["cache_prompt"] is True and body["n_predict"] == 1
     answer = {"completion_probabilities": [{"id": 110, "logprob": -1.5, "top_logprobs": [{"id": 7, "logprob": -0.2}]}]}
-    assert fidelity.parse_forced(answer, 110, 3) == (-1.5, [(7, -0.2)])
+    assert parse_forced(answer, 110, 3) == (-1.5, [(7, -0.2)])
     with pytest.raises(ValueError, match="logit_bias was ignored"):
-        fidelity.parse_forced(answer, 111, 3)
+        parse_forced(answer, 111, 3)
     with pytest.raises(ValueError, match="no completion_probabilities"):
-        fidelity.parse_forced({}, 110, 3)
+        parse_forced({}, 110, 3)
     asked: list[int] = []
 
     def score(position: int) -> tuple[float, list[tuple[int, float]]]:
         asked.append(position)
         return -float(position) / 100, [(1, -0.1)]
 
-    kept, short = fidelity.forced_windows(ids, [20, 30, 64], window=16, top_k=1, score=score)
+    kept, short = scoring.windows(ids, [20, 30, 64], 16, 1, score)
     assert short == [64] and [w.depth for w in kept] == [20, 30]
     assert kept[0].start == 4 and kept[0].ids == tuple(ids[4:20]) and kept[0].logprob[0] == -0.04
     assert asked == sorted(set(asked)) and asked[0] == 4 and asked[-1] == 29  # each position once, in order

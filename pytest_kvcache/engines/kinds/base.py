@@ -25,6 +25,7 @@ from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines.base import EngineError
 from pytest_kvcache.engines.kinds import folder
+from pytest_kvcache.engines.scoring import PromptScorer
 from pytest_kvcache.model.evidence import LogFacts
 
 if TYPE_CHECKING:
@@ -219,6 +220,9 @@ class Kind(ABC):
     cache_config_info: str | None = None
     #: the endpoint(s) its token counter asks, in words (for a sizing error)
     token_endpoint: str = "/tokenize"
+    #: how its server scores a prompt teacher-forced, for the fidelity probe (``engines.scoring``: vLLM's prompt
+    #: logprobs, llama-server's forced continuations); None: it cannot, and the probe skips on it
+    score_prompt: PromptScorer | None = None
 
     @property
     def title(self) -> str:

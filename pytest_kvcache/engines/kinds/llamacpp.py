@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -32,6 +33,7 @@ from pytest_kvcache.engines.kinds.base import (
     has_flag,
     register_kind,
 )
+from pytest_kvcache.engines.scoring import PromptClient, PromptScorer, PromptScores, Scored
 from pytest_kvcache.model.evidence import LogFacts
 
 if TYPE_CHECKING:
@@ -225,6 +227,63 @@ def llamacpp_props(client: httpx.Client, evidence: dict[str, Any], errors: dict[
         evidence["slots"] = [{"id": s.get("id"), "n_ctx": s.get("n_ctx")} for s in slots if isinstance(s, dict)]
 
 
+# ------------------------------------------------------------------------------------------ fidelity scoring
+
+
+def forced_payload(ids: Sequence[int], position: int, top_k: int) -> dict[str, Any]:
+    """llama-server's ``/completion`` asked for the distribution at ``position``: the prompt is the ids
+    before it, the one generated token is forced to ``ids[position]`` (a logit bias the sampler applies
+    after the logprobs are taken: ``n_probs`` reports the raw softmax), and the prompt cache keeps the
+    prefix, so each step evaluates one token."""
+    return {
+        "prompt": [int(t) for t in ids[:position]],
+        "n_predict": 1,
+        "n_probs": max(1, top_k),
+        "temperature": 0.0,
+        "logit_bias": [[int(ids[position]), 1e4]],
+        "cache_prompt": True,
+    }
+
+
+def parse_forced(body: Any, token: int, top_k: int) -> tuple[float, list[tuple[int, float]]]:
+    """(logprob of ``token``, [(id, logprob) of the top-k]) from a forced ``/completion`` answer."""
+    try:
+        entry = body["completion_probabilities"][0]
+        chosen, logprob = int(entry["id"]), float(entry["logprob"])
+        top = [(int(t["id"]), float(t["logprob"])) for t in entry.get("top_logprobs") or []]
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise ValueError("the response carries no completion_probabilities[0] with id and logprob") from None
+    if chosen != token:
+        raise ValueError(f"the forced token {token} was not generated (got {chosen}): logit_bias was ignored")
+    if not math.isfinite(logprob):
+        raise ValueError(f"token {token} has logprob {logprob}")
+    return logprob, top[:top_k]
+
+
+class ForcedScoring(PromptScorer):
+    """llama-server has no prompt logprobs: each position is one forced one-token continuation
+    (:func:`forced_payload`) on the prompt cache — the same requests, in the same order, in every arm."""
+
+    greedy_on_cache = True
+
+    def tokenize(self, client: PromptClient, model: str, text: str) -> list[int]:
+        return [int(t) for t in client.post_json("/tokenize", {"content": text, "add_special": False})["tokens"]]
+
+    def score(self, client: PromptClient, model: str, ids: Sequence[int], top_k: int, timeout_s: float) -> PromptScores:
+        def one(position: int) -> Scored:
+            scores.requests += 1
+            # a window's first position prefills everything before it: the first-token limit of that prompt
+            body = client.post_unstreamed("/completion", forced_payload(ids, position, top_k), position)
+            return parse_forced(body, ids[position], top_k)
+
+        scores = PromptScores(one, method="forced one-token continuations on the prompt cache")
+        return scores
+
+    def greedy(self, client: PromptClient, model: str, ids: Sequence[int], tokens: int) -> str:
+        body = {"prompt": list(ids), "n_predict": tokens, "temperature": 0.0, "cache_prompt": True}
+        return str(client.post_json("/completion", body)["content"])
+
+
 @register_kind("llamacpp")
 class LlamacppKind(Kind):
     """llama-server: arms are its cache types (f16, q8_0, q4_0 …), a GGUF file is the model."""
@@ -233,6 +292,7 @@ class LlamacppKind(Kind):
     short_title = "llama.cpp"
     dtype_aliases = LLAMACPP_ALIASES
     dtypes = LLAMACPP_CACHE_TYPES
+    score_prompt = ForcedScoring()
     model_is_file = True
     model_file_what = "llama.cpp serves a GGUF file"
     needs_cmd = False

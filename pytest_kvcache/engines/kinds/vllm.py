@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ast
+import math
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -22,6 +23,7 @@ from pytest_kvcache.engines.kinds.base import (
     register_kind,
 )
 from pytest_kvcache.engines.kinds.folder import embedded_vllm_model
+from pytest_kvcache.engines.scoring import PromptClient, PromptScorer, PromptScores
 from pytest_kvcache.model.evidence import LogFacts
 
 if TYPE_CHECKING:
@@ -235,6 +237,84 @@ def compile_cache_mount(settings: Settings) -> tuple[Path, str] | None:
     return host, CONTAINER_VLLM_CACHE
 
 
+# ------------------------------------------------------------------------------------------ fidelity scoring
+
+
+def payload(model: str, ids: Sequence[int], top_k: int) -> dict[str, Any]:
+    """A non-streamed completion over ``ids`` that returns every prompt position's logprobs (and top-k)."""
+    return {
+        "model": model,
+        "prompt": list(ids),
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "prompt_logprobs": top_k,
+        "stream": False,
+    }
+
+
+def parse_prompt_logprobs(body: Any, ids: Sequence[int], top_k: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Per prompt position p ≥ 1: (logprob of ``ids[p]``, [(id, logprob) of the top-k by rank]).
+
+    vLLM answers ``choices[0].prompt_logprobs``: ``None`` for position 0, then one ``{"<id>": {"logprob",
+    "rank", …}}`` per position, holding the actual token and the top-k. ValueError says what is missing.
+    """
+    try:
+        entries = body["choices"][0]["prompt_logprobs"]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(
+            "the response carries no choices[0].prompt_logprobs (the engine ignored prompt_logprobs)"
+        ) from None
+    if not isinstance(entries, list):
+        raise ValueError("choices[0].prompt_logprobs is not a list (the engine ignored prompt_logprobs)")
+    if len(entries) != len(ids):
+        raise ValueError(f"{len(entries)} prompt_logprobs entries for a prompt of {len(ids)} tokens")
+    found: list[tuple[float, list[tuple[int, float]]]] = []
+    for p in range(1, len(ids)):
+        entry = entries[p]
+        if not isinstance(entry, dict):
+            raise ValueError(f"prompt_logprobs[{p}] is not an object")
+        ranked: list[tuple[int, int, float]] = []
+        actual: float | None = None
+        for key, value in entry.items():
+            try:
+                token = int(key)
+                logprob = float(value["logprob"]) if isinstance(value, dict) else float(value)
+            except (TypeError, ValueError, KeyError):
+                raise ValueError(
+                    f"prompt_logprobs[{p}] has an entry {key!r} that is not '<token id>: logprob'"
+                ) from None
+            rank = value.get("rank") if isinstance(value, dict) else None
+            if token == ids[p]:
+                actual = logprob
+            if isinstance(rank, int) and 1 <= rank <= top_k:
+                ranked.append((rank, token, logprob))
+        if actual is None:
+            raise ValueError(f"prompt_logprobs[{p}] lacks the prompt's own token {ids[p]}")
+        if not math.isfinite(actual):
+            raise ValueError(f"prompt_logprobs[{p}]: the prompt's own token {ids[p]} has logprob {actual}")
+        ranked.sort()
+        found.append((actual, [(token, lp) for _, token, lp in ranked[:top_k]]))
+    return found
+
+
+class PromptLogprobs(PromptScorer):
+    """vLLM scores a whole prompt in one request: ``/v1/completions`` over the token ids with ``prompt_logprobs``
+    (measured: its wall time and the engine's counters around it)."""
+
+    def tokenize(self, client: PromptClient, model: str, text: str) -> list[int]:
+        body = {"model": model, "prompt": text, "add_special_tokens": False}
+        return [int(t) for t in client.post_json("/tokenize", body)["tokens"]]
+
+    def score(self, client: PromptClient, model: str, ids: Sequence[int], top_k: int, timeout_s: float) -> PromptScores:
+        body, wall_s, engine = client.post_measured("/v1/completions", payload(model, ids, top_k), timeout_s)
+        rows = parse_prompt_logprobs(body, ids, top_k)
+        return PromptScores(lambda position: rows[position - 1], wall_s=wall_s, engine=engine)
+
+    def greedy(self, client: PromptClient, model: str, ids: Sequence[int], tokens: int) -> str:
+        body = {"model": model, "prompt": list(ids), "max_tokens": tokens, "temperature": 0.0, "stream": False}
+        return str(client.post_json("/v1/completions", body)["choices"][0]["text"])
+
+
 @register_kind("vllm")
 class VllmKind(Kind):
     """vLLM's OpenAI server: every vLLM request field, its ``/tokenize``, ``/metrics`` and V1 log lines."""
@@ -254,6 +334,7 @@ class VllmKind(Kind):
     request_success = REQUEST_SUCCESS
     spec_per_position = SPEC_PER_POSITION
     cache_config_info = CACHE_CONFIG_INFO
+    score_prompt = PromptLogprobs()
 
     def command(self, settings: Settings, boot: Boot, log_path: Path) -> Command:
         model = embedded_vllm_model(settings)
