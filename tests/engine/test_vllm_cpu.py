@@ -438,9 +438,10 @@ def test_capacity_follows_the_kv_budget_and_an_a_a_covers_one(capacity_run: Run)
         lo, hi = row["capacity_ci"]
         if "interval_note" in row:  # the knee moved past the re-centre: no interval, and the report says why
             assert lo is None and hi is None, row
-        else:  # the knee and its neighbours had 2 trials each; the interval's ends are levels that were tried
+        else:  # the knee and its neighbours had 2 trials each; the interval's ends are levels that were tried, or 0
+            # where the smallest level tried breaks in a bootstrap replicate (on a busy host: auto.2's lower end was 0)
             assert all(judged.count(n) >= 2 for n in (k - 1, k, k + 1) if 1 <= n <= 16), judged
-            assert lo in judged and hi in judged and lo <= k <= hi, row
+            assert (lo in judged or lo == 0) and hi in judged and lo <= k <= hi, row
     deltas = {d["arm"]: d for d in report["deltas"] if d["probe"] == "capacity" and d["metric"] == "capacity"}
     aa, big = deltas["auto.2"], deltas["big"]
     # a ratio has no interval only where a knee moved past its re-centre (its row's interval_note), and says so
@@ -463,14 +464,24 @@ def test_capacity_follows_the_kv_budget_and_an_a_a_covers_one(capacity_run: Run)
     # the KV-residency knee (the hit rate at least half), from the same trials: twice the budget holds clearly
     # more sessions (~6.4 and ~12.8 of 3K fit), the A/A's within a session of each other
     held = {arm: row["residency"] for arm, row in rows.items()}
-    assert all(isinstance(v, float) for v in held.values()) and not rows["big"]["residency_censored"], held
+    assert all(isinstance(v, float) for v in held.values()), held
+    assert not rows["auto"]["residency_censored"] and not rows["auto.2"]["residency_censored"], rows
+    # big's hit rate can stay at half or more up to the search's top (16 sessions: vLLM evicts a sequence's tail
+    # blocks first, so 16 × 3K against 40,960 tokens still hits on most prefixes); its knee is then a lower bound,
+    # shown "≥ 16" and named in the notes, and the claim holds on that bound (CI at acdb282: big 16, auto 7)
+    censored = {arm for arm, row in rows.items() if row["residency_censored"]}
+    assert censored <= {"big"} and all(held[arm] == 16 for arm in censored), (censored, held)
+    if censored:
+        assert any("the cache holds at least 16 sessions" in n for n in report["capacity"]["notes"]), report
     assert held["big"] >= 1.5 * held["auto"] and abs(held["auto.2"] - held["auto"]) <= 1, held
     assert 5 <= held["auto"] <= 9, held
     for arm, row in rows.items():
         judged = [t["sessions"] for t in trials if t["arm"] == arm and t["verdict"] != "excluded"]
-        assert row["residency_bracket"].startswith(f"held at {held[arm]:.0f}, hit rate below half at "), row
+        fell = "none below half" if arm in censored else "hit rate below half at "
+        assert row["residency_bracket"].startswith(f"held at {held[arm]:.0f}, {fell}"), row
         lo, hi = row["residency_ci"]
-        assert (lo is None) == ("residency_interval_note" in row) and (lo is None or (lo in judged and hi in judged))
+        assert (lo is None) == ("residency_interval_note" in row)
+        assert lo is None or ((lo in judged or lo == 0) and hi in judged), row
     resident = next(d for d in report["deltas"] if d["arm"] == "big" and d["metric"] == "kv_residency")
     assert resident["ratio"] == pytest.approx(held["big"] / held["auto"])
     assert resident["ci_low"] is None or resident["ci_low"] > 1.0, resident
