@@ -194,23 +194,12 @@ class Client:
         self,
         base_url: str,
         *,
-        request_timeout_s: float = 600.0,
-        stall_timeout_s: float = 120.0,
-        connect_timeout_s: float = 10.0,
         headers: Mapping[str, str] | None = None,
-        first_token_floor_s: float | None = None,
-        min_prefill_tps: float = 500.0,
-        headers_at_once: bool = True,
+        **limits: Any,
     ) -> None:
+        """``limits``: the fields of :class:`Limits` (``stall_timeout_s=…``), each defaulting to its default there."""
         self.base_url = base_url.rstrip("/")
-        self.limits = Limits(
-            request_timeout_s=request_timeout_s,
-            stall_timeout_s=stall_timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            first_token_floor_s=first_token_floor_s,
-            min_prefill_tps=min_prefill_tps,
-            headers_at_once=headers_at_once,
-        )
+        self.limits = Limits(**limits)
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         parts = urlsplit(self.base_url)
         self._https = parts.scheme == "https"
@@ -220,7 +209,9 @@ class Client:
         self._conn: http.client.HTTPConnection | None = None
         self._http = httpx.Client(
             base_url=self.base_url,
-            timeout=httpx.Timeout(connect=connect_timeout_s, read=self.read_timeout_s, write=30.0, pool=30.0),
+            timeout=httpx.Timeout(
+                connect=self.limits.connect_timeout_s, read=self.read_timeout_s, write=30.0, pool=30.0
+            ),
             headers=self._headers,
         )
 

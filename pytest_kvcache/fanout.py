@@ -94,16 +94,12 @@ class Fanout:
         base_url: str,
         *,
         processes: int = 1,
-        request_timeout_s: float = 600.0,
-        stall_timeout_s: float = 120.0,
-        connect_timeout_s: float = 10.0,
         headers: Mapping[str, str] | None = None,
-        first_token_floor_s: float | None = None,
-        min_prefill_tps: float = 500.0,
-        headers_at_once: bool = True,
         saturation: Saturation = Saturation(),  # noqa: B008 (a frozen dataclass)
         start_margin_s: float = 0.05,
+        **limits: Any,
     ) -> None:
+        """``limits``: the fields of :class:`~pytest_kvcache.client.Limits`, as the one-stream client takes them."""
         parts = urlsplit(base_url.rstrip("/"))
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"the many-stream client speaks http and https, not {parts.scheme!r} ({base_url})")
@@ -113,14 +109,7 @@ class Fanout:
         self.port = parts.port or (443 if self.tls else 80)
         self.path = parts.path.rstrip("/") + "/v1/chat/completions"
         self.processes = max(1, processes)
-        self.limits = Limits(
-            request_timeout_s=request_timeout_s,
-            stall_timeout_s=stall_timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            first_token_floor_s=first_token_floor_s,
-            min_prefill_tps=min_prefill_tps,
-            headers_at_once=headers_at_once,
-        )
+        self.limits = Limits(**limits)
         self.headers = {"Content-Type": "application/json", **(headers or {})}
         self.saturation = saturation
         self.start_margin_s = start_margin_s
@@ -200,15 +189,7 @@ class Fanout:
         wait_s = timeout_s if timeout_s is not None else self.limits.request_timeout_s + max(offsets, default=0) + 30
         for (process, conn), part, offs in active:
             self._send(process, conn, _Job(self.host, self.port, self.tls, part, self.limits, offs))
-        refused: str | None = None
-        for (process, conn), _, _ in active:
-            status, value = self._receive(process, conn, self.limits.connect_timeout_s * 2 + 30)
-            if status != "ready":
-                raise FanoutError(f"fanout worker: {value}")
-            refused = refused or value
-        start = time.perf_counter() + self.start_margin_s
-        for (process, conn), _, _ in active:
-            self._send(process, conn, ("go" if refused is None else "stop", start))
+        refused = self._ready_then_go([worker for worker, _, _ in active])
         if refused is not None:
             return Trial([Sample().fail("connection_error", refused) for _ in payloads], ClientLoad(streams=n))
         samples: list[Sample | None] = [None] * n
@@ -222,6 +203,20 @@ class Fanout:
             for (i, *_), sample in zip(part, data, strict=True):
                 samples[i] = check_counts(Sample(**sample), payloads[i])
         return Trial([s if s is not None else Sample() for s in samples], self._load(figures, n))
+
+    def _ready_then_go(self, workers: Sequence[tuple[Any, Connection]]) -> str | None:
+        """Wait until every worker holding a part has connected, then start them together (``start_margin_s``
+        from now); a refused connection stops them all instead, and is returned."""
+        refused: str | None = None
+        for process, conn in workers:
+            status, value = self._receive(process, conn, self.limits.connect_timeout_s * 2 + 30)
+            if status != "ready":
+                raise FanoutError(f"fanout worker: {value}")
+            refused = refused or value
+        start = time.perf_counter() + self.start_margin_s
+        for process, conn in workers:
+            self._send(process, conn, ("go" if refused is None else "stop", start))
+        return refused
 
     def sessions(
         self,
@@ -257,15 +252,7 @@ class Fanout:
                 warm_concurrency,
             )  # fmt: skip
             self._send(process, conn, job)
-        refused: str | None = None
-        for (process, conn), _, _ in active:
-            status, value = self._receive(process, conn, self.limits.connect_timeout_s * 2 + 30)
-            if status != "ready":
-                raise FanoutError(f"fanout worker: {value}")
-            refused = refused or value
-        start = time.perf_counter() + self.start_margin_s
-        for (process, conn), _, _ in active:
-            self._send(process, conn, ("go" if refused is None else "stop", start))
+        refused = self._ready_then_go([worker for worker, _, _ in active])
         if refused is not None:
             failed = [SessionTurn(i, 0, Sample().fail("connection_error", refused)) for i in range(len(plans))]
             return SessionTrial(failed, None, ClientLoad(streams=len(plans)))

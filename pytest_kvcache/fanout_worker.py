@@ -22,6 +22,16 @@ from pytest_kvcache.fanout_plan import TICK_S, SessionPlan, _Job, _SessionJob
 from pytest_kvcache.sample import ErrorKind, Sample, TokenClock
 
 
+async def until(perf_s: float) -> None:
+    """Wait until the perf counter reaches ``perf_s``: asleep until 2 ms before it, then spinning, so every worker's
+    window opens within microseconds of the shared start."""
+    wait = perf_s - time.perf_counter()
+    if wait > 0.002:
+        await asyncio.sleep(wait - 0.002)
+    while time.perf_counter() < perf_s:
+        pass
+
+
 class _Stream(asyncio.Protocol):
     """One connection and its one request: stamps the bytes as they arrive, nothing more."""
 
@@ -250,11 +260,7 @@ class _Trial:
         loop = asyncio.get_running_loop()
         for stream in self.streams:
             stream.done = loop.create_future()
-        wait = start_perf_s - time.perf_counter()
-        if wait > 0.002:
-            await asyncio.sleep(wait - 0.002)
-        while time.perf_counter() < start_perf_s:
-            pass
+        await until(start_perf_s)
         cpu0 = time.process_time()
         begin = time.perf_counter()
         watchdog = loop.create_task(self._watch(begin))
@@ -435,11 +441,7 @@ class _Sessions(_Trial):
 
     async def run(self, start_perf_s: float) -> tuple[float, float, float]:
         loop = asyncio.get_running_loop()
-        wait = start_perf_s - time.perf_counter()
-        if wait > 0.002:
-            await asyncio.sleep(wait - 0.002)
-        while time.perf_counter() < start_perf_s:
-            pass
+        await until(start_perf_s)
         cpu0 = time.process_time()
         begin = time.perf_counter()
         watchdog = loop.create_task(self._watch(begin))

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_kvcache import interrupt
-from pytest_kvcache.config.constants import FIDELITY_DEPTHS
 from pytest_kvcache.config.context import planned_points
 from pytest_kvcache.config.grammars import GateError
 from pytest_kvcache.config.plan import Boot, BootPlan
@@ -32,11 +31,9 @@ from pytest_kvcache.engines.registry import EngineRegistry
 from pytest_kvcache.model.base import Json
 from pytest_kvcache.model.report import Report
 from pytest_kvcache.probes import registry as probe_registry
-from pytest_kvcache.probes.prefill import depth_label
-from pytest_kvcache.probes.retrieval import plan_line as retrieval_line
 from pytest_kvcache.run.forward import ForwardingListener, Outbox
 from pytest_kvcache.run.lanes import Lanes
-from pytest_kvcache.run.plan_text import budget_text, capacity_plan_line, kv_plan_lines
+from pytest_kvcache.run.plan_text import budget_text, kv_plan_lines
 from pytest_kvcache.run.progress import Mode, Progress
 from pytest_kvcache.run.run import Run
 from pytest_kvcache.stored import Stored
@@ -303,42 +300,9 @@ class KvSession:
         lines = [f"kvcache boot plan — launcher {st.launcher}{engine}, model {model}{order}:"]
         if st.context_tokens is not None:
             lines.append(f"  context {st.context_tokens:,} tokens ({st.context_source}): no request beyond it is sent")
-        cpu = st.embedded and st.launcher != "external"
-        if cpu and "short" in self._planned and (st.max_tokens, st.warmups, st.runs) != (None, 3, 5):
-            lines.append(
-                f"  short probes sized for the CPU: {st.max_tokens or 'each shape’s'} tokens, {st.warmups} warmup(s) + "
-                f"{st.runs} runs a shape (elsewhere: 1000/800 tokens, 3 + 5)"
-            )
-        if cpu and "depth" in self._planned:
-            lines.append(
-                f"  depth probes sized for the CPU: depths {','.join(depth_label(d) for d in st.depths)}, "
-                f"{st.sessions} agentic session(s) of {st.turns or 'all'} turns, "
-                f"{st.agentic_max_tokens} tokens a turn, "
-                f"agentic depth {st.agentic_depth} (the seed's: --kv-depths=10k,90k --kv-sessions=2 --kv-turns=15)"
-            )
-        if cpu and "fidelity" in self._planned:
-            lines.append(
-                f"  fidelity sized for the CPU: depths {','.join(depth_label(d) for d in st.fidelity_depths)}, "
-                f"window {st.fidelity_window} (elsewhere: --kv-fidelity-depths="
-                f"{','.join(depth_label(d) for d in FIDELITY_DEPTHS)} --kv-fidelity-window=512)"
-            )
-        if "retrieval" in self._planned:
-            lines.append(
-                "  "
-                + retrieval_line(
-                    depths=st.retrieval_depths,
-                    positions=st.retrieval_positions,
-                    needles=st.retrieval_needles,
-                    form=st.retrieval_form,
-                    keys=st.retrieval_keys,
-                    haystack=st.retrieval_haystack,
-                    ceiling=st.retrieval_ceiling,
-                    cpu=cpu,
-                )
-            )
-        for probe in probe_registry.specs():  # a probe's own line (``ProbeSpec.plan``), when its tests are selected
+        for probe in probe_registry.specs():  # each probe's own line (``ProbeSpec.plan``), when its tests are selected
             if probe.plan is not None and probe.marker in self._planned and (line := probe.plan(st)):
-                lines.append(f"  {line}")
+                lines += [f"  {line}"] if f"  {line}" not in lines else []
         lines += [f"  {note}" for note in st.context_notes]
         if st.max_replicates:
             lines.append(
@@ -347,8 +311,6 @@ class KvSession:
                 f"{'' if st.rounds == st.replicates + 1 else f'–{st.rounds}'} boot only while "
                 f"{self.adaptive_condition()}"
             )
-        if "capacity" in self._planned:
-            lines.append(capacity_plan_line(st))
         lines += kv_plan_lines(self.run.plan)
         for i, entry in enumerate(self.run.plan, 1):
             args = entry.get("args") or []
@@ -520,7 +482,6 @@ class KvSession:
         """The scheduler saw the workers' collection: the boot plan, as a plain run's collection sets it."""
         self.run.set_plan(tests_per_boot)
         self.run.write_meta(status="running")
-        self._planned = frozenset({"capacity", "short"} & self._planned)
         if self.progress is not None:
             self.progress.planned(tests_per_boot)
         writer = TerminalWriter(self.config)

@@ -234,7 +234,6 @@ def refusal(arm: str, budget: int, found: Need, kv_dtype: str | None, plan: KvPl
 
 
 __all__ = [
-    "KvLayout",
     "Need",
     "arm_budget",
     "element_bytes",

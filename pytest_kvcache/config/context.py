@@ -20,6 +20,7 @@ from pytest_kvcache.config.budget import flag_value
 from pytest_kvcache.config.constants import CPU_RETRIEVAL_DEPTHS, RETRIEVAL_DEPTHS, SettingsError
 from pytest_kvcache.config.kinds import engine_kind
 from pytest_kvcache.config.model_files import read
+from pytest_kvcache.config.settings import OPTION_BY_NAME
 from pytest_kvcache.probes import registry as probe_registry
 from pytest_kvcache.probes.registry import RETRIEVAL_OUTPUT_TOKENS, depth_label
 
@@ -127,11 +128,6 @@ def planned_points(settings: Settings) -> dict[str, tuple[str, ...]]:
     return {spec.name: found for spec in probe_registry.specs() if (found := spec.planned_points(settings)) is not None}
 
 
-def _flag(field: str) -> str:
-    """The command-line flag of a ``Settings`` field (``capacity_depths`` → ``--kv-capacity-depths``)."""
-    return "--kv-" + field.replace("_", "-")
-
-
 def agentic_target(spec: str, context: int | None, max_tokens: int) -> int | None:
     """The last agentic turn's prompt tokens ``--kv-agentic-depth`` asks for: a count, a share of the context
     less the turn's output; None for ``fit`` and ``stock`` (and a share with the context unknown)."""
@@ -156,8 +152,8 @@ def problems(settings: Settings, context: int, source: str) -> tuple[list[str], 
     for spec in probe_registry.specs():
         if spec.depths is None:
             continue
-        field, flag, probe, output = spec.depths, _flag(spec.depths), spec.name, spec.output(settings) or 0
-        output_flag = _flag(spec.output_tokens) if isinstance(spec.output_tokens, str) else None
+        field, flag, probe, output = spec.depths, OPTION_BY_NAME[spec.depths].cli, spec.name, spec.output(settings) or 0
+        output_flag = OPTION_BY_NAME[spec.output_tokens].cli if isinstance(spec.output_tokens, str) else None
         given: tuple[int, ...] = getattr(settings, field)
         over = [d for d in given if not spec.fits(d, context, settings)]
         if not over:
@@ -188,7 +184,8 @@ def problems(settings: Settings, context: int, source: str) -> tuple[list[str], 
     for spec in probe_registry.specs():
         if not isinstance(spec.output_tokens, str):
             continue
-        field, flag, probe, value = spec.output_tokens, _flag(spec.output_tokens), spec.name, spec.output(settings)
+        field, probe, value = spec.output_tokens, spec.name, spec.output(settings)
+        flag = OPTION_BY_NAME[field].cli
         if value is None or value < context:
             continue
         if field in explicit:

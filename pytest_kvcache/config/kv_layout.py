@@ -22,7 +22,7 @@ Plain Python: no I/O, no pytest.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -344,8 +344,3 @@ class KvPlan:
     @property
     def modelled(self) -> bool:
         return self.tokens is not None
-
-
-def layer_labels(layers: Sequence[Layer]) -> str:
-    """``sliding-window (512), full``: the kinds of ``layers`` in order of first appearance."""
-    return ", ".join(dict.fromkeys(layer.label() for layer in layers))

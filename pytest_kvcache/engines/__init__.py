@@ -1,4 +1,4 @@
-"""Launchers: how an arm's engine is started, and the engine command line every launcher shares."""
+"""Launchers: how an arm's engine is started (process, docker, an external endpoint), by the run's engine kind."""
 
 from __future__ import annotations
 
@@ -9,32 +9,11 @@ from pathlib import Path
 from pytest_kvcache.config.arms import Arm
 from pytest_kvcache.config.plan import Boot
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.datafiles import FOLDERS as _FOLDERS  # noqa: F401  (the folders found, by name)
-from pytest_kvcache.datafiles import embedded_model_path
 from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.external import ExternalEngine
 from pytest_kvcache.engines.kinds.base import EngineProfile, Kind, get_kind
-from pytest_kvcache.engines.kinds.folder import embedded_model_folder, embedded_vllm_model
-from pytest_kvcache.engines.kinds.llamacpp import build_llamacpp_args, llama_server_cmd
-from pytest_kvcache.engines.kinds.vllm import build_engine_args, default_engine_cmd
 from pytest_kvcache.engines.process import HOST, ProcessEngine, free_port
 from pytest_kvcache.engines.registry import EngineRegistry
-
-__all__ = [
-    "Engine",
-    "EngineError",
-    "build_engine_args",
-    "build_llamacpp_args",
-    "default_engine_cmd",
-    "embedded_model_folder",
-    "embedded_model_path",
-    "embedded_vllm_model",
-    "engine_kind",
-    "engine_profile",
-    "llama_server_cmd",
-    "make_engine",
-    "visible_devices",
-]
 
 
 def engine_kind(settings: Settings) -> Kind:

@@ -10,6 +10,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
+from pytest_kvcache.interrupt import INTERRUPT_GRACE_S
+
 LOG_TAIL_LINES = 40
 
 
@@ -52,6 +54,20 @@ class Engine(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """Launcher-specific evidence (argv, env, pid, image …), secrets redacted."""
+
+
+def started(engine: Any, start: Callable[[], None]) -> None:
+    """Run a launcher's ``start``; on any failure stop the engine before raising (Ctrl-C during the boot: without
+    waiting out a full grace)."""
+    try:
+        start()
+    except KeyboardInterrupt:
+        engine.term_grace_s = INTERRUPT_GRACE_S
+        engine.stop()
+        raise
+    except BaseException:
+        engine.stop()
+        raise
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

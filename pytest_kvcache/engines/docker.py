@@ -22,9 +22,8 @@ import docker
 import docker.errors
 import docker.types
 
-from pytest_kvcache.engines.base import EngineError, redact_argv, redact_env, wait_ready
+from pytest_kvcache.engines.base import EngineError, redact_argv, redact_env, started, wait_ready
 from pytest_kvcache.engines.process import HOST, port_in_use, proc_start_ticks
-from pytest_kvcache.interrupt import INTERRUPT_GRACE_S
 
 LABEL_SESSION = "pytest-kvcache.session"
 LABEL_ARM = "pytest-kvcache.arm"
@@ -302,15 +301,7 @@ class DockerEngine:
     # ------------------------------------------------------------------------------------ start
 
     def start(self) -> None:
-        try:
-            self._start()
-        except KeyboardInterrupt:  # Ctrl-C during the boot: do not wait out a full grace
-            self.term_grace_s = INTERRUPT_GRACE_S
-            self.stop()
-            raise
-        except BaseException:
-            self.stop()
-            raise
+        started(self, self._start)
 
     def _start(self) -> None:
         if port_in_use(self.port):

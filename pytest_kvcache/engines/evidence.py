@@ -7,12 +7,12 @@ from typing import Any, cast
 
 import httpx
 
-from pytest_kvcache import metrics
 from pytest_kvcache.engines.kinds.base import EngineProfile, find_kind, get_endpoint
 from pytest_kvcache.engines.kinds.vllm import (
     VLLM,
     parse_log,
 )
+from pytest_kvcache.metrics import prometheus
 from pytest_kvcache.model.evidence import Evidence
 
 
@@ -48,7 +48,7 @@ def collect(url: str, log_path: Path | None, timeout_s: float = 10.0, profile: E
             errors["/metrics"] = err
         elif isinstance(text, str) and info is not None:
             try:
-                scraped = metrics.parse(text)
+                scraped = prometheus.parse(text)
             except ValueError as exc:
                 errors["/metrics"] = f"unparseable: {exc}"
             else:

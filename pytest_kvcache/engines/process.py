@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from pytest_kvcache.engines.base import EngineError, evidence_env, redact_argv, redact_env, wait_ready
-from pytest_kvcache.interrupt import HURRY, INTERRUPT_GRACE_S
+from pytest_kvcache.engines.base import EngineError, evidence_env, redact_argv, redact_env, started, wait_ready
+from pytest_kvcache.interrupt import HURRY
 
 HOST = "127.0.0.1"
 TERM_GRACE_S = 20.0
@@ -174,15 +174,7 @@ class ProcessEngine:
         return self._proc.pid if self._proc is not None else None
 
     def start(self) -> None:
-        try:
-            self._start()
-        except KeyboardInterrupt:  # Ctrl-C during the boot: do not wait out a full grace
-            self.term_grace_s = INTERRUPT_GRACE_S
-            self.stop()
-            raise
-        except BaseException:
-            self.stop()
-            raise
+        started(self, self._start)
 
     def _start(self) -> None:
         if port_in_use(self.port):

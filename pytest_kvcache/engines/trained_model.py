@@ -155,12 +155,6 @@ def check_folder(folder: Path) -> None:
             raise TrainedModelError(f"the cached model folder {folder}: {name} changed since it was written: {fix}")
 
 
-def cached_folder(root: Path | None = None) -> Path | None:
-    """The converted folder when a complete one is in the cache (its stamp is there), else None."""
-    folder = (root or cache_root()) / cache_key()
-    return folder if (folder / STAMP).is_file() else None
-
-
 def ensure_folder(
     root: Path | None = None,
     *,

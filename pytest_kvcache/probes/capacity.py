@@ -27,10 +27,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pytest_kvcache.config.grammars import Slo, SloTerm, parse_slo
+from pytest_kvcache.config.grammars import Slo
 from pytest_kvcache.fanout_plan import SessionPlan
 from pytest_kvcache.metrics.prometheus import Scrape, engine_delta
+from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.prefill import haystack, salt_for
+from pytest_kvcache.probes.registry import depth_label
 
 #: Warmup turns (turn 0: the whole context prefilled) in flight at once per client process: enough to keep an
 #: engine's prefill busy, few enough that none waits past its first-token limit behind the others.
@@ -511,8 +513,6 @@ __all__ = [
     "EngineWatch",
     "HitCounts",
     "Search",
-    "Slo",
-    "SloTerm",
     "TrialFigures",
     "TurnTimes",
     "context",
@@ -525,10 +525,26 @@ __all__ = [
     "meets_many",
     "nearest_rank",
     "neighbours",
-    "parse_slo",
     "session_plan",
     "session_salt",
     "think_times",
     "turn_times",
     "turns_for",
 ]
+
+
+def plan(settings: Any) -> str:
+    """The capacity probe's setup, said once before anything boots."""
+    st = settings
+    cpu = st.embedded and st.launcher != "external" and st.capacity_depths == st.embedded_spec.capacity_depths
+    kv = "each arm's own KV cache (no --kv-cache-bytes)" if st.cache_bytes is None else "the KV budget below"
+    depths = ",".join(depth_label(d) for d in st.capacity_depths)
+    return (
+        f"capacity{' sized for the CPU' if cpu else ''}: depths {depths}, "
+        f"SLO {st.slo}, think {st.capacity_think_s:g} s, {st.capacity_window_s:g} s measured per trial, "
+        f"{st.capacity_max_tokens} tokens a turn, {st.capacity_start} to at most {st.capacity_max_sessions} sessions; "
+        f"{kv}"
+    )
+
+
+registry.with_plan("capacity", plan)

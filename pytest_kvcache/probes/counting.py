@@ -27,7 +27,7 @@ Counter = Callable[[Body], int]
 Method = Literal["tokenize", "local", "calibrated"]
 
 
-__all__ = ["SizingError", "max_model_len", "overflow", "token_counter"]
+__all__ = ["max_model_len", "overflow", "token_counter"]
 
 
 def token_counter(client: ArmClient, server: Server, settings: Settings) -> tuple[Counter, Method]:

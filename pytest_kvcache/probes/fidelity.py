@@ -29,10 +29,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 
 import numpy as np
 
+from pytest_kvcache.config.constants import FIDELITY_DEPTHS
 from pytest_kvcache.engines.scoring import Window
+from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.registry import depth_label
 
 __all__ = [
@@ -40,7 +43,6 @@ __all__ = [
     "TEXTS",
     "block_metrics",
     "compare_windows",
-    "depth_label",
     "ids_sha256",
     "load_text",
 ]
@@ -142,3 +144,17 @@ def block_metrics(per_position: Mapping[str, np.ndarray], block: int = BLOCK) ->
             row[name] = float(part.mean()) if part.size else None
         out.append(row)
     return out
+
+
+def plan(st: Any) -> str | None:
+    """The boot plan's line: the fidelity probe's sizes for the embedded model on the CPU."""
+    if not (st.embedded and st.launcher != "external"):
+        return None
+    return (
+        f"fidelity sized for the CPU: depths {','.join(depth_label(d) for d in st.fidelity_depths)}, "
+        f"window {st.fidelity_window} (elsewhere: --kv-fidelity-depths="
+        f"{','.join(depth_label(d) for d in FIDELITY_DEPTHS)} --kv-fidelity-window=512)"
+    )
+
+
+registry.with_plan("fidelity", plan)

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_kvcache.config.values import parse_depths
+from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.registry import depth_label
 
-__all__ = ["depth_label", "parse_depths", "salt_for", "size_prompt"]
+__all__ = ["salt_for", "size_prompt"]
 
 #: The filler sentence; ``{salt}`` is woven into every repeat so cached blocks never match.
 FILLER = (
@@ -164,3 +164,18 @@ def depth_check(prompt_tokens: int | None, target: int) -> tuple[list[str], str 
     if abs(error) > DEPTH_TOLERANCE:
         return ["depth_off"], f"depth off: {prompt_tokens} prompt tokens vs target {target} ({100 * error:+.2f}%)"
     return [], None
+
+
+def depth_plan(st: Any) -> str | None:
+    """The boot plan's line for the depth probes (prefill and agentic) on the embedded model on the CPU."""
+    if not (st.embedded and st.launcher != "external"):
+        return None
+    return (
+        f"depth probes sized for the CPU: depths {','.join(depth_label(d) for d in st.depths)}, "
+        f"{st.sessions} agentic session(s) of {st.turns or 'all'} turns, {st.agentic_max_tokens} tokens a turn, "
+        f"agentic depth {st.agentic_depth} (the seed's: --kv-depths=10k,90k --kv-sessions=2 --kv-turns=15)"
+    )
+
+
+registry.with_plan("prefill", depth_plan)
+registry.with_plan("agentic", depth_plan)

@@ -20,7 +20,7 @@ gated) without the user's file. Plain Python: no pytest.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, cast
 
 from pytest_kvcache.metrics import catalogue
@@ -360,6 +360,11 @@ def register(spec: ProbeSpec) -> ProbeSpec:
     for listener in list(_LISTENERS):
         listener(spec)
     return spec
+
+
+def with_plan(name: str, plan: Callable[[Any], str | None]) -> ProbeSpec:
+    """Give a registered probe its boot-plan line (the stock probes' modules give theirs at import)."""
+    return register(replace(_SPECS[name], plan=plan))
 
 
 def add_listener(listener: Callable[[ProbeSpec], None]) -> None:

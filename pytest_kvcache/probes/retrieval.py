@@ -25,10 +25,12 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.registry import depth_label
 
-__all__ = ["FORMS", "HAYSTACKS", "Needle", "Prompt", "depth_label", "found", "needles_for", "recall_prompt"]
+__all__ = ["FORMS", "HAYSTACKS", "Needle", "Prompt", "found", "needles_for", "recall_prompt"]
 
 FORMS = ("recall", "question")
 #: ``texts``: the committed prose and code (the fidelity probe's, redistributable), alternating by needle;
@@ -267,3 +269,20 @@ def answer_tokens(form: str = "recall") -> int:
     """Tokens a greedy answer may take: a 7-digit number is up to 7 tokens in a digit-split vocabulary, a word
     pair up to 6; a chat answer may open with a few words more."""
     return 12 if form == "recall" else 24
+
+
+def plan(st: Any) -> str:
+    """The boot plan's line for the retrieval probe, from the settings."""
+    return plan_line(
+        depths=st.retrieval_depths,
+        positions=st.retrieval_positions,
+        needles=st.retrieval_needles,
+        form=st.retrieval_form,
+        keys=st.retrieval_keys,
+        haystack=st.retrieval_haystack,
+        ceiling=st.retrieval_ceiling,
+        cpu=st.embedded and st.launcher != "external",
+    )
+
+
+registry.with_plan("retrieval", plan)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_kvcache.config.constants import Sampling
+from pytest_kvcache.probes import registry
 
 
 @dataclass(frozen=True)
@@ -51,3 +52,16 @@ def chat_payload(
 
 def build_payload(shape: ShortShape, model: str, mode: Sampling, max_tokens: int | None = None) -> dict[str, Any]:
     return chat_payload(model, [{"role": "user", "content": shape.prompt}], mode, max_tokens or shape.max_tokens)
+
+
+def plan(st: Any) -> str | None:
+    """The boot plan's line: the short probes' sizes where the embedded model on the CPU shrinks them."""
+    if not (st.embedded and st.launcher != "external") or (st.max_tokens, st.warmups, st.runs) == (None, 3, 5):
+        return None
+    return (
+        f"short probes sized for the CPU: {st.max_tokens or 'each shape’s'} tokens, {st.warmups} warmup(s) + "
+        f"{st.runs} runs a shape (elsewhere: 1000/800 tokens, 3 + 5)"
+    )
+
+
+registry.with_plan("short", plan)

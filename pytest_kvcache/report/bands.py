@@ -49,11 +49,6 @@ class Band:
     boot_sd: float
     source: str
 
-    @property
-    def one_boot_pct(self) -> float:
-        """The 95% half-width (percent) the band adds to a ratio of one boot against one boot."""
-        return 100 * 1.96 * self.boot_sd * 2**0.5
-
     def describe(self) -> str:
         return f"the default {self.platform.upper()} {self.family} band (boot-to-boot SD {self.boot_sd * 100:.1f}%)"
 

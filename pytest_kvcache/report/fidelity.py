@@ -42,7 +42,7 @@ from pytest_kvcache.model.records import FidelityRecord
 from pytest_kvcache.model.report import DeltaRow
 from pytest_kvcache.model.sections import FidelityRow, FidelitySection
 from pytest_kvcache.probes import fidelity
-from pytest_kvcache.probes.registry import FIDELITY_METRICS
+from pytest_kvcache.probes.registry import FIDELITY_METRICS, depth_label
 from pytest_kvcache.report.gate_outcome import gate_result, judge
 from pytest_kvcache.report.points import point_sort
 
@@ -129,7 +129,7 @@ def blocks(records: Sequence[FidelityRecord], arms: Sequence[str]) -> pd.DataFra
                         "replicate": a.get("replicate") or 1,
                         "text": a.get("text"),
                         "depth": arm_window.depth,
-                        "point": fidelity.depth_label(arm_window.depth),
+                        "point": depth_label(arm_window.depth),
                         "block": i,
                         "positions": min(fidelity.BLOCK, len(base_window.logprob) - i * fidelity.BLOCK),
                         **{name: block.get(name) for name in (*FIDELITY_METRICS, "baseline_nll")},
@@ -346,7 +346,7 @@ def _notes(records: Sequence[FidelityRecord], arms: Sequence[str]) -> list[str]:
         elif r.get("excluded_reason"):
             notes.append(f"{where}: excluded: {r.get('excluded_reason')}")
         if r.get("ok") and r.get("short_depths"):
-            depths = ", ".join(fidelity.depth_label(int(d)) for d in r.get("short_depths") or [])
+            depths = ", ".join(depth_label(int(d)) for d in r.get("short_depths") or [])
             notes.append(f"{where}: depth(s) {depths} beyond the {r.get('prompt_tokens', 0):,} tokens it could score")
         for data in r.get("windows") or []:
             try:

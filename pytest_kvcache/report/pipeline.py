@@ -103,4 +103,4 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}{where}" if text else f"{type(exc).__name__}{where}"
 
 
-__all__ = ["Outcome", "ReportInputError", "ReportOptions", "load_inputs", "produce"]
+__all__ = ["Outcome", "ReportInputError", "load_inputs", "produce"]

@@ -12,13 +12,13 @@ from typing import Any, cast
 
 import httpx
 
-from pytest_kvcache import metrics
 from pytest_kvcache.client import Client
 from pytest_kvcache.config.arms import Arm
 from pytest_kvcache.config.plan import Boot
 from pytest_kvcache.engines.base import Engine, tail
 from pytest_kvcache.engines.kinds.base import EngineProfile, Kind, find_kind
 from pytest_kvcache.engines.kinds.vllm import VLLM
+from pytest_kvcache.metrics import prometheus
 from pytest_kvcache.model.base import Json
 from pytest_kvcache.model.evidence import Evidence
 from pytest_kvcache.sample import Sample
@@ -95,12 +95,12 @@ class ArmClient:
             sample.fail("engine_died", f"{headline} (request ended with: {sample.error})\n{log_tail}")
         return sample
 
-    def scrape(self) -> metrics.Scrape | None:
+    def scrape(self) -> prometheus.Scrape | None:
         """One ``/metrics`` scrape, or None when the server has none (then never asked again)."""
         if self._no_metrics:
             return None
         try:
-            return metrics.parse(self.client.get_text("/metrics"))
+            return prometheus.parse(self.client.get_text("/metrics"))
         except (httpx.HTTPError, ValueError):
             self._no_metrics = True
             return None
@@ -117,7 +117,7 @@ class ArmClient:
         sample = self.stream_chat(payload, keep_text=keep_text, prompt_tokens=prompt_tokens)
         return sample, self._delta_since(before, sample.ok)
 
-    def _delta_since(self, before: metrics.Scrape | None, ok: bool) -> dict[str, Json] | None:
+    def _delta_since(self, before: prometheus.Scrape | None, ok: bool) -> dict[str, Json] | None:
         """The engine's counter deltas since ``before``, once the finished request shows in them."""
         if before is None or not self.server.engine.alive():
             return None
@@ -134,7 +134,8 @@ class ArmClient:
         if after is None:
             return None
         delta = cast(
-            dict[str, Json], dict(metrics.engine_delta(before, after, self.kind.counters, self.kind.spec_per_position))
+            dict[str, Json],
+            dict(prometheus.engine_delta(before, after, self.kind.counters, self.kind.spec_per_position)),
         )
         if ok and (after.total(success) or 0.0) < goal:
             delta["lagging"] = True

@@ -10,7 +10,6 @@ from pytest_kvcache.config.budget import fmt_bytes
 from pytest_kvcache.config.resolve import arm_need
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.model.evidence import PlanEntry
-from pytest_kvcache.probes.prefill import depth_label
 
 
 def budget_text(settings: Settings, entry: PlanEntry) -> str:
@@ -67,17 +66,3 @@ def kv_plan_lines(plan: Sequence[PlanEntry]) -> list[str]:
             )
         lines[str(entry.get("arm"))] = f"  KV planned for {entry.get('arm')} in {where}: {text}"
     return list(lines.values())
-
-
-def capacity_plan_line(settings: Settings) -> str:
-    """The capacity probe's setup, said once before anything boots."""
-    st = settings
-    cpu = st.embedded and st.launcher != "external" and st.capacity_depths == st.embedded_spec.capacity_depths
-    kv = "each arm's own KV cache (no --kv-cache-bytes)" if st.cache_bytes is None else "the KV budget below"
-    depths = ",".join(depth_label(d) for d in st.capacity_depths)
-    return (
-        f"  capacity{' sized for the CPU' if cpu else ''}: depths {depths}, "
-        f"SLO {st.slo}, think {st.capacity_think_s:g} s, {st.capacity_window_s:g} s measured per trial, "
-        f"{st.capacity_max_tokens} tokens a turn, {st.capacity_start} to at most {st.capacity_max_sessions} sessions; "
-        f"{kv}"
-    )

@@ -23,7 +23,7 @@ from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model.evidence import Evidence
 from pytest_kvcache.model.records import FidelityRecord, Record
 from pytest_kvcache.probes import registry
-from pytest_kvcache.probes.prefill import depth_label
+from pytest_kvcache.probes.registry import depth_label
 
 Mode = Literal["lines", "live", "off"]
 

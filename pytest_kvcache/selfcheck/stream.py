@@ -21,8 +21,8 @@ It exists for two jobs, and is a stand-in for vLLM only there:
 * tests use it to produce what real vLLM cannot be made to produce on demand -- a connection dropped
   mid-stream, a stall, a malformed SSE line, an injected HTTP error, a stream without usage, a request
   that generates no token (see `Fault`, whose public home for tests is
-  `pytest_kvcache.testing.stream_faults`; it is defined here because it is a field of the `Schedule`
-  wire format and its behaviour is interleaved with the pacing of every chunk);
+  `pytest_kvcache.testing.stream_faults`; it is defined in :mod:`.schedule` because it is a field of the
+  `Schedule` wire format, and played here, interleaved with the pacing of every chunk);
 * the accuracy check uses it as a calibrated stream: because the server knows when each token left,
   the measuring client's own overhead is the difference between what it measured and
   `ServedRequest.token_deadlines_s` / `ServedRequest.chunk_times_s`.
@@ -46,30 +46,8 @@ from typing import Any
 
 from pytest_kvcache.selfcheck.handler import _HTTPServer
 from pytest_kvcache.selfcheck.pacing import _POLL_S, _Aborted, _Job, _Pacer
-from pytest_kvcache.selfcheck.schedule import DEFAULT_CACHE_CONFIG_LABELS as DEFAULT_CACHE_CONFIG_LABELS
-from pytest_kvcache.selfcheck.schedule import SCHEDULE_HEADER as SCHEDULE_HEADER
-from pytest_kvcache.selfcheck.schedule import Fault as Fault
-from pytest_kvcache.selfcheck.schedule import FaultKind as FaultKind
-from pytest_kvcache.selfcheck.schedule import Outcome as Outcome
-from pytest_kvcache.selfcheck.schedule import PromptCache as PromptCache
-from pytest_kvcache.selfcheck.schedule import RoleChunk as RoleChunk
-from pytest_kvcache.selfcheck.schedule import Schedule as Schedule
-from pytest_kvcache.selfcheck.schedule import ServedRequest as ServedRequest
+from pytest_kvcache.selfcheck.schedule import DEFAULT_CACHE_CONFIG_LABELS, Outcome, PromptCache, Schedule, ServedRequest
 from pytest_kvcache.selfcheck.vllm_output import _Run
-
-__all__ = [
-    "DEFAULT_CACHE_CONFIG_LABELS",
-    "SCHEDULE_HEADER",
-    "Fault",
-    "FaultKind",
-    "Outcome",
-    "PromptCache",
-    "RoleChunk",
-    "Schedule",
-    "ServedRequest",
-    "StreamServer",
-]
-
 
 _JOIN_S = 5.0  # how long close() waits for each connection thread
 

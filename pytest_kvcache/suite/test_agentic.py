@@ -51,7 +51,7 @@ def test_agentic(
                 seed=kv_settings.seed,
                 grow=spec != "fit",
             )
-        except (agentic.FitError, counting.SizingError) as exc:
+        except (agentic.FitError, prefill.SizingError) as exc:
             failure = f"{label}: cannot size the session to {target:,} tokens: {exc}"
         if failure is not None:
             pytest.fail(failure, pytrace=False)
@@ -71,7 +71,7 @@ def test_agentic(
         if method != "calibrated":
             try:
                 prompt_tokens = count(payload)
-            except counting.SizingError as exc:
+            except prefill.SizingError as exc:
                 problems.append(f"turn {turn_no}: cannot count its prompt: {exc}")
                 break
         too_long = counting.overflow(prompt_tokens, max_tokens, kv_server) if prompt_tokens is not None else None

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from pytest_kvcache.config.grammars import parse_slo
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.fanout import Fanout, FanoutError, default_processes
 from pytest_kvcache.fanout_plan import SessionTrial
@@ -15,6 +16,7 @@ from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import capacity, prefill
 from pytest_kvcache.probes.concurrency import excluded_reason, saturation
 from pytest_kvcache.probes.counting import token_counter
+from pytest_kvcache.probes.registry import depth_label
 from pytest_kvcache.probes.short import chat_payload
 from pytest_kvcache.run.measure import ArmClient, Server
 
@@ -29,9 +31,9 @@ def test_capacity(
 ) -> None:
     st = kv_settings
     depth = kv_capacity_depth
-    point = prefill.depth_label(depth)
+    point = depth_label(depth)
     label = f"capacity {point} on {kv_server.name}"
-    slo = capacity.parse_slo(st.slo)
+    slo = parse_slo(st.slo)
     max_len = kv_server.evidence.get("max_model_len")
     if max_len and depth + st.capacity_max_tokens > max_len:
         pytest.skip(f"depth {depth} + {st.capacity_max_tokens} output tokens exceeds {kv_server.name}'s max_model_len")

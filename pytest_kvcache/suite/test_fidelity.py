@@ -14,6 +14,7 @@ from pytest_kvcache.engines import scoring
 from pytest_kvcache.model.records import FidelityRecord
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import fidelity, judging, prefill
+from pytest_kvcache.probes.registry import depth_label
 from pytest_kvcache.run.measure import ArmClient, EngineDied, Server
 
 
@@ -64,7 +65,7 @@ def test_fidelity(
     usable = [d for d in depths if d <= limit]
     if not usable:
         reason = (
-            f"no depth of {', '.join(map(prefill.depth_label, depths))} fits: the text has "
+            f"no depth of {', '.join(map(depth_label, depths))} fits: the text has "
             f"{len(all_ids):,} tokens, max_model_len is {max_len}"
         )
         entry["ok"], entry["error"] = False, reason

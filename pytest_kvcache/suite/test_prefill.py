@@ -11,6 +11,7 @@ from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import counting, prefill
 from pytest_kvcache.probes.agentic import prompt_sha256
+from pytest_kvcache.probes.registry import depth_label
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
 from pytest_kvcache.probes.short import chat_payload
 from pytest_kvcache.run.measure import ArmClient, Server
@@ -29,8 +30,8 @@ def test_prefill(
 ) -> None:
     too_deep = counting.overflow(kv_depth, prefill.MAX_TOKENS, kv_server)
     if too_deep:  # a default depth (an explicit one failed the boot): left out by design, and said so
-        kv_record.left_out(probe="prefill", point=prefill.depth_label(kv_depth), reason=too_deep)
-        pytest.skip(f"prefill {prefill.depth_label(kv_depth)} left out: {too_deep}")
+        kv_record.left_out(probe="prefill", point=depth_label(kv_depth), reason=too_deep)
+        pytest.skip(f"prefill {depth_label(kv_depth)} left out: {too_deep}")
     block_size = int((kv_server.evidence.get("cache_config") or {}).get("block_size") or 16)
     count_body, method = counting.token_counter(kv_client, kv_server, kv_settings)
 
@@ -66,12 +67,12 @@ def test_prefill(
             "sizing": {"method": method, "tokens": sized.tokens, "calls": sized.tokenize_calls, "salt": salt},
         }
 
-    label = f"prefill {prefill.depth_label(kv_depth)} on {kv_server.name}"
+    label = f"prefill {depth_label(kv_depth)} on {kv_server.name}"
     failure: str | None = None
     try:
         outcome = run_repeated(
             send,
-            functools.partial(kv_record, probe="prefill", shape=prefill.depth_label(kv_depth)),
+            functools.partial(kv_record, probe="prefill", shape=depth_label(kv_depth)),
             label=label,
             warmups=kv_settings.depth_warmups,
             runs=kv_settings.depth_runs,
@@ -83,6 +84,6 @@ def test_prefill(
     if failure is not None:
         pytest.fail(failure, pytrace=False)  # outside the except block: no chained traceback
     if outcome.sampling:
-        kv_record.sampling(outcome.sampling, probe="prefill", point=prefill.depth_label(kv_depth))
+        kv_record.sampling(outcome.sampling, probe="prefill", point=depth_label(kv_depth))
     if outcome.problems():
         pytest.fail(outcome.message(), pytrace=False)

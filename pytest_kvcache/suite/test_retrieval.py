@@ -15,6 +15,7 @@ from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.model.records import RetrievalRecord
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import fidelity, retrieval
+from pytest_kvcache.probes.registry import depth_label
 from pytest_kvcache.probes.tokens import TokenizerError, load_tokenizer, tokenizer_dir
 from pytest_kvcache.run.measure import ArmClient, EngineDied, Server
 
@@ -106,7 +107,7 @@ def test_retrieval(
     kv_retrieval_depth: int,
 ) -> None:
     depth, form = kv_retrieval_depth, kv_settings.retrieval_form
-    label = f"retrieval@{retrieval.depth_label(depth)} on {kv_server.name}"
+    label = f"retrieval@{depth_label(depth)} on {kv_server.name}"
     max_len = kv_server.evidence.get("max_model_len")
     if max_len and depth + retrieval.answer_tokens(form=form) > int(max_len):
         pytest.skip(f"{label}: {depth:,} tokens and an answer exceed max_model_len {max_len}")

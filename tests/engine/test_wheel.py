@@ -59,7 +59,7 @@ def test_wheel_installs_in_a_fresh_venv_and_collects_the_suite(tmp_path: Path) -
     assert "model embedded:smollm2-135m" in result.stdout and "context 8,192 tokens" in result.stdout
     assert "test_short[auto-narrative]" in result.stdout and "test_short[bf16-code]" in result.stdout
     model = subprocess.run(
-        [str(python), "-c", "from pytest_kvcache.engines import embedded_model_path as p; print(p())"],
+        [str(python), "-c", "from pytest_kvcache.datafiles import embedded_model_path as p; print(p())"],
         capture_output=True,
         text=True,
         check=True,

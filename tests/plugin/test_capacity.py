@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -47,8 +46,8 @@ def test_twice_the_kv_capacity_sustains_about_twice_the_sessions(pytester: pytes
     """Two arms whose KV budgets differ 2:1: the search finds each knee within one session of what the KV holds,
     tries it and the levels either side of it twice, the larger arm sustains about twice the sessions, its cache
     holds about twice the sessions (the KV-residency knee, the hit rate at least half), and the report, plot, gate
-    and verdict say so. The gate's threshold is one the capacity's own band (a one-session step
-    at a knee of 6: ×/÷ 1.53 at one boot a side) can decide at one boot."""
+    and verdict say so; a re-render rebuilds them from the records alone. The gate's threshold is one the
+    capacity's own band (a one-session step at a knee of 6: ×/÷ 1.53 at one boot a side) can decide at one boot."""
     pytester.makepyprojecttoml(BIG_ARM)
     gate = "--kv-fail=capacity[capacity@400]: big >= auto * 1.25"
     result = pytester.runpytest_subprocess(*capacity_args(tag, "--kv-arms=auto,big", gate))
@@ -130,6 +129,17 @@ def test_twice_the_kv_capacity_sustains_about_twice_the_sessions(pytester: pytes
     assert "<h2>Capacity under the SLO</h2>" in html and "<h2>Capacity trials</h2>" in html
     assert 'alt="capacity_400"' in html and "Capacity at 400: goodput against concurrent sessions" in html
     result.stdout.fnmatch_lines(["verdict: big sustains*", "gate *: capacity[[]capacity@400]: big >= auto * 1.25*"])
+    # the stored run's capacity section, plot and gates come back from its records alone
+    (run / "capacity_400.png").unlink()
+    again = pytester.runpytest_subprocess(
+        f"--kv-rerender={run}", "--kv-fail=capacity[capacity@400]: >= 1", "-p", "no:cacheprovider"
+    )
+    assert again.ret == 0, again.stdout.str()
+    after = json.loads((run / "report.json").read_text())
+    assert after["capacity"]["rows"] == report["capacity"]["rows"] and (run / "capacity_400.png").is_file()
+    assert {g["name"].split("(")[1].rstrip(")") for g in after["gates"]} == {"auto", "big"}
+    assert all(g["ci_low"] is not None for g in after["gates"])
+    assert (run / "report.md").read_text().count("## Capacity under the SLO") == 1
 
 
 def test_a_budget_too_small_for_max_model_len_is_a_usage_error(pytester: pytest.Pytester, tag: str) -> None:
@@ -160,22 +170,3 @@ def test_capacity_runs_on_a_generic_server_without_metrics(pytester: pytest.Pyte
     trials = report["capacity"]["trials"]
     assert all(t["hit_rate_source"] == "usage" and t["preemptions"] is None for t in trials if t["turns"])
     assert not math.isnan(float(row["capacity"]))
-
-
-def test_rerender_rebuilds_the_capacity_section(pytester: pytest.Pytester, tag: str) -> None:
-    """A stored run's capacity section, plot and gates come back from its records alone."""
-    pytester.makepyprojecttoml(BIG_ARM)
-    result = pytester.runpytest_subprocess(*capacity_args(tag, "--kv-arms=auto,big", "--kv-capacity-max-sessions=4"))
-    assert result.ret == 0, result.stdout.str()
-    run = latest(pytester)
-    before = json.loads((run / "report.json").read_text())["capacity"]
-    (run / "capacity_400.png").unlink()
-    again = pytester.runpytest_subprocess(
-        f"--kv-rerender={run}", "--kv-fail=capacity[capacity@400]: >= 1", "-p", "no:cacheprovider"
-    )
-    assert again.ret == 0, again.stdout.str()
-    after = json.loads((run / "report.json").read_text())
-    assert after["capacity"]["rows"] == before["rows"] and (run / "capacity_400.png").is_file()
-    assert {g["name"].split("(")[1].rstrip(")") for g in after["gates"]} == {"auto", "big"}
-    assert all(g["ci_low"] is not None for g in after["gates"])
-    assert Path(run / "report.md").read_text().count("## Capacity under the SLO") == 1

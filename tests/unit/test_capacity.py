@@ -15,11 +15,12 @@ import pytest
 
 from pytest_kvcache.config import budget
 from pytest_kvcache.config.constants import SettingsError
+from pytest_kvcache.config.grammars import parse_slo
 from pytest_kvcache.config.resolve import resolve
-from pytest_kvcache.engines import build_engine_args
+from pytest_kvcache.engines.kinds.vllm import build_engine_args
 from pytest_kvcache.fanout import Fanout
 from pytest_kvcache.probes import capacity
-from pytest_kvcache.probes.capacity import Search, TurnTimes, judge, knee, knee_draws, parse_slo
+from pytest_kvcache.probes.capacity import Search, TurnTimes, judge, knee, knee_draws
 from pytest_kvcache.probes.short import chat_payload
 from pytest_kvcache.report.capacity import render as capacity_render
 from pytest_kvcache.report.capacity import search as capacity_search

@@ -43,7 +43,7 @@ def test_the_embedded_models_are_named_and_the_trained_one_is_the_default(tmp_pa
 def test_the_trained_model_is_served_in_bf16_when_an_arm_has_a_half_precision_kv_cache(tmp_path: Path) -> None:
     """vLLM 0.32's CPU build returns garbage with a float16/bfloat16 KV cache on float32 weights: such a run
     serves the embedded trained model in bfloat16, every arm alike; otherwise float32 (exact, faster)."""
-    from pytest_kvcache.engines import build_engine_args
+    from pytest_kvcache.engines.kinds.vllm import build_engine_args
 
     half = make_settings(tmp_path, arms="auto,float16")
     assert half.embedded_dtype == "bfloat16"

@@ -159,8 +159,8 @@ def test_build_cache_key_is_stable(tmp_path: Path) -> None:
 
 
 def test_no_llama_server_is_a_headline_not_a_traceback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from pytest_kvcache.engines import EngineError
     from pytest_kvcache.engines import llamacpp_build as build
+    from pytest_kvcache.engines.base import EngineError
     from pytest_kvcache.engines.kinds.llamacpp import llama_server_cmd
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: it would have to build

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_kvcache import metrics
 from pytest_kvcache.config.hostcpu import cpu_flags, fp8_kv_unsupported_reason
 from pytest_kvcache.engines.base import EngineError, redact_argv, redact_env, salient_error, tail
 from pytest_kvcache.engines.kinds.vllm import CACHE_CONFIG_INFO, parse_log
+from pytest_kvcache.metrics import prometheus
 from pytest_kvcache.model.evidence import kv_capacity_tokens, resolved_cache_dtype, speculative
 
 # Lines as vLLM 0.25.1 (the seed's GPU logs) and 0.32.0 (the CPU build here) print them.
@@ -55,14 +55,14 @@ vllm:prefix_cache_queries_total{engine="1",model_name="m"} 128.0
 
 
 def test_cache_config_and_counters() -> None:
-    scraped = metrics.parse(METRICS)
+    scraped = prometheus.parse(METRICS)
     cache = scraped.labels(CACHE_CONFIG_INFO)
     assert cache is not None and cache["cache_dtype"] == "fp8_e4m3"
     assert scraped.total("vllm:prefix_cache_queries_total") == 640.0
     assert scraped.total("vllm:prefix_cache_queries_total", engine="1") == 128.0
     assert scraped.total("vllm:absent_total") is None
-    later = metrics.parse(METRICS.replace("512.0", "600.0"))
-    assert metrics.delta(scraped, later, "vllm:prefix_cache_queries_total") == 88.0
+    later = prometheus.parse(METRICS.replace("512.0", "600.0"))
+    assert prometheus.delta(scraped, later, "vllm:prefix_cache_queries_total") == 88.0
 
 
 def test_resolved_dtype_prefers_metrics_then_log() -> None:
@@ -153,9 +153,9 @@ def test_the_speculative_setup_is_read_from_the_config_line_then_the_non_default
 
 def test_acceptance_from_the_counter_deltas_of_one_request() -> None:
     engine = {"spec_drafts": 10, "spec_draft_tokens": 30, "spec_accepted_tokens": 12}
-    assert metrics.spec_metrics(engine) == {"acceptance_length": 2.2, "acceptance_rate": 0.4}
-    assert metrics.spec_metrics({"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}) == {}
-    assert metrics.spec_metrics({}) == {}
+    assert prometheus.spec_metrics(engine) == {"acceptance_length": 2.2, "acceptance_rate": 0.4}
+    assert prometheus.spec_metrics({"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}) == {}
+    assert prometheus.spec_metrics({}) == {}
 
 
 # torch.compile lines of vLLM 0.25.1 on the H200 (a first boot, then one that found the cache) and the

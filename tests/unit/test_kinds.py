@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from pytest_kvcache import metrics
 from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.kinds import resolve_arm
 from pytest_kvcache.config.plan import Boot, BootPlan
@@ -21,6 +20,7 @@ from pytest_kvcache.engines.kinds.llamacpp import LLAMACPP
 from pytest_kvcache.engines.kinds.openai import OPENAI
 from pytest_kvcache.engines.kinds.vllm import VLLM
 from pytest_kvcache.engines.registry import EngineRegistry
+from pytest_kvcache.metrics import prometheus
 from pytest_kvcache.model.evidence import LogFacts
 from tests.factories import make_settings
 
@@ -140,10 +140,10 @@ def test_an_sglang_kind_is_one_module_docker_included(tmp_path: Path) -> None:
 
         log = "server_args=ServerArgs(kv_cache_dtype='fp8_e4m3', …)\nKV Cache is allocated. #tokens: 411230, K size…"
         assert kinds.get_kind("sglang").parse_log(log) == {"kv_cache_size_tokens": 411230, "kv_cache_dtype": "fp8_e4m3"}
-        before = metrics.parse("sglang:prompt_tokens_total 10\nsglang:generation_tokens_total 4\n")
-        after = metrics.parse("sglang:prompt_tokens_total 110\nsglang:generation_tokens_total 36\n")
+        before = prometheus.parse("sglang:prompt_tokens_total 10\nsglang:generation_tokens_total 4\n")
+        after = prometheus.parse("sglang:prompt_tokens_total 110\nsglang:generation_tokens_total 36\n")
         counters = kinds.get_kind("sglang").counters
-        assert metrics.engine_delta(before, after, counters) == {"prompt_tokens": 100, "generation_tokens": 32}
+        assert prometheus.engine_delta(before, after, counters) == {"prompt_tokens": 100, "generation_tokens": 32}
     finally:
         kinds.unregister_kind("sglang")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kvcache.probes import agentic, prefill
+from pytest_kvcache.probes.registry import depth_label
 
 
 def toy_count(messages: list[dict]) -> int:
@@ -40,7 +41,7 @@ def test_salt_is_woven_through_the_whole_haystack() -> None:
 
 
 def test_depth_labels() -> None:
-    assert [prefill.depth_label(d) for d in (2000, 90_000, 12_500)] == ["2k", "90k", "12500"]
+    assert [depth_label(d) for d in (2000, 90_000, 12_500)] == ["2k", "90k", "12500"]
 
 
 def test_cold_check() -> None:

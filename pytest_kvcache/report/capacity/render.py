@@ -11,11 +11,11 @@ import pandas as pd
 
 from pytest_kvcache.config.budget import fmt_bytes
 from pytest_kvcache.model.sections import CapacityRow, CapacitySection
-from pytest_kvcache.probes import capacity as probe
 from pytest_kvcache.report.outputs.formats import _md_table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+from pytest_kvcache.config.grammars import Slo, SloTerm, parse_slo
 from pytest_kvcache.report.capacity.search import count
 from pytest_kvcache.report.capacity.section import _ci, _pct
 
@@ -213,9 +213,9 @@ def figures(report: Mapping[str, Any], plt: Any) -> dict[str, Figure]:
     if not found or not found["trials"]:
         return {}
     try:
-        slo = probe.parse_slo(str(found["config"].get("slo")))
+        slo = parse_slo(str(found["config"].get("slo")))
     except ValueError:
-        slo = probe.Slo(())
+        slo = Slo(())
     arms = [a["name"] for a in report.get("arms") or []]
     trials = pd.DataFrame([t for t in found["trials"] if t["verdict"] != "excluded"])
     out: dict[str, Figure] = {}
@@ -223,7 +223,7 @@ def figures(report: Mapping[str, Any], plt: Any) -> dict[str, Figure]:
         return out
     for point in dict.fromkeys(trials["point"]):
         at = trials[trials["point"] == point]
-        panels: list[probe.SloTerm | None] = [None, *slo.terms]  # None: goodput
+        panels: list[SloTerm | None] = [None, *slo.terms]  # None: goodput
         fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 3.9), squeeze=False)
         for ax, term in zip(axes[0], panels, strict=True):
             for arm in [a for a in arms if a in set(at["arm"])]:
@@ -251,7 +251,7 @@ def figures(report: Mapping[str, Any], plt: Any) -> dict[str, Figure]:
     return out
 
 
-def _level(group: pd.DataFrame, term: probe.SloTerm | None) -> float:
+def _level(group: pd.DataFrame, term: SloTerm | None) -> float:
     """The mean over a level's trials (boots) of the goodput, or of an SLO term's value (nan: a failed turn)."""
     if term is None:
         values = [float(v) for v in group["goodput_tps"] if v is not None]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from pytest_kvcache import stats
+from pytest_kvcache.config.grammars import Slo, parse_slo
 from pytest_kvcache.model.records import Record
 from pytest_kvcache.probes import capacity as probe
 from pytest_kvcache.probes.registry import depth_label
@@ -41,7 +42,7 @@ class Trial:
     sessions: int
     step: str
     window_s: float
-    slo: probe.Slo
+    slo: Slo
     ttft: np.ndarray
     itl: np.ndarray
     tokens: np.ndarray
@@ -93,9 +94,7 @@ class Trial:
         return float(lo), float(hi)
 
 
-def _judge(
-    ttft: np.ndarray, itl: np.ndarray, tokens: np.ndarray, slo: probe.Slo, window_s: float
-) -> probe.TrialFigures:
+def _judge(ttft: np.ndarray, itl: np.ndarray, tokens: np.ndarray, slo: Slo, window_s: float) -> probe.TrialFigures:
     turns = [
         probe.TurnTimes(float(t), float(i), int(n), bool(math.isfinite(t)))
         for t, i, n in zip(ttft, itl, tokens, strict=True)
@@ -349,7 +348,7 @@ def searches(records: Sequence[Record]) -> list[Search]:
     for (boot, point, index), turns in trials.items():
         info: dict[str, Any] = dict(turns[0].get("capacity") or {})
         try:
-            slo = probe.parse_slo(str(info.get("slo")))
+            slo = parse_slo(str(info.get("slo")))
         except ValueError:
             continue  # not a record this version wrote
         times = [probe.turn_times(r.get("sample") or {}) for r in turns]

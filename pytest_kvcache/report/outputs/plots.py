@@ -43,13 +43,13 @@ def render(report: Report) -> dict[str, bytes]:
         plt.close(fig)
         out[name] = buf.getvalue()
 
+    def own_sections() -> None:  # fidelity's and retrieval's plots, drawn with or without a comparison
+        for name, draw in (("fidelity.png", fidelity_figure), ("retrieval.png", retrieval_render.heatmap_figure)):
+            if (drawn := draw(report, plt)) is not None:
+                save(drawn, name)
+
     if summary.empty:  # nothing between arms; a single arm's fidelity (or retrieval) still has its plot
-        drawn = fidelity_figure(report, plt)
-        if drawn is not None:
-            save(drawn, "fidelity.png")
-        drawn = retrieval_render.heatmap_figure(report, plt)
-        if drawn is not None:
-            save(drawn, "retrieval.png")
+        own_sections()
         return out
 
     for probe in dict.fromkeys(summary["probe"]):
@@ -138,12 +138,7 @@ def render(report: Report) -> dict[str, bytes]:
         ax.set_title("speculative decoding: acceptance length against depth")
         ax.legend()
         save(fig, "spec_decode.png")
-    drawn = fidelity_figure(report, plt)
-    if drawn is not None:
-        save(drawn, "fidelity.png")
-    drawn = retrieval_render.heatmap_figure(report, plt)
-    if drawn is not None:
-        save(drawn, "retrieval.png")
+    own_sections()
     for name, figure in capacity_render.figures(report, plt).items():  # goodput against sessions, per depth
         save(figure, name)
     return out
