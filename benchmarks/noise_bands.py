@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.report import bands
 from pytest_kvcache.report.load import load
 from pytest_kvcache.report.points import spec_of
@@ -120,7 +121,7 @@ def points(run_dir: Path, keep_busy: bool = False) -> tuple[str, list[dict[str, 
     for (config, probe, point), group in data.groupby(["config", "probe", "point"]):
         measured = spec_of(str(probe), run.specs).metrics  # the probe's metrics, not the frame's other columns
         for metric in group.columns:
-            name = bands.family(str(metric))
+            name = catalogue.family(str(metric))
             if name is None or name == CAPACITY or metric not in measured:  # a knee: capacity_points
                 continue
             per_boot = group.groupby("boot")[metric].agg(lambda v: [float(x) for x in v if x is not None and x == x])

@@ -34,14 +34,30 @@ def every(
             next_at += interval_s * math.ceil((now - next_at) / interval_s)
 
 
-class FileThread:
-    """What the GPU sampler and the energy meter share: a daemon thread (``_thread``, stopped by ``_stop``)
-    that appends to a file of its own (``_fh``, guarded by ``_lock``). ``stop`` is idempotent; ``start`` is
-    the subclass's; either is a context manager."""
+class Looping:
+    """What every sampler shares: its daemon thread (``_thread``) and the errors its steps raised (``errors``
+    counted, ``last_error`` the last; the ``on_error`` of :func:`every`)."""
+
+    _thread: threading.Thread | None
+    errors: int
+    last_error: str | None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _failed(self, exc: Exception) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+
+
+class FileThread(Looping):
+    """What the GPU sampler and the energy meter share besides: a thread stopped by ``_stop`` that appends to a
+    file of its own (``_fh``, guarded by ``_lock``). ``stop`` is idempotent; ``start`` is the subclass's; either
+    is a context manager."""
 
     _lock: threading.Lock
     _stop: threading.Event
-    _thread: threading.Thread | None
     _fh: IO[str] | None
 
     def start(self) -> Self:

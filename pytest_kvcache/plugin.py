@@ -30,6 +30,7 @@ from pytest_kvcache.engines import make_engine
 from pytest_kvcache.engines.base import EngineError
 from pytest_kvcache.engines.kinds.base import load_entry_points
 from pytest_kvcache.probes import registry as probe_registry
+from pytest_kvcache.run import rounds
 from pytest_kvcache.run.measure import ArmClient, death_notice
 from pytest_kvcache.session import KvSession
 from pytest_kvcache.stored import Stored, open_stored, report_options
@@ -279,7 +280,7 @@ def kv_arm(request: pytest.FixtureRequest) -> Boot:
 def kv_server(request: pytest.FixtureRequest, kv_arm: Boot) -> Iterator[Server]:
     """The running engine of this test's arm: ``url``, ``arm``, ``model``, ``evidence``."""
     run = _session(request.config).run
-    skipped = run.skip_reason(kv_arm)
+    skipped = rounds.skip_reason(run, kv_arm)
     if skipped:
         pytest.skip(f"adaptive round {kv_arm.replicate} not booted: {skipped}")
     failure: str | None = None

@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import threading
+from collections import Counter
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,11 +229,7 @@ class KvSession:
                     for m in item.own_markers
                     if not (m.name == "skip" and "--benchmark-only" in str(m.kwargs.get("reason", "")))
                 ]
-        counts: dict[str, int] = {}
-        for item in items:
-            boot = boot_of(item)
-            if boot is not None:
-                counts[boot.boot_id] = counts.get(boot.boot_id, 0) + 1
+        counts = Counter(boot.boot_id for item in items if (boot := boot_of(item)) is not None)
         self.run.set_plan(counts)
         self._planned = frozenset(m.name for i in items if boot_of(i) is not None for m in i.iter_markers())
         if self.progress is not None:

@@ -11,8 +11,6 @@ import numpy as np
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model.base import Verdict
 
-SUMMARY_FIELDS = ("n", "mean", "median", "std", "cv_pct", "min", "max")
-
 
 def describe(values: Iterable[float | None]) -> dict[str, Any]:
     """n, mean, median, sample std (ddof=1), CV %, min, max of the non-missing values."""
@@ -37,13 +35,6 @@ def describe(values: Iterable[float | None]) -> dict[str, Any]:
 
 BOOTSTRAP_SAMPLES = 4000
 CONFIDENCE = 0.95
-
-
-def higher_is_better(metric: str) -> bool:
-    """The metric's direction, as the catalogue declares it (``metrics.catalogue``: throughputs, acceptance and
-    capacity better higher; times, energy, fidelity and token counts better lower; an undeclared ``*_tps``
-    higher)."""
-    return catalogue.higher_is_better(metric)
 
 
 def _rng(seed: int) -> np.random.Generator:
@@ -270,11 +261,10 @@ def mean_ci(
 
 
 def mean_ci_boots(
-    boots: Sequence[Sequence[float]], *, n_boot: int = BOOTSTRAP_SAMPLES, confidence: float = CONFIDENCE, seed: int = 0
+    boots: Sequence[Sequence[float]], *, confidence: float = CONFIDENCE
 ) -> tuple[float | None, float | None, float | None]:
     """Mean of boot-level means and its t-interval over the boot means (``boots - 1`` df): each boot counts
-    once, and the CI covers boot-to-boot variation. Fewer than 2 boots: no CI. (``n_boot``/``seed`` are
-    kept for callers; the interval is exact arithmetic.)"""
+    once, and the CI covers boot-to-boot variation. Fewer than 2 boots: no CI."""
     groups = [x for x in boots if len(x)]
     if not groups:
         return None, None, None
@@ -368,9 +358,9 @@ def verdict(metric: str, lo: float | None, hi: float | None) -> Verdict:
     if lo is None or hi is None:
         return "inconclusive"
     if lo > 1.0:
-        return "better" if higher_is_better(metric) else "worse"
+        return "better" if catalogue.higher_is_better(metric) else "worse"
     if hi < 1.0:
-        return "worse" if higher_is_better(metric) else "better"
+        return "worse" if catalogue.higher_is_better(metric) else "better"
     return "inconclusive"
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from pytest_kvcache.config import model_files
@@ -93,11 +92,6 @@ def arm_budget(
         except ValueError:
             return None  # vLLM reads it (or refuses it) itself
     return cache_bytes
-
-
-def embedded_model() -> Path:
-    """The packaged folder of the random-weight tiny model (``embedded:tiny-qwen3``)."""
-    return Path(str(resources.files("pytest_kvcache") / "data" / "tiny-qwen3"))
 
 
 def model_shape(folder: Path) -> KvLayout | None:
@@ -231,18 +225,3 @@ def refusal(arm: str, budget: int, found: Need, kv_dtype: str | None, plan: KvPl
         f"arm {arm}: a KV budget of {fmt_bytes(budget)} {holds}, fewer than max_model_len {found.max_model_len:,}: "
         f"give at least {fmt_bytes(smallest)} ({smallest} bytes), or a smaller --max-model-len in --kv-engine-args"
     )
-
-
-__all__ = [
-    "Need",
-    "arm_budget",
-    "element_bytes",
-    "embedded_model",
-    "flag_value",
-    "fmt_bytes",
-    "model_shape",
-    "need",
-    "parse_bytes",
-    "parse_count",
-    "refusal",
-]

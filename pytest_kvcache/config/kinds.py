@@ -46,18 +46,13 @@ class KindFacts(Protocol):
     def embedded_context(self, spec: EmbeddedModel) -> int: ...
 
 
-def kind_names() -> tuple[str, ...]:
-    """The registered kinds' names (``--kv-engine``'s choices)."""
-    return kind_registry.names()
-
-
 def engine_kind(name: str) -> KindFacts:
     """The registered engine kind that carries everything kind-specific about ``name``: its arms, the
     launchers it runs with, its model's shape, its KV budget."""
     try:
         return cast(KindFacts, kind_registry.get(name))
     except KeyError:
-        raise SettingsError(f"unknown engine kind {name!r}; registered: {', '.join(kind_names())}") from None
+        raise SettingsError(f"unknown engine kind {name!r}; registered: {', '.join(kind_registry.names())}") from None
 
 
 def resolve_arm(name: str, named: Mapping[str, Mapping[str, Any]], engine: EngineKind = "vllm") -> Arm:

@@ -340,7 +340,3 @@ class KvPlan:
     #: the engine settings the figures rest on, and where each came from
     assumptions: str = ""
     not_modelled: str = ""
-
-    @property
-    def modelled(self) -> bool:
-        return self.tokens is not None

@@ -69,7 +69,6 @@ NUMBER: Check = (_number, "a number")
 TEXT: Check = (lambda v: isinstance(v, str), "a string")
 FLAG: Check = (lambda v: isinstance(v, bool), "true or false")
 OBJECT: Check = (lambda v: isinstance(v, dict), "an object")
-TOKEN_IDS: Check = (_token_ids, "a token id or a list of token ids")
 
 #: The fields read from each file (by the plugin: the context, the KV arithmetic, the GGUF writer; or by the
 #: engine it starts: the generation defaults), and what each must be. ``text_config`` (a multimodal model's

@@ -19,7 +19,7 @@ from pytest_kvcache.config import embedded as embedded_models
 from pytest_kvcache.config import locations, model_files
 from pytest_kvcache.config import values as v
 from pytest_kvcache.config.arms import Arm, looks_like_path
-from pytest_kvcache.config.budget import Need, embedded_model, model_shape, need, refusal
+from pytest_kvcache.config.budget import Need, model_shape, need, refusal
 from pytest_kvcache.config.constants import BOOT_INVARIANT_PROBES, SettingsError
 from pytest_kvcache.config.context import fit_context, planned_points
 from pytest_kvcache.config.kinds import engine_kind, resolve_arms
@@ -28,6 +28,7 @@ from pytest_kvcache.config.locations import store_location
 from pytest_kvcache.config.options import options_of, parse_as, pick
 from pytest_kvcache.config.plan import boot_budget
 from pytest_kvcache.config.settings import OPTION_BY_NAME, Settings
+from pytest_kvcache.datafiles import embedded_model_path
 from pytest_kvcache.model.evidence import KvPlanData, ModelSize
 
 
@@ -38,7 +39,7 @@ def served_shape(settings: Settings) -> tuple[KvLayout | None, str]:
     if settings.embedded:
         spec = settings.embedded_spec
         name = spec.title.split(" (")[0]
-        return (KvLayout.from_config(spec.kv_config) if spec.kv_config else model_shape(embedded_model())), name
+        return (KvLayout.from_config(spec.kv_config) if spec.kv_config else model_shape(embedded_model_path())), name
     folder = Path(str(settings.model))
     return (model_shape(folder) if folder.is_dir() else None), folder.name
 
@@ -48,7 +49,7 @@ def served_config(settings: Settings) -> Mapping[str, Any] | None:
     model's declared or packaged config, else ``--kv-model``'s folder's (None: no folder here to read)."""
     if settings.embedded:
         spec = settings.embedded_spec
-        data: Any = spec.kv_config or model_files.read(embedded_model())
+        data: Any = spec.kv_config or model_files.read(embedded_model_path())
     else:
         folder = Path(str(settings.model)) if settings.model else None
         data = model_files.read(folder) if folder is not None and folder.is_dir() else None

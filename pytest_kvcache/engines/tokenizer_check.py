@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -416,7 +417,7 @@ def llama_ids(binary: Path, gguf: Path, text: str) -> list[int]:
     return [int(x) for x in body.split(",") if x.strip()]
 
 
-def first_difference(ours: list[int], theirs: list[int]) -> int | None:
+def first_difference(ours: Sequence[int], theirs: Sequence[int]) -> int | None:
     """The position of the first differing token (a shorter list differs where it ends), None when equal."""
     for i, (a, b) in enumerate(zip(ours, theirs, strict=False)):
         if a != b:

@@ -85,10 +85,6 @@ class EnergyMeter(FileThread):
         self._started = False
 
     @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    @property
     def unsupported(self) -> list[str]:
         """UUIDs of the cards without the counter (known after the first read)."""
         return [s.card.uuid for s in self._cards if not s.supported]
@@ -125,10 +121,6 @@ class EnergyMeter(FileThread):
         self.read_once()
         if not any(s.supported for s in self._cards):
             self._stop.set()
-
-    def _failed(self, exc: Exception) -> None:
-        self.errors += 1
-        self.last_error = f"{type(exc).__name__}: {exc}"
 
     def read_once(self) -> None:
         """Read every card's counter once; write a line for each card whose counter moved."""

@@ -131,10 +131,6 @@ class Sampler(FileThread):
         self._thread: threading.Thread | None = None
         self._fh: IO[str] | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def start(self) -> Self:
         if self._thread is not None:
             raise RuntimeError("sampler already started")
@@ -157,10 +153,6 @@ class Sampler(FileThread):
 
     def _run(self) -> None:
         every(1.0 / self.hz, self._stop, self.sample_once, self._failed)
-
-    def _failed(self, exc: Exception) -> None:
-        self.errors += 1
-        self.last_error = f"{type(exc).__name__}: {exc}"
 
     def sample_once(self) -> list[GpuSample]:
         """Read every card once, keep and write the readings."""

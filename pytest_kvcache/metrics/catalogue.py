@@ -279,30 +279,3 @@ def additive_names() -> tuple[str, ...]:
 def undeclared(found: Iterable[str]) -> list[str]:
     """The names among ``found`` the catalogue does not declare."""
     return [name for name in found if name not in _DECLARED]
-
-
-__all__ = [
-    "FAMILIES",
-    "STOCK",
-    "Direction",
-    "Format",
-    "Group",
-    "Metric",
-    "compared",
-    "declared",
-    "direction",
-    "families",
-    "family",
-    "from_name",
-    "get",
-    "higher_is_better",
-    "joules_text",
-    "label",
-    "names",
-    "register",
-    "show",
-    "suffix_label",
-    "text",
-    "undeclared",
-    "unregister",
-]

@@ -164,6 +164,3 @@ def _kind(value: Any) -> str:
         return "a number"
     named: dict[type, str] = {str: "a string", list: "a list", dict: "an object"}
     return named.get(type(value), type(value).__name__)
-
-
-__all__ = ["mismatch"]

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from pytest_kvcache.engines.tokenizer_check import first_difference
+
 #: Agreement requests per shape and boot: two, so a boot's own nondeterminism shows too.
 REQUESTS = 2
 
@@ -76,17 +78,9 @@ def parse_response(body: Any) -> Tokens:
     return Tokens(tuple(ids), tuple(logprobs))
 
 
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first differing token, or None when the sequences are identical."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def compare_pair(a: Tokens, b: Tokens) -> dict[str, Any]:
     """One pair: identical or not, first divergence index, mean |Δ logprob| over the common prefix."""
-    at = first_divergence(a.ids, b.ids)
+    at = first_difference(a.ids, b.ids)
     prefix = min(len(a.ids), len(b.ids)) if at is None else at
     diffs = np.abs(np.asarray(a.logprobs[:prefix]) - np.asarray(b.logprobs[:prefix]))
     diffs = diffs[np.isfinite(diffs)]

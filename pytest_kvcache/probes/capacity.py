@@ -295,10 +295,6 @@ class Search:
     def _kv_next(self) -> int | None:
         return self.kv.next(self.counts) if self.kv is not None and self._kv_seen else None
 
-    def neighbours(self, level: int) -> list[int]:
-        """The levels a knee at ``level`` is confirmed on: itself, the one above, the one below (1 to limit)."""
-        return neighbours(level, self.limit)
-
     @property
     def step(self) -> Step:
         """Where the search is: stepping up, bisecting below a level that broke a knee, or confirming a knee.
@@ -499,38 +495,6 @@ def session_salt(seed: int, depth: int, trial: int, session: int) -> str:
 def context(salt: str, repeats: int, pad_words: int) -> str:
     """A session's context: the prefill probe's haystack, sized once per depth (``prefill.size_prompt``)."""
     return haystack(salt, repeats, pad_words)
-
-
-__all__ = [
-    "ASSISTANT",
-    "OVERLOAD",
-    "RECENTRES",
-    "RESIDENCY",
-    "RETRIES",
-    "TRIALS",
-    "USER",
-    "WARM_CONCURRENCY",
-    "EngineWatch",
-    "HitCounts",
-    "Search",
-    "TrialFigures",
-    "TurnTimes",
-    "context",
-    "goodput_many",
-    "hit_rate",
-    "holds",
-    "judge",
-    "knee",
-    "knee_draws",
-    "meets_many",
-    "nearest_rank",
-    "neighbours",
-    "session_plan",
-    "session_salt",
-    "think_times",
-    "turn_times",
-    "turns_for",
-]
 
 
 def plan(settings: Any) -> str:

@@ -27,9 +27,6 @@ Counter = Callable[[Body], int]
 Method = Literal["tokenize", "local", "calibrated"]
 
 
-__all__ = ["max_model_len", "overflow", "token_counter"]
-
-
 def token_counter(client: ArmClient, server: Server, settings: Settings) -> tuple[Counter, Method]:
     """A function that counts a chat body's prompt tokens (``{"messages": …, "tools": …}``), and how."""
     model = server.model

@@ -38,15 +38,6 @@ from pytest_kvcache.engines.scoring import Window
 from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.registry import depth_label
 
-__all__ = [
-    "BLOCK",
-    "TEXTS",
-    "block_metrics",
-    "compare_windows",
-    "ids_sha256",
-    "load_text",
-]
-
 #: The committed texts (``pytest_kvcache/data/fidelity/NAME-v1.txt``): English prose, Python code, JSON Lines
 #: records (the Unicode character database) and HTML (pydoc's pages of standard-library modules).
 TEXTS = ("prose", "code", "data", "markup")

@@ -15,8 +15,6 @@ from typing import Any
 from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.registry import depth_label
 
-__all__ = ["salt_for", "size_prompt"]
-
 #: The filler sentence; ``{salt}`` is woven into every repeat so cached blocks never match.
 FILLER = (
     "Record {n} of log {salt}: the scheduler admitted a request, the cache manager allocated blocks, "

@@ -398,26 +398,3 @@ def resolve(stored: Iterable[ProbeSpecData] = ()) -> dict[str, ProbeSpec]:
 def user_spec(name: str) -> ProbeSpec:
     """The spec for records of a probe nobody registered: the client metrics, by shape."""
     return ProbeSpec(name=name, title=name, metrics=CLIENT_METRICS, primary_metric="decode_tps", order=99)
-
-
-__all__ = [
-    "CLIENT_METRICS",
-    "COUNT_METRICS",
-    "ENERGY_METRICS",
-    "ENGINE_METRICS",
-    "FIDELITY_METRICS",
-    "GROUP_MARKERS",
-    "SPEC_METRICS",
-    "STOCK",
-    "Axis",
-    "ProbeSpec",
-    "add_listener",
-    "depth_label",
-    "get",
-    "level_label",
-    "register",
-    "remove_listener",
-    "resolve",
-    "specs",
-    "user_spec",
-]

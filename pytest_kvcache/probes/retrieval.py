@@ -30,12 +30,6 @@ from typing import Any
 from pytest_kvcache.probes import registry
 from pytest_kvcache.probes.registry import depth_label
 
-__all__ = ["FORMS", "HAYSTACKS", "Needle", "Prompt", "found", "needles_for", "recall_prompt"]
-
-FORMS = ("recall", "question")
-#: ``texts``: the committed prose and code (the fidelity probe's, redistributable), alternating by needle;
-#: ``filler``: one repeated sentence (the classic passkey haystack)
-HAYSTACKS = ("texts", "filler")
 #: The committed texts a ``texts`` haystack cycles through.
 HAYSTACK_TEXTS = ("prose", "code")
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "

@@ -83,10 +83,6 @@ class ProbeOutcome:
     def valid(self) -> list[RecordData]:
         return [r for r in self.measured if r["ok"] and not r["excluded_reason"]]
 
-    @property
-    def flagged(self) -> list[RecordData]:
-        return [r for r in self.measured if r["flags"]]
-
     def extra_info(self) -> dict[str, Any]:
         """Means of our metrics over valid measured samples (pytest-benchmark's ``extra_info``)."""
         info: dict[str, Any] = {"valid_samples": len(self.valid)}

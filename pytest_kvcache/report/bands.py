@@ -29,12 +29,6 @@ FILE = "noise_bands.json"
 TIMING = ("decode rate", "latency", "prefill rate")
 
 
-def family(metric: str) -> str | None:
-    """The family of a metric: as the catalogue declares it, else by its unit (``*_tps`` a rate, ``*_s`` a
-    time); None: unknown."""
-    return catalogue.family(metric)
-
-
 def platform_of(evidence: Mapping[str, Evidence]) -> Platform:
     """A run is GPU when any boot's evidence saw a GPU (NVML before the boot), else CPU."""
     return "gpu" if any((e.get("gpu_before") or {}).get("gpu") for e in evidence.values()) else "cpu"
@@ -54,15 +48,10 @@ class Band:
 
 
 @cache
-def _table() -> dict[str, Any]:
-    text = resources.files("pytest_kvcache").joinpath("data", FILE).read_text(encoding="utf-8")
-    data: dict[str, Any] = json.loads(text)
-    return data
-
-
 def table() -> dict[str, Any]:
     """``noise_bands.json`` as written by ``benchmarks/noise_bands.py``."""
-    return _table()
+    data: dict[str, Any] = json.loads(resources.files("pytest_kvcache").joinpath("data", FILE).read_text("utf-8"))
+    return data
 
 
 def band(metric: str, platform: Platform) -> Band | None:
@@ -71,7 +60,7 @@ def band(metric: str, platform: Platform) -> Band | None:
     bands = (table().get("platforms") or {}).get(platform) or {}
     if not bands:
         return None
-    name = family(metric)
+    name = catalogue.family(metric)
     entry = bands.get(name) if name is not None else None
     if entry is None:
         timing = {k: v for k, v in bands.items() if k in TIMING} or bands

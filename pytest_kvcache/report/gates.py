@@ -25,7 +25,7 @@ from pytest_kvcache.config.grammars import Gate, GateError, parse_gate
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model.report import Comparison, GateEvidence, GateResult
 from pytest_kvcache.probes import registry
-from pytest_kvcache.report import bands, retrieval, spread
+from pytest_kvcache.report import retrieval, spread
 from pytest_kvcache.report.capacity.statistics import capacity_ci
 from pytest_kvcache.report.fidelity import gate_results
 from pytest_kvcache.report.frame import OVER_PROMPTS, by_boot, compare, host_busy, prompt_means, too_few_prompts, values
@@ -247,7 +247,6 @@ def evaluate(
                             groups,
                             seed,
                             platform,
-                            arm=arm,
                             ci=ci,
                             busy=run_busy,
                             unlike=unlike,
@@ -281,7 +280,7 @@ def _spread_evidence(found: Spread, within: list[float | None], platform: Platfo
         evidence["boot_sd_pct"] = found.sd * 100
     if math.isfinite(found.df):
         evidence["df"] = found.df
-    if found.kind == "default band" and (name := bands.family(metric)) is not None:
+    if found.kind == "default band" and (name := catalogue.family(metric)) is not None:
         evidence["family"] = name
     return evidence
 
@@ -342,7 +341,6 @@ def _absolute(
     seed: int,
     platform: Platform,
     *,
-    arm: str,
     ci: tuple[float | None, float | None, float | None] | None = None,
     busy: int = 0,
     unlike: str | None = None,
@@ -352,7 +350,7 @@ def _absolute(
     boots = len(groups)
     evidence: GateEvidence = {"kind": "none", "boots_arm": boots}
     if boots >= MIN_BOOTS_FOR_BOOT_CI:  # the boot is the unit: boot-to-boot variation is in the CI
-        mean, lo, hi = ci or stats.mean_ci_boots(groups, seed=seed)
+        mean, lo, hi = ci or stats.mean_ci_boots(groups)
         how = "the search's bootstrap over boots" if ci else "t-interval"
         evidence.update({"kind": "boots", "text": f"CI over boots ({boots} boots: {how})"})
     else:

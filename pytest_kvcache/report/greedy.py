@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_kvcache.probes.agreement import first_divergence
+from pytest_kvcache.engines.tokenizer_check import first_difference
 
 #: Characters of shared text shown before the divergence, and of each continuation after it.
 CONTEXT_CHARS = 80
@@ -53,7 +53,7 @@ def section(agreement: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list
             if a is None or b is None:
                 continue
             text_a, text_b = str(a["text"]), str(b["text"])
-            at = first_divergence(list(a.get("ids") or []), list(b.get("ids") or []))
+            at = first_difference(list(a.get("ids") or []), list(b.get("ids") or []))
             chars = _shared_chars(text_a, text_b)
             out.append(
                 {

@@ -12,6 +12,7 @@ terminal lines are all here.
 
 from __future__ import annotations
 
+from pytest_kvcache.config.budget import fmt_bytes
 from pytest_kvcache.model.evidence import Evidence, kv_capacity_tokens, kv_max_concurrency
 from pytest_kvcache.model.report import KvPlanRow, Report
 from pytest_kvcache.report.load import RunData
@@ -19,15 +20,6 @@ from pytest_kvcache.report.load import RunData
 #: plan and engine further apart than this (percent) is a flagged line
 FLAG_PCT = 2.0
 HEADER = ["Arm", "Layout", "max_model_len", "Budget", "Planned tokens", "Reported tokens", "Diff", "Concurrency"]
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "–"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.4g} {unit}"
-    return f"{n} B"
 
 
 def rows(run: RunData) -> list[KvPlanRow]:
@@ -92,7 +84,7 @@ def table(report: Report) -> tuple[list[str], list[list[str]]]:
                 row["arm"],
                 row["layout"],
                 length,
-                _bytes(row["budget_bytes"]),
+                "–" if row["budget_bytes"] is None else fmt_bytes(row["budget_bytes"]),
                 planned,
                 reported,
                 diff + (" ⚠" if row["flag"] else ""),

@@ -101,6 +101,3 @@ def _one_line(exc: BaseException) -> str:
         where = f" (at {Path(last.filename).name}:{last.lineno})"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}{where}" if text else f"{type(exc).__name__}{where}"
-
-
-__all__ = ["Outcome", "ReportInputError", "load_inputs", "produce"]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pytest_kvcache import stats
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model.report import SpreadInfo
 from pytest_kvcache.report import bands
 
@@ -64,7 +65,7 @@ NO_SPREAD = Spread("no band", math.inf, math.inf, "no boot-to-boot spread for th
 def widest(metric: str) -> Spread | None:
     """The widest boot-to-boot spread of ``metric``'s family measured on any host (``noise_bands.json``)."""
     found = bands.table().get("widest") or {}
-    name = bands.family(metric)
+    name = catalogue.family(metric)
     entry = found.get(name) if name is not None else None
     if entry is None and found:
         timing = {k: v for k, v in found.items() if k in bands.TIMING} or found
@@ -177,9 +178,9 @@ def judge_deltas(
         was = stats.verdict(str(d["metric"]), lo, hi)
         judged = stats.verdict(str(d["metric"]), wide_lo, wide_hi)
         d["spread"] = found.info()
-        family = bands.family(str(d["metric"])) if found.kind == "default band" else None
+        family = catalogue.family(str(d["metric"])) if found.kind == "default band" else None
         used.setdefault(f"{found.kind}: {family}" if family else found.kind, found.text)  # each family's band named
-        if found.kind == "default band" and (name := bands.family(str(d["metric"]))) is not None:
+        if found.kind == "default band" and (name := catalogue.family(str(d["metric"]))) is not None:
             families[name] = found.sd * 100
         if math.isfinite(found.sd):
             d["band_pct"] = found.sd * 100

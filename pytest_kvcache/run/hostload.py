@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_kvcache.periodic import every
+from pytest_kvcache.periodic import Looping, every
 
 #: The flag a request gets when its window saw more of the host busy outside the measurement than allowed.
 FLAG = "host_cpu_busy"
@@ -329,7 +329,7 @@ def judge(window: Mapping[str, Any] | None, max_pct: float | None, action: Actio
 # ------------------------------------------------------------------------------------------ the sampler
 
 
-class HostSampler:
+class HostSampler(Looping):
     """A background thread taking a reading ``hz`` times a second; each interval goes to ``write`` (one
     ``hostcpu.jsonl`` line) and into memory (about 100 bytes) for ``window()``.
 
@@ -370,10 +370,6 @@ class HostSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def start(self) -> HostSampler:
         if self._thread is not None or self._stop.is_set():
             raise RuntimeError("host CPU sampler already started")
@@ -411,10 +407,6 @@ class HostSampler:
 
     def _run(self) -> None:  # the first reading was taken by start()
         every(1.0 / self.hz, self._stop, self.sample_once, self._failed, first_after_s=1.0 / self.hz)
-
-    def _failed(self, exc: Exception) -> None:
-        self.errors += 1
-        self.last_error = f"{type(exc).__name__}: {exc}"
 
     def sample_once(self) -> HostSample | None:
         """Take a reading; keep and write the interval since the last one (None for the first reading)."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pytest_kvcache.config.plan import Boot, BootPlan
 from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.engines.registry import reap_orphans
+from pytest_kvcache.run import rounds
 from pytest_kvcache.run.forward import apply
 from pytest_kvcache.run.run import Run, reap_dead_containers
 
@@ -41,7 +42,7 @@ class Lanes:
     def skip_reason(self, block: int) -> str | None:
         """Whether an adaptive block is skipped (its round's deltas are already narrow enough)."""
         first = next((b for b in self.boot_plan if b.block == block), None)
-        return self.run.skip_reason(first) if first is not None else None
+        return rounds.skip_reason(self.run, first) if first is not None else None
 
     def assigned(self, lane: int, worker: str) -> None:
         self.run.lanes_info.setdefault(lane, {}).setdefault("workers", []).append(worker)

@@ -174,3 +174,10 @@ class ArmClient:
 
     def close(self) -> None:
         self.client.close()
+
+
+def request_error(exc: BaseException) -> str:
+    """A failed untimed request in one line: its HTTP status and the start of its body, else the exception."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}: {exc.response.text[:300]}"
+    return f"{type(exc).__name__}: {exc}"

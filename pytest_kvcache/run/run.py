@@ -41,7 +41,7 @@ from pytest_kvcache.model.base import RECORD_SCHEMA_VERSION, Json
 from pytest_kvcache.model.evidence import Evidence, ModelSize, PlanEntry, resolved_cache_dtype
 from pytest_kvcache.model.records import FidelityRecord, Record, RetrievalRecord
 from pytest_kvcache.probes import registry as probe_registry
-from pytest_kvcache.run import agreement, monitors, rounds
+from pytest_kvcache.run import agreement, monitors
 from pytest_kvcache.run.folder import RunFolder, make_record
 from pytest_kvcache.run.forward import Outbox
 from pytest_kvcache.run.hostload import HostSampler, judge
@@ -433,7 +433,7 @@ class Run:
 
     def end_boot(self, boot_id: str) -> None:
         """A boot's probes are done: send its agreement requests, then stop its engine. Idempotent."""
-        self.run_agreement(boot_id)
+        agreement.run_agreement(self, boot_id)
         self.stop(boot_id)
 
     def stop(self, boot_id: str) -> None:
@@ -526,10 +526,6 @@ class Run:
 
     # ------------------------------------------------------------------ adaptive rounds (run.rounds)
 
-    def skip_reason(self, boot: Boot) -> str | None:
-        """Why an adaptive round's boot does not run (:func:`pytest_kvcache.run.rounds.skip_reason`)."""
-        return rounds.skip_reason(self, boot)
-
     # ------------------------------------------------------------------ fidelity
 
     def _stamp(self, boot: Boot) -> dict[str, Json]:
@@ -568,7 +564,3 @@ class Run:
     def queue_agreement(self, boot: Boot, *, test: str, shape: str, payload: Payload) -> None:
         """Remember one short shape's agreement requests; they are sent when the boot's probes are done."""
         self.agreement_due.setdefault(boot.boot_id, []).append((test, shape, payload))
-
-    def run_agreement(self, boot_id: str) -> None:
-        """Send the boot's queued output-agreement requests (:func:`pytest_kvcache.run.agreement.run_agreement`)."""
-        agreement.run_agreement(self, boot_id)

@@ -40,22 +40,6 @@ from pytest_kvcache.sample import Sample
 from pytest_kvcache.selfcheck.schedule import Schedule, ServedRequest
 from pytest_kvcache.selfcheck.stream import StreamServer
 
-__all__ = [
-    "OVERHEAD_WARN_SHARE",
-    "QUICK_SCHEDULE",
-    "ServerProcess",
-    "StreamTiming",
-    "chat_payload",
-    "compare",
-    "compare_sample",
-    "machine_facts",
-    "match_records",
-    "overhead_warning",
-    "run_self_check",
-    "stream_with_client",
-    "summarize",
-]
-
 #: The report warns when the client's own time per chunk exceeds this share of the measured inter-token time.
 OVERHEAD_WARN_SHARE = 0.02
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pytest_kvcache.stats import higher_is_better
+from pytest_kvcache.metrics.catalogue import higher_is_better
 from pytest_kvcache.store.changepoint import ALPHA, ChangePoint, TailShift, e_divisive, tail_shift
 from pytest_kvcache.store.record import Comparability, RunRow
 

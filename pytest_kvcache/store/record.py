@@ -198,7 +198,7 @@ def run_row(data: RunData, report: Report, vcs: Vcs, *, recorded_unix_s: float |
         boots = int(boots_per_arm.get(arm, 1))
         per_boot = by_boot(group, metric) if not group.empty else []
         if len([b for b in per_boot if b]) >= 3:
-            mean, lo, hi = stats.mean_ci_boots(per_boot, seed=data.seed)
+            mean, lo, hi = stats.mean_ci_boots(per_boot)
             method = "boots"
         else:
             mean, lo, hi = stats.mean_ci(values(group, metric) if not group.empty else [], seed=data.seed)

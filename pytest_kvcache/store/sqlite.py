@@ -165,6 +165,3 @@ def _run_id(folder: Path) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return str(value) if value else None
-
-
-__all__ = ["DB_FILE", "SqliteStore", "check_folder"]

@@ -15,13 +15,7 @@ from pytest_kvcache.model.records import FidelityRecord
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import fidelity, judging, prefill
 from pytest_kvcache.probes.registry import depth_label
-from pytest_kvcache.run.measure import ArmClient, EngineDied, Server
-
-
-def _error(exc: BaseException) -> str:
-    if isinstance(exc, httpx.HTTPStatusError):
-        return f"HTTP {exc.response.status_code}: {exc.response.text[:300]}"
-    return f"{type(exc).__name__}: {exc}"
+from pytest_kvcache.run.measure import ArmClient, EngineDied, Server, request_error
 
 
 @pytest.mark.fidelity
@@ -54,7 +48,7 @@ def test_fidelity(
     try:
         all_ids = scorer.tokenize(kv_client, kv_server.model, text.text)
     except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-        failure = f"the fidelity probe needs the engine's /tokenize for token ids: {_error(exc)}"
+        failure = f"the fidelity probe needs the engine's /tokenize for token ids: {request_error(exc)}"
     if failure is not None:
         entry["ok"], entry["error"] = False, failure
         kv_record.fidelity(entry)
@@ -84,7 +78,7 @@ def test_fidelity(
         scores = scorer.score(kv_client, kv_server.model, ids, top_k, kv_settings.request_timeout_s)
         kept, short = scoring.windows(ids, usable, window, top_k, scores.score)
     except (httpx.HTTPError, ValueError, EngineDied) as exc:
-        entry["ok"], entry["error"] = False, _error(exc)
+        entry["ok"], entry["error"] = False, request_error(exc)
         kv_record.fidelity(entry)
         if scores is not None and scores.method is not None:
             message = f"{label}: {scores.method} failed at request {scores.requests}: {entry['error']}"
@@ -109,7 +103,7 @@ def test_fidelity(
         try:
             entry["greedy_text"] = scorer.greedy(kv_client, kv_server.model, prompt, judging.GREEDY_TOKENS)
         except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError, EngineDied) as exc:
-            entry["greedy_error"] = _error(exc)  # judged "not checked", never a failed test
+            entry["greedy_error"] = request_error(exc)  # judged "not checked", never a failed test
     kv_record.fidelity(entry)
     if excluded:
         pytest.fail(f"{label}: {excluded}", pytrace=False)

@@ -17,16 +17,10 @@ from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes import fidelity, retrieval
 from pytest_kvcache.probes.registry import depth_label
 from pytest_kvcache.probes.tokens import TokenizerError, load_tokenizer, tokenizer_dir
-from pytest_kvcache.run.measure import ArmClient, EngineDied, Server
+from pytest_kvcache.run.measure import ArmClient, EngineDied, Server, request_error
 
 #: Tokens a chat template may add around the question form's message (its depth is the server's count).
 TEMPLATE_SLACK = 32
-
-
-def _error(exc: BaseException) -> str:
-    if isinstance(exc, httpx.HTTPStatusError):
-        return f"HTTP {exc.response.status_code}: {exc.response.text[:300]}"
-    return f"{type(exc).__name__}: {exc}"
 
 
 class Tokenizer:
@@ -116,7 +110,9 @@ def test_retrieval(
         prefix = tokenizer.prefix()
         hays = _haystacks(tokenizer, kv_settings.retrieval_haystack, depth)
     except (httpx.HTTPError, KeyError, TypeError, ValueError, TokenizerError, EngineDied) as exc:
-        pytest.fail(f"{label}: the retrieval probe needs the served model's tokenizer: {_error(exc)}", pytrace=False)
+        pytest.fail(
+            f"{label}: the retrieval probe needs the served model's tokenizer: {request_error(exc)}", pytrace=False
+        )
     encode: Callable[[str], list[int]] = tokenizer.encode
     # the question form's haystack leaves room for the question and the chat template (the server counts them)
     sized = (
@@ -167,7 +163,7 @@ def test_retrieval(
                 pytest.fail(f"{label}: {exc}", pytrace=False)
             except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
                 failed += 1
-                entry.update({"ok": False, "error": _error(exc), "returned": "", "correct": False})
+                entry.update({"ok": False, "error": request_error(exc), "returned": "", "correct": False})
             else:
                 entry.update(
                     {

@@ -17,6 +17,7 @@ from pytest_kvcache.config import budget
 from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.grammars import parse_slo
 from pytest_kvcache.config.resolve import resolve
+from pytest_kvcache.datafiles import embedded_model_path
 from pytest_kvcache.engines.kinds.vllm import build_engine_args
 from pytest_kvcache.fanout import Fanout
 from pytest_kvcache.probes import capacity
@@ -246,7 +247,7 @@ def test_sizes_read_as_vllm_reads_them() -> None:
 
 
 def test_the_budget_rule_is_computed_from_the_model_config_and_the_dtype() -> None:
-    tiny = budget.model_shape(budget.embedded_model())
+    tiny = budget.model_shape(embedded_model_path())
     found = budget.need(tiny, "auto", [], [])
     assert found is not None and found.bytes_per_token == 2048 and found.max_model_len == 131072  # bf16, 4×2×64
     assert budget.need(tiny, "fp8", ["--max-model-len", "4096"], []).bytes_per_token == 1024  # type: ignore[union-attr]

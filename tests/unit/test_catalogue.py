@@ -81,12 +81,12 @@ def test_before_its_entry_a_metric_is_read_from_its_name() -> None:
 
 @pytest.mark.usefixtures("toys")
 def test_one_entry_gives_a_new_metric_its_direction_family_label_and_format() -> None:
-    assert stats.higher_is_better("widgets") and stats.verdict("widgets", 1.5, 2.5) == "better"
+    assert catalogue.higher_is_better("widgets") and stats.verdict("widgets", 1.5, 2.5) == "better"
     assert stats.verdict("widgets", 0.5, 0.8) == "worse"
-    assert bands.family("widgets") == "prefill rate"
+    assert catalogue.family("widgets") == "prefill rate"
     band = bands.band("widgets", "cpu")
     assert band is not None and band.family == "prefill rate"
-    assert plots.axis_label("widgets") == "widgets made (per s)"
+    assert catalogue.label("widgets") == "widgets made (per s)"
     assert formats.fmt(1234.5, "widgets") == "1,234" and formats.fmt(None, "widgets") == "–"
     spec = ProbeSpec(name="toy", title="Toy", metrics=("widgets", "spare_parts"), primary_metric="widgets")
     assert spec.compared_metrics == ("widgets",)
@@ -111,9 +111,9 @@ def test_the_report_compares_formats_and_labels_a_new_metric(tmp_path: Path) -> 
 
 def test_unregistering_a_stock_metric_restores_its_declaration() -> None:
     catalogue.register(Metric("ttft_s", "latency", "s", "higher"))
-    assert stats.higher_is_better("ttft_s")
+    assert catalogue.higher_is_better("ttft_s")
     catalogue.unregister("ttft_s")
-    assert not stats.higher_is_better("ttft_s") and catalogue.get("ttft_s").label == "time to first token (s)"
+    assert not catalogue.higher_is_better("ttft_s") and catalogue.get("ttft_s").label == "time to first token (s)"
 
 
 def test_a_bad_entry_is_refused() -> None:

@@ -17,6 +17,7 @@ from pytest_kvcache.config import budget
 from pytest_kvcache.config.constants import SettingsError
 from pytest_kvcache.config.kv_layout import KvLayout
 from pytest_kvcache.config.resolve import resolve
+from pytest_kvcache.datafiles import embedded_model_path
 from pytest_kvcache.engines.kinds import vllm_kv
 from pytest_kvcache.engines.kinds.vllm import parse_log
 from pytest_kvcache.report import kv_plan
@@ -105,11 +106,11 @@ def test_the_issue_s_gemma_3_270m_on_the_h200() -> None:
 def test_the_embedded_models_plan_what_the_cpu_build_reports() -> None:
     """tiny-qwen3 at the CPU default's 2 GiB: 1,048,576 tokens, 8.00x at 131,072 (the CPU log line); a 40 MiB
     budget at 8,192: 20,480 (the capacity run's)."""
-    tiny = budget.model_shape(budget.embedded_model())
+    tiny = budget.model_shape(embedded_model_path())
     assert tiny is not None and tiny.all_full
-    plan = _plan(json.loads((budget.embedded_model() / "config.json").read_text()), 2 * 2**30, 131072)
+    plan = _plan(json.loads((embedded_model_path() / "config.json").read_text()), 2 * 2**30, 131072)
     assert (plan.tokens, round(plan.concurrency, 2)) == (1048576, 8.0)
-    config = json.loads((budget.embedded_model() / "config.json").read_text())
+    config = json.loads((embedded_model_path() / "config.json").read_text())
     assert _plan(config, 40 * 2**20, 8192).tokens == 20480
     # vLLM 0.32 holds a null block aside: at 8,192 tokens 16 MiB (64 blocks, one request) was refused, 16.25 MiB
     # served 8,320 tokens (fixtures/kv_layouts.py's boot(), 2026-12-06); the rule names the 16.25 MiB

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model.options import ReportOptions
-from pytest_kvcache.report.outputs import plots
 from pytest_kvcache.report.pipeline import produce
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +59,6 @@ def test_delta_plots_are_drawn_for_the_curves(rendered: tuple[str, dict[str, obj
     page, _ = rendered
     for name in ("prefill_delta", "agentic_delta", "prefill", "agentic", "short"):
         assert f'alt="{name}"' in page
-    assert plots.axis_label("ttft_s") == "time to first token (s)"
-    assert plots.axis_label("prefill_tps") == "prefill_tps (tokens/s)"
-    assert plots.axis_label("engine_prefill_s") == "engine_prefill_s (s)"
+    assert catalogue.label("ttft_s") == "time to first token (s)"
+    assert catalogue.label("prefill_tps") == "prefill_tps (tokens/s)"
+    assert catalogue.label("engine_prefill_s") == "engine_prefill_s (s)"

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from pytest_kvcache import crossing, stats
+from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.probes import registry
 from pytest_kvcache.report import bands, comparison, gate_outcome, gates, spread, verdicts
 from pytest_kvcache.report import frame as report_frame
@@ -242,7 +243,7 @@ def test_the_gpu_band_applies_when_the_run_saw_gpus() -> None:
     assert bands.platform_of({"a": {"gpu_before": {"gpu": False}}, "b": {}}) == "cpu"  # type: ignore[dict-item]
     gpu, cpu = bands.band("ttft_s", "gpu"), bands.band("ttft_s", "cpu")
     assert gpu is not None and cpu is not None and gpu.platform == "gpu" and gpu.family == "latency"
-    assert bands.family("my_probe_tps") == "decode rate" and bands.family("queue_s") == "latency"
+    assert catalogue.family("my_probe_tps") == "decode rate" and catalogue.family("queue_s") == "latency"
     unknown = bands.band("score", "cpu")  # no family: the platform's widest band
     assert unknown is not None and "no family of its own" in unknown.source
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import httpx
 
@@ -46,7 +46,6 @@ VLLM_ONLY_STREAM_OPTIONS = frozenset({"continuous_usage_stats"})
 
 #: the built-in kinds' counters; a registered kind names its own (its ``token_counter``), ``local`` none
 TokenCounter = str
-ColdProof = Literal["metrics", "usage", "none"]
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import metadata
 
-from pytest_kvcache.config.budget import flag_value
+from pytest_kvcache.config.budget import flag_value, fmt_bytes
 from pytest_kvcache.config.kv_layout import KvLayout, KvPlan, Layer
 
 #: The CPU build's default block (``platforms/cpu.py``); its reference MLA kernel needs 16 (hosts without AMX).
@@ -50,17 +50,6 @@ GPU_BLOCK = 16
 #: 70 GiB, 16,384 at 160 GiB and over).
 CPU_BATCHED = 2048
 GPU_BATCHED = 8192
-#: the engine settings the arithmetic reads from an arm's arguments
-FLAGS = (
-    "--block-size",
-    "--max-num-batched-tokens",
-    "--max-num-seqs",
-    "--tensor-parallel-size",
-    "-tp",
-    "--pipeline-parallel-size",
-    "-pp",
-    "--num-gpu-blocks-override",
-)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -264,7 +253,7 @@ def plan(
         concurrency=concurrency,
         request_bytes=per_request * block_bytes,
         block_bytes=block_bytes,
-        groups=f"{words}, {knobs.block_size}-token blocks of {_bytes(block_bytes)}, {per_request:,} a request",
+        groups=f"{words}, {knobs.block_size}-token blocks of {fmt_bytes(block_bytes)}, {per_request:,} a request",
     )
 
 
@@ -272,10 +261,3 @@ def _spec(layer: Layer, element: float, knobs: Knobs) -> _Spec:
     heads = layer.kv_heads if layer.kind == "latent" else max(1, layer.kv_heads // knobs.tensor_parallel)
     per_token = heads * (layer.head_dim + layer.v_head_dim) * element
     return _Spec(kind=layer.kind, window=layer.window, page=round(knobs.block_size * per_token))
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.4g} {unit}"
-    return f"{n} B"

@@ -346,19 +346,14 @@ def sentences(section: CapacitySection, arms: Sequence[str], deltas: Sequence[De
     out = []
     by = {(r["arm"], r["point"]): r for r in rows}
 
-    def sessions(r: CapacityRow, unit: str = "") -> str:
-        lo, hi = r.get("capacity_ci") or [None, None]
-        at_least = "≥ " if r.get("censored") else ""
-        said = [str(r.get("bracket") or "")] + (["no interval"] if r.get("interval_note") else [])
+    def knee(r: CapacityRow, unit: str = "", prefix: str = "") -> str:  # prefix "residency_": the residency knee
+        row = cast("dict[str, Any]", r)
+        lo, hi = row.get(f"{prefix}{'ci' if prefix else 'capacity_ci'}") or [None, None]
+        at_least = "≥ " if row.get(f"{prefix}censored") else ""
+        said = [str(row.get(f"{prefix}bracket") or "")] + (["no interval"] if row.get(f"{prefix}interval_note") else [])
         bracket = "; ".join(x for x in said if x)
-        return f"{at_least}{count(r.get('capacity'))}{_ci(lo, hi)}{unit}" + (f" ({bracket})" if bracket else "")
-
-    def resident(r: CapacityRow, unit: str = "") -> str:
-        lo, hi = r.get("residency_ci") or [None, None]
-        at_least = "≥ " if r.get("residency_censored") else ""
-        said = [str(r.get("residency_bracket") or "")] + (["no interval"] if r.get("residency_interval_note") else [])
-        bracket = "; ".join(x for x in said if x)
-        return f"{at_least}{count(r.get('residency'))}{_ci(lo, hi)}{unit}" + (f" ({bracket})" if bracket else "")
+        value = row.get(prefix.rstrip("_") or "capacity")
+        return f"{at_least}{count(value)}{_ci(lo, hi)}{unit}" + (f" ({bracket})" if bracket else "")
 
     def delta_of(arm: str, point: str, metric: str) -> DeltaRow | None:
         return next(
@@ -378,18 +373,18 @@ def sentences(section: CapacitySection, arms: Sequence[str], deltas: Sequence[De
         parts = []
         notes = set()
         for r in mine:
-            text = sessions(r, f" session{'s' if r.get('capacity') != 1 else ''} at {r['point']}")
+            text = knee(r, f" session{'s' if r.get('capacity') != 1 else ''} at {r['point']}")
             other = by.get((base, r["point"])) if base and arm != base else None
             if other is not None:
                 delta = delta_of(arm, r["point"], METRIC)
-                text += f" vs {base}'s {sessions(other)}: {_ratio_text(r, delta)}"
+                text += f" vs {base}'s {knee(other)}: {_ratio_text(r, delta)}"
                 if delta and delta.get("provisional"):
                     notes.add(str(delta["provisional"]))
             if r.get("residency") is not None:  # the KV-residency knee beside it, and what bound the SLO's knee
-                text += f"; its cache holds {resident(r, ' sessions')}"
+                text += f"; its cache holds {knee(r, ' sessions', 'residency_')}"
                 if other is not None and other.get("residency") is not None:
                     kv_delta = delta_of(arm, r["point"], RESIDENCY_METRIC)
-                    text += f" vs {base}'s {resident(other)}: {_ratio_text(r, kv_delta, 'residency_')}"
+                    text += f" vs {base}'s {knee(other, '', 'residency_')}: {_ratio_text(r, kv_delta, 'residency_')}"
             if r.get("knee_bound"):
                 text += f"; knee bound by {r['knee_bound']}"
             parts.append(text)

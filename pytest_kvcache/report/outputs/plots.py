@@ -76,7 +76,7 @@ def render(report: Report) -> dict[str, bytes]:
                         err.append(_mean_half_width(row))
                     ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=arm)
                 ax.set_xlabel(x_name)
-                ax.set_ylabel(axis_label(metric))
+                ax.set_ylabel(catalogue.label(metric))
                 ax.set_title(f"{probe}: {metric}")
                 ax.legend()
             save(fig, f"{probe}.png")
@@ -114,7 +114,7 @@ def render(report: Report) -> dict[str, bytes]:
                 xs = [j + i * width for j in range(len(points))]
                 ax.bar(xs, vals, width, yerr=errs, capsize=3, label=arm)
             ax.set_xticks([j + width * (len(arms) - 1) / 2 for j in range(len(points))], points)
-            ax.set_ylabel(axis_label(metric))
+            ax.set_ylabel(catalogue.label(metric))
             ax.set_title(f"{probe}: {metric}")
             ax.legend()
         save(fig, f"{probe}.png")
@@ -142,11 +142,6 @@ def render(report: Report) -> dict[str, bytes]:
     for name, figure in capacity_render.figures(report, plt).items():  # goodput against sessions, per depth
         save(figure, name)
     return out
-
-
-def axis_label(metric: str) -> str:
-    """A metric's axis label with its unit (``metrics.catalogue``)."""
-    return catalogue.label(metric)
 
 
 def _mean_half_width(row: pd.Series) -> float:

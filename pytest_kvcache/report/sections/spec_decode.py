@@ -10,6 +10,7 @@ with fewer than 3 prompts — a short probe's shape is one prompt, repeated.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import zip_longest
 from typing import Any, cast
 
 from pytest_kvcache import stats
@@ -72,11 +73,8 @@ def spec_decode_section(
         drafts = sum(int(cast(int, e.get("spec_drafts") or 0)) for e in engines)
         drafted = sum(int(cast(int, e.get("spec_draft_tokens") or 0)) for e in engines)
         accepted = sum(int(cast(int, e.get("spec_accepted_tokens") or 0)) for e in engines)
-        width = max((len(cast(list[int], e.get("spec_accepted_per_position") or [])) for e in engines), default=0)
-        by_position = [0] * width
-        for e in engines:
-            for i, n in enumerate(cast(list[int], e.get("spec_accepted_per_position") or [])):
-                by_position[i] += int(n)
+        per_position = (cast(list[int], e.get("spec_accepted_per_position") or []) for e in engines)
+        by_position = [sum(int(n) for n in column) for column in zip_longest(*per_position, fillvalue=0)]
         mean, lo, hi, prompts = over_prompts(found, specs)
         rows.append(
             {
