@@ -46,8 +46,30 @@ from typing import Any
 
 from pytest_kvcache.selfcheck.handler import _HTTPServer
 from pytest_kvcache.selfcheck.pacing import _POLL_S, _Aborted, _Job, _Pacer
-from pytest_kvcache.selfcheck.schedule import DEFAULT_CACHE_CONFIG_LABELS, Outcome, PromptCache, Schedule, ServedRequest
+from pytest_kvcache.selfcheck.schedule import DEFAULT_CACHE_CONFIG_LABELS as DEFAULT_CACHE_CONFIG_LABELS
+from pytest_kvcache.selfcheck.schedule import SCHEDULE_HEADER as SCHEDULE_HEADER
+from pytest_kvcache.selfcheck.schedule import Fault as Fault
+from pytest_kvcache.selfcheck.schedule import FaultKind as FaultKind
+from pytest_kvcache.selfcheck.schedule import Outcome as Outcome
+from pytest_kvcache.selfcheck.schedule import PromptCache as PromptCache
+from pytest_kvcache.selfcheck.schedule import RoleChunk as RoleChunk
+from pytest_kvcache.selfcheck.schedule import Schedule as Schedule
+from pytest_kvcache.selfcheck.schedule import ServedRequest as ServedRequest
 from pytest_kvcache.selfcheck.vllm_output import _Run
+
+#: a user's tests serve the calibrated stream from here (docs/testing.md): the schedule's names come with it
+__all__ = [
+    "DEFAULT_CACHE_CONFIG_LABELS",
+    "SCHEDULE_HEADER",
+    "Fault",
+    "FaultKind",
+    "Outcome",
+    "PromptCache",
+    "RoleChunk",
+    "Schedule",
+    "ServedRequest",
+    "StreamServer",
+]
 
 _JOIN_S = 5.0  # how long close() waits for each connection thread
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import get_args
 
 from pytest_kvcache.client import Client
-from pytest_kvcache.selfcheck import schedule
+from pytest_kvcache.selfcheck import stream
 from pytest_kvcache.selfcheck.schedule import Schedule
 from pytest_kvcache.selfcheck.stream import StreamServer
 from pytest_kvcache.testing import stream_faults
@@ -15,9 +15,9 @@ from pytest_kvcache.testing.stream_faults import FAULT_KINDS, Fault, fault_heade
 PAYLOAD = {"model": "stream-test", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
 
 
-def test_exports_are_the_schedules_own() -> None:
-    assert Fault is schedule.Fault and stream_faults.FaultKind is schedule.FaultKind
-    assert get_args(schedule.FaultKind) == FAULT_KINDS and "drop" in FAULT_KINDS
+def test_exports_are_the_servers_own() -> None:
+    assert Fault is stream.Fault and stream_faults.FaultKind is stream.FaultKind
+    assert get_args(stream.FaultKind) == FAULT_KINDS and "drop" in FAULT_KINDS
     assert set(stream_faults.__all__) == {"FAULT_KINDS", "Fault", "FaultKind", "fault_header", "with_fault"}
 
 
@@ -27,8 +27,8 @@ def test_with_fault_and_header_round_trip() -> None:
     assert with_fault(base, fault) == Schedule(ttft_s=0.1, completion_tokens=5, fault=fault)
     assert with_fault(with_fault(base, fault), None) == base
     header = fault_header(fault, base)
-    assert Schedule.from_json(header[schedule.SCHEDULE_HEADER]) == with_fault(base, fault)
-    assert Schedule.from_json(fault_header(fault)[schedule.SCHEDULE_HEADER]) == Schedule(fault=fault)
+    assert Schedule.from_json(header[stream.SCHEDULE_HEADER]) == with_fault(base, fault)
+    assert Schedule.from_json(fault_header(fault)[stream.SCHEDULE_HEADER]) == Schedule(fault=fault)
 
 
 def test_a_fault_header_hits_one_request_only() -> None:
