@@ -500,7 +500,7 @@ def context(salt: str, repeats: int, pad_words: int) -> str:
 def plan(settings: Any) -> str:
     """The capacity probe's setup, said once before anything boots."""
     st = settings
-    cpu = st.embedded and st.launcher != "external" and st.capacity_depths == st.embedded_spec.capacity_depths
+    cpu = registry.on_embedded_cpu(st) and st.capacity_depths == st.embedded_spec.capacity_depths
     kv = "each arm's own KV cache (no --kv-cache-bytes)" if st.cache_bytes is None else "the KV budget below"
     depths = ",".join(depth_label(d) for d in st.capacity_depths)
     return (

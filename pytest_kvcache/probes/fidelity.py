@@ -139,7 +139,7 @@ def block_metrics(per_position: Mapping[str, np.ndarray], block: int = BLOCK) ->
 
 def plan(st: Any) -> str | None:
     """The boot plan's line: the fidelity probe's sizes for the embedded model on the CPU."""
-    if not (st.embedded and st.launcher != "external"):
+    if not registry.on_embedded_cpu(st):
         return None
     return (
         f"fidelity sized for the CPU: depths {','.join(depth_label(d) for d in st.fidelity_depths)}, "

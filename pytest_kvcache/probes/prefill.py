@@ -166,7 +166,7 @@ def depth_check(prompt_tokens: int | None, target: int) -> tuple[list[str], str 
 
 def depth_plan(st: Any) -> str | None:
     """The boot plan's line for the depth probes (prefill and agentic) on the embedded model on the CPU."""
-    if not (st.embedded and st.launcher != "external"):
+    if not registry.on_embedded_cpu(st):
         return None
     return (
         f"depth probes sized for the CPU: depths {','.join(depth_label(d) for d in st.depths)}, "

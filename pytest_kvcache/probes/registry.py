@@ -362,6 +362,12 @@ def register(spec: ProbeSpec) -> ProbeSpec:
     return spec
 
 
+def on_embedded_cpu(settings: Any) -> bool:
+    """Whether the run serves the embedded model itself (not an external endpoint): where the probes' CPU sizes
+    apply, which their plan lines name."""
+    return bool(settings.embedded and settings.launcher != "external")
+
+
 def with_plan(name: str, plan: Callable[[Any], str | None]) -> ProbeSpec:
     """Give a registered probe its boot-plan line (the stock probes' modules give theirs at import)."""
     return register(replace(_SPECS[name], plan=plan))

@@ -275,7 +275,7 @@ def plan(st: Any) -> str:
         keys=st.retrieval_keys,
         haystack=st.retrieval_haystack,
         ceiling=st.retrieval_ceiling,
-        cpu=st.embedded and st.launcher != "external",
+        cpu=registry.on_embedded_cpu(st),
     )
 
 

@@ -56,7 +56,7 @@ def build_payload(shape: ShortShape, model: str, mode: Sampling, max_tokens: int
 
 def plan(st: Any) -> str | None:
     """The boot plan's line: the short probes' sizes where the embedded model on the CPU shrinks them."""
-    if not (st.embedded and st.launcher != "external") or (st.max_tokens, st.warmups, st.runs) == (None, 3, 5):
+    if not registry.on_embedded_cpu(st) or (st.max_tokens, st.warmups, st.runs) == (None, 3, 5):
         return None
     return (
         f"short probes sized for the CPU: {st.max_tokens or 'each shape’s'} tokens, {st.warmups} warmup(s) + "
