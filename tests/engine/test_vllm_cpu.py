@@ -395,10 +395,17 @@ def test_an_undeclared_speculative_config_is_a_confound_and_its_acceptance_is_re
     lengths = [s for s in report["summary"] if s["metric"] == "acceptance_length" and s.get("mean") is not None]
     assert [s["arm"] for s in lengths] == ["f16x"]
     assert lengths[0]["mean"] == pytest.approx(row["acceptance_length_mean"])
-    for rec in run.records():
-        if rec["arm"] == "f16x" and rec["phase"] == "measured":  # several tokens per chunk, decode rate right
-            sample = rec["sample"]
-            assert sample["token_chunks"] < sample["completion_tokens"] and rec["metrics"]["decode_tps"] > 0
+    # several tokens a chunk
+    measured = [rec for rec in run.records() if rec["arm"] == "f16x" and rec["phase"] == "measured"]
+    assert all(rec["sample"]["token_chunks"] < rec["sample"]["completion_tokens"] for rec in measured)
+    # with no warm-up the first request after boot may spend over 95% of its time before its first token: its
+    # decode rate is then voided, and the record names why (CI at 5e21306: decode_tps None); a rate is > 0
+    rates = [rec["metrics"]["decode_tps"] for rec in measured]
+    assert all(
+        rate > 0 if rate is not None else rec["voided"].get("decode_tps") in ("decode_window_short", "no_decode_window")
+        for rate, rec in zip(rates, measured, strict=True)
+    )
+    assert any(rate is not None for rate in rates), [rec["voided"] for rec in measured]
     assert "## Speculative decoding" in (run.folder / "report.md").read_text()
     assert (run.folder / "spec_decode.png").is_file() is False  # short shapes have no depth curve
     assert not vllm_processes(run.tag)
