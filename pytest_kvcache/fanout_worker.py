@@ -13,7 +13,7 @@ import socket
 import ssl
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -23,13 +23,31 @@ from pytest_kvcache.sample import ErrorKind, Sample, TokenClock
 
 
 async def until(perf_s: float) -> None:
-    """Wait until the perf counter reaches ``perf_s``: asleep until 2 ms before it, then spinning, so every worker's
-    window opens within microseconds of the shared start."""
+    """Wait until the perf counter reaches ``perf_s``: asleep until 2 ms before it (the loop's timers have millisecond
+    resolution), then spinning, so every worker's window, and every request, starts within microseconds of its time."""
     wait = perf_s - time.perf_counter()
     if wait > 0.002:
         await asyncio.sleep(wait - 0.002)
     while time.perf_counter() < perf_s:
         pass
+
+
+async def watched(
+    start_perf_s: float, watch: Callable[[float], Coroutine[Any, Any, None]], work: Callable[[], Awaitable[object]]
+) -> tuple[float, float, float]:
+    """From the shared start, ``work`` with ``watch`` (the lag samples and the stall and timeout checks, given the
+    window's start) beside it until the work ends; (window start, end, CPU s)."""
+    await until(start_perf_s)
+    cpu0 = time.process_time()
+    begin = time.perf_counter()
+    watchdog = asyncio.get_running_loop().create_task(watch(begin))
+    await work()
+    end = time.perf_counter()
+    cpu = time.process_time() - cpu0
+    watchdog.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watchdog
+    return begin, end, cpu
 
 
 class _Stream(asyncio.Protocol):
@@ -260,27 +278,16 @@ class _Trial:
         loop = asyncio.get_running_loop()
         for stream in self.streams:
             stream.done = loop.create_future()
-        await until(start_perf_s)
-        cpu0 = time.process_time()
-        begin = time.perf_counter()
-        watchdog = loop.create_task(self._watch(begin))
+        return await watched(start_perf_s, self._watch, lambda: self._send_all(start_perf_s))
+
+    async def _send_all(self, start_perf_s: float) -> None:
         offsets = self.job.offsets_s
         pending = sorted(range(len(self.streams)), key=lambda k: offsets[k])
         for k in pending:
             due = start_perf_s + offsets[k]
-            ahead = due - time.perf_counter()
-            if ahead > 0.002:  # the loop's timers have millisecond resolution: sleep short, then spin
-                await asyncio.sleep(ahead - 0.0015)
-            while time.perf_counter() < due:
-                pass
+            await until(due)
             self.streams[k].send(due)
         await asyncio.gather(*(s.done for s in self.streams if s.done is not None))
-        end = time.perf_counter()
-        cpu = time.process_time() - cpu0
-        watchdog.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watchdog
-        return begin, end, cpu
 
     async def _watch(self, begin: float) -> None:
         """Every `TICK_S`: one lag sample of each kind, and the stall and timeout checks.
@@ -407,11 +414,7 @@ class _Sessions(_Trial):
     async def _send(self, stream: _Stream, due: float) -> None:
         loop = asyncio.get_running_loop()
         stream.done = loop.create_future()
-        ahead = due - time.perf_counter()
-        if ahead > 0.002:  # the loop's timers have millisecond resolution: sleep short, then spin
-            await asyncio.sleep(ahead - 0.0015)
-        while time.perf_counter() < due:
-            pass
+        await until(due)
         self.streams.append(stream)
         stream.send(due)
         await stream.done
@@ -440,19 +443,13 @@ class _Sessions(_Trial):
             previous_end = time.perf_counter()
 
     async def run(self, start_perf_s: float) -> tuple[float, float, float]:
-        loop = asyncio.get_running_loop()
-        await until(start_perf_s)
-        cpu0 = time.process_time()
-        begin = time.perf_counter()
-        watchdog = loop.create_task(self._watch(begin))
         warm = asyncio.Semaphore(max(1, self.sessions_job.warm_concurrency))
-        await asyncio.gather(*(self._session(i, plan, start_perf_s, warm) for i, plan in self.sessions_job.sessions))
-        end = time.perf_counter()
-        cpu = time.process_time() - cpu0
-        watchdog.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watchdog
-        return begin, end, cpu
+        sessions = self.sessions_job.sessions
+        return await watched(
+            start_perf_s,
+            self._watch,
+            lambda: asyncio.gather(*(self._session(i, p, start_perf_s, warm) for i, p in sessions)),
+        )
 
     def close(self) -> None:
         for _, _, s, _, _ in self.turns:

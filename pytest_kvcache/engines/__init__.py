@@ -9,10 +9,10 @@ from pathlib import Path
 from pytest_kvcache.config.arms import Arm
 from pytest_kvcache.config.plan import Boot
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.engines.base import Engine, EngineError
+from pytest_kvcache.engines.base import HOST, Engine, EngineError, free_port
 from pytest_kvcache.engines.external import ExternalEngine
 from pytest_kvcache.engines.kinds.base import EngineProfile, Kind, get_kind
-from pytest_kvcache.engines.process import HOST, ProcessEngine, free_port
+from pytest_kvcache.engines.process import ProcessEngine
 from pytest_kvcache.engines.registry import EngineRegistry
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, runtime_checkable
 
 import httpx
 
@@ -56,11 +57,40 @@ class Engine(Protocol):
         """Launcher-specific evidence (argv, env, pid, image …), secrets redacted."""
 
 
-def started(engine: Any, start: Callable[[], None]) -> None:
-    """Run a launcher's ``start``; on any failure stop the engine before raising (Ctrl-C during the boot: without
-    waiting out a full grace)."""
+HOST = "127.0.0.1"
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def started(engine: Any, launch: Callable[[IO[bytes]], None]) -> None:
+    """Boot a launcher's engine: once its port is found free, ``launch`` it with its log opened for appending, then
+    wait until it answers (``engine.ready_s``); on any failure stop the engine before raising (Ctrl-C during the
+    boot: without waiting out a full grace)."""
     try:
-        start()
+        if port_in_use(engine.port):
+            raise EngineError(f"{engine.boot_id}: port {engine.port} on {HOST} is already in use")
+        engine.log_path.parent.mkdir(parents=True, exist_ok=True)
+        launch(engine.log_path.open("ab"))
+        engine.ready_s = wait_ready(
+            engine.url,
+            boot_id=engine.boot_id,
+            timeout_s=engine.startup_timeout_s,
+            exited=engine.exit_code,
+            log_path=engine.log_path,
+        )
     except KeyboardInterrupt:
         engine.term_grace_s = INTERRUPT_GRACE_S
         engine.stop()

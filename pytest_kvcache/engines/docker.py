@@ -22,8 +22,8 @@ import docker
 import docker.errors
 import docker.types
 
-from pytest_kvcache.engines.base import EngineError, redact_argv, redact_env, started, wait_ready
-from pytest_kvcache.engines.process import HOST, port_in_use, proc_start_ticks
+from pytest_kvcache.engines.base import HOST, EngineError, redact_argv, redact_env, started
+from pytest_kvcache.engines.process import proc_start_ticks
 
 LABEL_SESSION = "pytest-kvcache.session"
 LABEL_ARM = "pytest-kvcache.arm"
@@ -301,13 +301,10 @@ class DockerEngine:
     # ------------------------------------------------------------------------------------ start
 
     def start(self) -> None:
-        started(self, self._start)
+        started(self, self._launch)
 
-    def _start(self) -> None:
-        if port_in_use(self.port):
-            raise EngineError(f"{self.boot_id}: port {self.port} on {HOST} is already in use")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
+    def _launch(self, log: IO[bytes]) -> None:
+        self._log = log
         image = self._resolve_image()
         self._image_attrs = dict(image.attrs)
         image_labels = (self._image_attrs.get("Config") or {}).get("Labels") or {}
@@ -347,13 +344,6 @@ class DockerEngine:
             target=self._stream_logs, args=(self._container,), name=f"kvcache-log-{self.boot_id}", daemon=True
         )
         self._log_thread.start()
-        self.ready_s = wait_ready(
-            self.url,
-            boot_id=self.boot_id,
-            timeout_s=self.startup_timeout_s,
-            exited=self.exit_code,
-            log_path=self.log_path,
-        )
 
     def _resolve_image(self) -> Any:
         try:

@@ -6,7 +6,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,10 +13,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from pytest_kvcache.engines.base import EngineError, evidence_env, redact_argv, redact_env, started, wait_ready
+from pytest_kvcache.engines.base import (
+    HOST,
+    EngineError,
+    evidence_env,
+    redact_argv,
+    redact_env,
+    started,
+)
 from pytest_kvcache.interrupt import HURRY
 
-HOST = "127.0.0.1"
 TERM_GRACE_S = 20.0
 KILL_GRACE_S = 10.0
 
@@ -42,21 +47,6 @@ def die_with_parent() -> None:
     keeps its engines' lives its own: the next run's reaper stops what a killed one left."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_in_use(port: int, host: str = HOST) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def proc_start_ticks(pid: int) -> int | None:
@@ -174,13 +164,10 @@ class ProcessEngine:
         return self._proc.pid if self._proc is not None else None
 
     def start(self) -> None:
-        started(self, self._start)
+        started(self, self._launch)
 
-    def _start(self) -> None:
-        if port_in_use(self.port):
-            raise EngineError(f"{self.boot_id}: port {self.port} on {HOST} is already in use")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
+    def _launch(self, log: IO[bytes]) -> None:
+        self._log = log
         self._log.write(f"# pytest-kvcache: {' '.join(redact_argv(self.argv))}\n".encode())
         self._log.flush()
         try:
@@ -197,13 +184,6 @@ class ProcessEngine:
             raise EngineError(f"{self.boot_id}: cannot run the engine command {self.argv[0]!r}: {exc}") from None
         if self._on_spawn is not None:
             self._on_spawn(self)
-        self.ready_s = wait_ready(
-            self.url,
-            boot_id=self.boot_id,
-            timeout_s=self.startup_timeout_s,
-            exited=self.exit_code,
-            log_path=self.log_path,
-        )
 
     def exit_code(self) -> int | None:
         return self._proc.poll() if self._proc is not None else None

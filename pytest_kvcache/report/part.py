@@ -3,7 +3,8 @@ renderers — report.md's lines, report.html's tables and folded evidence, the t
 own number in that output's order (the outputs order the same features differently: report.json keeps the seed's
 keys, report.md reads setup → measurements → verdict, the terminal leads with the boots).
 
-The stock parts are declared by the feature modules under ``report/sections/`` (``PARTS``), found the way pytest
+The stock parts are declared by the feature modules under ``report/sections/`` (``PART``, named after its module,
+or ``PARTS``), found the way pytest
 finds its built-in plugins: by walking the package, the first time an output asks. Each output walks
 :func:`ordered`, so none keeps a list to keep in step; a part from outside the package is one :func:`register`
 call.
@@ -11,9 +12,10 @@ call.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -26,36 +28,29 @@ if TYPE_CHECKING:
 
 Output = Literal["json", "markdown", "html", "folded", "terminal"]
 OUTPUTS: tuple[Output, ...] = ("json", "markdown", "html", "folded", "terminal")
-_FIELD: Mapping[Output, str] = {"json": "section", "markdown": "markdown", "html": "html", "folded": "folded"}
 
 
 @dataclass(frozen=True)
 class ReportPart:
-    """One feature's share of each output, and where it stands there (``at``: output → a number, smaller first;
-    the stock parts are 10 apart, so another fits between two)."""
+    """One feature's share of each output it takes part in: its place there (a number, smaller first; the stock
+    parts are 10 apart, so another fits between two) and what renders it."""
 
-    name: str
-    at: Mapping[Output, int]
+    #: a stock part declared alone (``PART``) is named after its module
+    name: str = ""
     #: the keys it adds to report.json (``section(run, ctx)``: none, to leave itself out)
-    section: Section | None = None
+    json: tuple[int, Section] | None = None
     #: its report.md lines
-    markdown: Callable[[Report], list[str]] | None = None
+    markdown: tuple[int, Callable[[Report], list[str]]] | None = None
     #: its report.html tables, and the evidence folded below them
-    html: Callable[[Report], list[Table]] | None = None
-    folded: Callable[[Report], list[dict[str, object]]] | None = None
+    html: tuple[int, Callable[[Report], list[Table]]] | None = None
+    folded: tuple[int, Callable[[Report], list[dict[str, object]]]] | None = None
     #: its lines at the end of a run, in the terminal
-    terminal: Callable[[Report], list[Line]] | None = None
+    terminal: tuple[int, Callable[[Report], list[Line]]] | None = None
 
-    def __post_init__(self) -> None:
-        given = {output for output in OUTPUTS if self.renderer(output) is not None}
-        if given != set(self.at):
-            raise ValueError(
-                f"report part {self.name!r}: place it (at=) in exactly the outputs it renders: "
-                f"renders {sorted(given)}, placed in {sorted(self.at)}"
-            )
-
-    def renderer(self, output: Output) -> Any:
-        return getattr(self, _FIELD.get(output, output))
+    def at(self, output: Output) -> tuple[int, Any] | None:
+        """Its place in ``output`` and the renderer there (None: it takes no part in it)."""
+        placed: tuple[int, Any] | None = getattr(self, output)
+        return placed
 
 
 #: the package whose modules declare the stock parts (found by name: they import this module)
@@ -68,12 +63,17 @@ def _stock() -> tuple[ReportPart, ...]:
     sections = importlib.import_module(SECTIONS)
     found: list[ReportPart] = []
     for module in pkgutil.iter_modules(sections.__path__):
-        found += getattr(importlib.import_module(f"{SECTIONS}.{module.name}"), "PARTS", ())
+        declared = vars(importlib.import_module(f"{SECTIONS}.{module.name}"))
+        found += declared.get("PARTS", ())
+        if "PART" in declared:
+            found.append(dataclasses.replace(declared["PART"], name=declared["PART"].name or module.name))
     return tuple(found)
 
 
 def register(part: ReportPart) -> ReportPart:
     """Add ``part`` to the report (a later one of the same name replaces it). Returns it."""
+    if not part.name:
+        raise ValueError("a registered report part needs a name: ReportPart('mine', …)")
     unregister(part.name)
     _REGISTERED.append(part)
     return part
@@ -102,5 +102,5 @@ def ordered(output: Literal["folded"]) -> list[Callable[[Report], list[dict[str,
 def ordered(output: Literal["terminal"]) -> list[Callable[[Report], list[Line]]]: ...
 def ordered(output: Output) -> list[Any]:
     """The renderers of ``output`` (report.json's: the sections), in their parts' order there."""
-    placed = sorted((p for p in parts() if output in p.at), key=lambda p: p.at[output])
-    return [p.renderer(output) for p in placed]
+    placed = [at for p in parts() if (at := p.at(output)) is not None]
+    return [render for _, render in sorted(placed, key=lambda at: at[0])]

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from pytest_kvcache.datafiles import embedded_model_path
-from pytest_kvcache.engines.base import EngineError
+from pytest_kvcache.engines.base import EngineError, free_port
 from pytest_kvcache.engines.docker import (
     HF_CACHE_IN_CONTAINER,
     LABEL_ARM,
@@ -36,7 +36,7 @@ from pytest_kvcache.engines.docker import (
     owner_scope,
     reap_containers,
 )
-from pytest_kvcache.engines.process import free_port, proc_start_ticks
+from pytest_kvcache.engines.process import proc_start_ticks
 
 pytestmark = pytest.mark.engine
 

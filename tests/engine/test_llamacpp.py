@@ -325,8 +325,9 @@ def test_llama_external_endpoint_is_profiled_as_llamacpp(llama_server: Path, tmp
     """A llama-server started by hand, measured as an external endpoint: its requests are llama.cpp's, its
     prefill is sized by its own tokenizer and proven cold; its log is not ours, so its cache type is
     a warning, not a check."""
+    from pytest_kvcache.engines.base import free_port
     from pytest_kvcache.engines.gguf_model import tiny_gguf
-    from pytest_kvcache.engines.process import free_port, kill_group
+    from pytest_kvcache.engines.process import kill_group
 
     port = free_port()
     log = (tmp_path / "server.log").open("wb")

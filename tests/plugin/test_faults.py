@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvcache.engines.process import free_port
+from pytest_kvcache.engines.base import free_port
 from pytest_kvcache.run.folder import read_records
 from tests.plugin.conftest import STANDIN, kill_leftovers, latest, processes_with, spawn_pytest
 from tests.procs import end_process

@@ -63,7 +63,7 @@ def lines(report: Any) -> list[str]:
 
 
 #: its report part: report.json's key after every stock one, report.md's table after the probe tables
-register_part(ReportPart("echo", {"json": 1000, "markdown": 85}, section=section, markdown=lines))
+register_part(ReportPart("echo", json=(1000, section), markdown=(85, lines)))
 
 
 @pytest.mark.echo

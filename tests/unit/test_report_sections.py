@@ -54,7 +54,7 @@ def registered() -> Any:
 
 
 def test_a_new_part_is_one_declaration(registered: Any) -> None:
-    registered(ReportPart("toy", {"json": 1000}, section=toy))
+    registered(ReportPart("toy", json=(1000, toy)))
     report = build(two_arm_run())
     assert report["toy"] == {"records": 16, "deltas": 1}  # type: ignore[typeddict-item]
     assert list(report)[-1] == "toy"  # keys follow the parts' places
@@ -62,17 +62,19 @@ def test_a_new_part_is_one_declaration(registered: Any) -> None:
 
 def test_a_part_stands_where_its_number_puts_it(registered: Any) -> None:
     notes = next(p for p in part.parts() if p.name == "notes")
-    registered(ReportPart("toy", {"json": notes.at["json"] - 5}, section=toy))
-    registered(ReportPart("toy", {"json": notes.at["json"] - 5}, section=toy))  # once only: the later replaces it
+    place = notes.json[0] if notes.json else 0
+    registered(ReportPart("toy", json=(place - 5, toy)))
+    registered(ReportPart("toy", json=(place - 5, toy)))  # once only: the later replaces it
     keys = list(build(two_arm_run()))
     assert keys.count("toy") == 1 and keys.index("toy") == keys.index("notes") - 1
 
 
-def test_a_part_is_placed_in_exactly_the_outputs_it_renders() -> None:
-    with pytest.raises(ValueError, match=r"place it .at=. in exactly the outputs it renders"):
-        ReportPart("toy", {"json": 5, "markdown": 5}, section=toy)
-    with pytest.raises(ValueError, match=r"renders .'terminal'., placed in .'html'."):
-        ReportPart("toy", {"html": 5}, terminal=lambda r: [])
+def test_a_stock_part_alone_is_named_after_its_module_and_a_registered_one_names_itself() -> None:
+    from pytest_kvcache.report.sections import agentic
+
+    assert agentic.PART.name == "" and "agentic" in [p.name for p in part.parts()]
+    with pytest.raises(ValueError, match=r"a registered report part needs a name"):
+        part.register(ReportPart(json=(5, toy)))
 
 
 def test_every_stock_part_is_its_features_module() -> None:
@@ -80,14 +82,14 @@ def test_every_stock_part_is_its_features_module() -> None:
     assert len(names) == len(set(names))
     # every output's stock renderers are parts' (none is listed anywhere else), each at a place of its own
     for output in part.OUTPUTS:
-        places = [p.at[output] for p in part.parts() if output in p.at]
+        places = [at[0] for p in part.parts() if (at := p.at(output)) is not None]
         assert len(places) == len(set(places)), output
     assert not hasattr(markdown, "SECTIONS") and not hasattr(terminal, "SECTIONS")
     assert not hasattr(htmlpage, "TABLES") and not hasattr(htmlpage, "FOLDED")
 
 
 def test_a_section_that_adds_nothing_leaves_no_key(registered: Any) -> None:
-    registered(ReportPart("toy", {"json": 1000}, section=lambda run, ctx: {}))
+    registered(ReportPart("toy", json=(1000, lambda run, ctx: {})))
     report = build(two_arm_run())
     assert "capacity" not in report and "blocks" not in report  # neither probe nor lanes: both leave themselves out
     assert list(report)[:5] == ["report_version", "run_id", "status", "model", "versions"]
@@ -107,6 +109,6 @@ def test_a_section_reads_another_once() -> None:
 def test_report_md_walks_its_renderers_in_order(registered: Any) -> None:
     report = build(two_arm_run())
     before = markdown.markdown(report)
-    registered(ReportPart("toy", {"markdown": 1000}, markdown=lambda r: ["", "## Toy", "", f"- {r['run_id']}"]))
+    registered(ReportPart("toy", markdown=(1000, lambda r: ["", "## Toy", "", f"- {r['run_id']}"])))
     after = markdown.markdown(report)
     assert after == before + "\n## Toy\n\n- None\n"

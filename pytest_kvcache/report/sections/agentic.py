@@ -79,13 +79,9 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "agentic",
-        {"json": 150, "markdown": 150, "html": 50, "terminal": 30},
-        section=section,
-        markdown=md_probes.render_agentic,
-        html=htmlpage.agentic_tables,
-        terminal=terminal.agentic_terminal,
-    ),
+PART = ReportPart(
+    json=(150, section),
+    markdown=(150, md_probes.render_agentic),
+    html=(50, htmlpage.agentic_tables),
+    terminal=(30, terminal.agentic_terminal),
 )

@@ -64,12 +64,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "agreement",
-        {"json": 80, "markdown": 130, "html": 70},
-        section=section,
-        markdown=md_probes.render_agreement,
-        html=htmlpage.agreement_tables,
-    ),
-)
+PART = ReportPart(json=(80, section), markdown=(130, md_probes.render_agreement), html=(70, htmlpage.agreement_tables))

@@ -32,13 +32,7 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 #: its place in report.json and each output
 PARTS = (
-    ReportPart(
-        "arms",
-        {"json": 20, "markdown": 20, "folded": 0},
-        section=section,
-        markdown=md_setup.render_arms,
-        folded=htmlpage.arms_folded,
-    ),
+    ReportPart("arms", json=(20, section), markdown=(20, md_setup.render_arms), folded=(0, htmlpage.arms_folded)),
     # the arms' GPU state (``gpu.gpu_summary``), shown apart
-    ReportPart("gpu", {"markdown": 40, "folded": 20}, markdown=md_setup.render_gpu, folded=htmlpage.gpu_folded),
+    ReportPart("gpu", markdown=(40, md_setup.render_gpu), folded=(20, htmlpage.gpu_folded)),
 )

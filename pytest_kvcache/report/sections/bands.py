@@ -16,4 +16,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (ReportPart("bands", {"json": 230}, section=section),)
+PART = ReportPart(json=(230, section))

@@ -15,12 +15,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "blocks",
-        {"json": 260, "markdown": 60, "folded": 40},
-        section=section,
-        markdown=md_setup.render_blocks,
-        folded=htmlpage.blocks_folded,
-    ),
-)
+PART = ReportPart(json=(260, section), markdown=(60, md_setup.render_blocks), folded=(40, htmlpage.blocks_folded))

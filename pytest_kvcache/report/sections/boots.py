@@ -54,13 +54,9 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "boots",
-        {"json": 30, "markdown": 50, "folded": 30, "terminal": 0},
-        section=section,
-        markdown=md_setup.render_boots,
-        folded=htmlpage.boots_folded,
-        terminal=terminal.boot_lines,
-    ),
+PART = ReportPart(
+    json=(30, section),
+    markdown=(50, md_setup.render_boots),
+    folded=(30, htmlpage.boots_folded),
+    terminal=(0, terminal.boot_lines),
 )

@@ -21,13 +21,9 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "capacity",
-        {"json": 250, "markdown": 120, "html": 40, "terminal": 40},
-        section=section,
-        markdown=capacity_render.lines,
-        html=htmlpage.capacity_tables,
-        terminal=terminal.capacity_terminal,
-    ),
+PART = ReportPart(
+    json=(250, section),
+    markdown=(120, capacity_render.lines),
+    html=(40, htmlpage.capacity_tables),
+    terminal=(40, terminal.capacity_terminal),
 )

@@ -98,4 +98,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (ReportPart("ci", {"json": 60}, section=section),)
+PART = ReportPart(json=(60, section))

@@ -102,4 +102,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (ReportPart("client", {"json": 100}, section=section),)
+PART = ReportPart(json=(100, section))

@@ -7,12 +7,8 @@ from pytest_kvcache.report.outputs import htmlpage, md_verdict, terminal
 from pytest_kvcache.report.part import ReportPart
 
 #: its place in each output
-PARTS = (
-    ReportPart(
-        "compare",
-        {"markdown": 180, "html": 90, "terminal": 100},
-        markdown=md_verdict.render_compare,
-        html=htmlpage.compare_tables,
-        terminal=terminal.compare_terminal,
-    ),
+PART = ReportPart(
+    markdown=(180, md_verdict.render_compare),
+    html=(90, htmlpage.compare_tables),
+    terminal=(100, terminal.compare_terminal),
 )

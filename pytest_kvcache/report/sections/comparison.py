@@ -24,12 +24,9 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 PARTS = (
     ReportPart(
         "comparison",
-        {"json": 110, "markdown": 190, "terminal": 20},
-        section=section,
-        markdown=md_verdict.render_crossovers,
-        terminal=terminal.summary_terminal,
+        json=(110, section),
+        markdown=(190, md_verdict.render_crossovers),
+        terminal=(20, terminal.summary_terminal),
     ),
-    ReportPart(
-        "A/B", {"markdown": 250, "terminal": 90}, markdown=md_verdict.render_delta_note, terminal=terminal.ab_terminal
-    ),
+    ReportPart("A/B", markdown=(250, md_verdict.render_delta_note), terminal=(90, terminal.ab_terminal)),
 )

@@ -43,4 +43,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (ReportPart("compile_cache", {"json": 50}, section=section),)
+PART = ReportPart(json=(50, section))

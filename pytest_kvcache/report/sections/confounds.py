@@ -25,12 +25,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "confounds",
-        {"json": 70, "markdown": 70, "folded": 50},
-        section=section,
-        markdown=md_setup.render_confounds,
-        folded=htmlpage.confounds_folded,
-    ),
-)
+PART = ReportPart(json=(70, section), markdown=(70, md_setup.render_confounds), folded=(50, htmlpage.confounds_folded))

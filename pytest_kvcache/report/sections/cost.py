@@ -16,4 +16,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (ReportPart("cost", {"json": 10, "terminal": 130}, section=section, terminal=terminal.cost_terminal),)
+PART = ReportPart(json=(10, section), terminal=(130, terminal.cost_terminal))

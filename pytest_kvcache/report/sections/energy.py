@@ -16,12 +16,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "energy",
-        {"json": 190, "markdown": 110, "html": 30},
-        section=section,
-        markdown=md_probes.energy_lines,
-        html=htmlpage.energy_tables,
-    ),
-)
+PART = ReportPart(json=(190, section), markdown=(110, md_probes.energy_lines), html=(30, htmlpage.energy_tables))

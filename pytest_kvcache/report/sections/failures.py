@@ -16,13 +16,9 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "failures",
-        {"json": 240, "markdown": 210, "html": 80, "terminal": 110},
-        section=section,
-        markdown=md_verdict.failure_lines,
-        html=htmlpage.failures_tables,
-        terminal=terminal.failures_terminal,
-    ),
+PART = ReportPart(
+    json=(240, section),
+    markdown=(210, md_verdict.failure_lines),
+    html=(80, htmlpage.failures_tables),
+    terminal=(110, terminal.failures_terminal),
 )

@@ -19,12 +19,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "fidelity",
-        {"json": 170, "markdown": 90, "html": 10},
-        section=section,
-        markdown=md_probes.fidelity_lines,
-        html=htmlpage.fidelity_tables,
-    ),
-)
+PART = ReportPart(json=(170, section), markdown=(90, md_probes.fidelity_lines), html=(10, htmlpage.fidelity_tables))

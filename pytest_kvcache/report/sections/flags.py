@@ -23,4 +23,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (ReportPart("flags", {"json": 220, "terminal": 70}, section=section, terminal=terminal.flags_terminal),)
+PART = ReportPart(json=(220, section), terminal=(70, terminal.flags_terminal))

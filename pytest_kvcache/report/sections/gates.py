@@ -7,8 +7,4 @@ from pytest_kvcache.report.outputs import md_verdict, terminal
 from pytest_kvcache.report.part import ReportPart
 
 #: its place in each output
-PARTS = (
-    ReportPart(
-        "gates", {"markdown": 220, "terminal": 120}, markdown=md_verdict.render_gates, terminal=terminal.gates_terminal
-    ),
-)
+PART = ReportPart(markdown=(220, md_verdict.render_gates), terminal=(120, terminal.gates_terminal))

@@ -16,4 +16,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (ReportPart("greedy", {"json": 200, "markdown": 140}, section=section, markdown=md_probes.render_greedy),)
+PART = ReportPart(json=(200, section), markdown=(140, md_probes.render_greedy))

@@ -19,13 +19,9 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "kv_plan",
-        {"json": 40, "markdown": 30, "folded": 10, "terminal": 10},
-        section=section,
-        markdown=kv_plan_render.markdown,
-        folded=htmlpage.kv_plan_folded,
-        terminal=terminal.kv_plan_terminal,
-    ),
+PART = ReportPart(
+    json=(40, section),
+    markdown=(30, kv_plan_render.markdown),
+    folded=(10, htmlpage.kv_plan_folded),
+    terminal=(10, terminal.kv_plan_terminal),
 )

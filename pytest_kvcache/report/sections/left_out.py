@@ -16,4 +16,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (ReportPart("left_out", {"json": 210, "markdown": 170}, section=section, markdown=md_probes.render_left_out),)
+PART = ReportPart(json=(210, section), markdown=(170, md_probes.render_left_out))

@@ -46,13 +46,9 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "notes",
-        {"json": 130, "markdown": 240, "folded": 70, "terminal": 80},
-        section=section,
-        markdown=md_verdict.render_notes,
-        folded=htmlpage.notes_folded,
-        terminal=terminal.notes_terminal,
-    ),
+PART = ReportPart(
+    json=(130, section),
+    markdown=(240, md_verdict.render_notes),
+    folded=(70, htmlpage.notes_folded),
+    terminal=(80, terminal.notes_terminal),
 )

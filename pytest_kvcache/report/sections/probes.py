@@ -17,12 +17,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "probes",
-        {"json": 140, "markdown": 80, "html": 0},
-        section=section,
-        markdown=md_probes.render_probe_tables,
-        html=htmlpage.probe_tables,
-    ),
-)
+PART = ReportPart(json=(140, section), markdown=(80, md_probes.render_probe_tables), html=(0, htmlpage.probe_tables))

@@ -17,13 +17,9 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "retrieval",
-        {"json": 180, "markdown": 100, "html": 20, "terminal": 50},
-        section=section,
-        markdown=retrieval_render.markdown_lines,
-        html=retrieval_render.html_tables,
-        terminal=terminal.retrieval_terminal,
-    ),
+PART = ReportPart(
+    json=(180, section),
+    markdown=(100, retrieval_render.markdown_lines),
+    html=(20, retrieval_render.html_tables),
+    terminal=(50, terminal.retrieval_terminal),
 )

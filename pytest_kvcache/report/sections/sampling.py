@@ -15,12 +15,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "sampling",
-        {"json": 90, "markdown": 230, "folded": 60},
-        section=section,
-        markdown=md_verdict.render_sampling,
-        folded=htmlpage.sampling_folded,
-    ),
-)
+PART = ReportPart(json=(90, section), markdown=(230, md_verdict.render_sampling), folded=(60, htmlpage.sampling_folded))

@@ -131,13 +131,9 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (
-    ReportPart(
-        "spec_decode",
-        {"json": 160, "markdown": 160, "html": 60, "terminal": 60},
-        section=section,
-        markdown=md_probes.spec_decode_lines,
-        html=htmlpage.spec_decode_tables,
-        terminal=terminal.spec_decode_terminal,
-    ),
+PART = ReportPart(
+    json=(160, section),
+    markdown=(160, md_probes.spec_decode_lines),
+    html=(60, htmlpage.spec_decode_tables),
+    terminal=(60, terminal.spec_decode_terminal),
 )

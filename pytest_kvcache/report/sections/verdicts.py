@@ -22,4 +22,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
 
 
 #: its place in report.json and each output
-PARTS = (ReportPart("verdicts", {"json": 120, "markdown": 200}, section=section, markdown=md_verdict.render_verdicts),)
+PART = ReportPart(json=(120, section), markdown=(200, md_verdict.render_verdicts))
