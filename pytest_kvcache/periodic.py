@@ -52,16 +52,34 @@ class Looping:
 
 
 class FileThread(Looping):
-    """What the GPU sampler and the energy meter share besides: a thread stopped by ``_stop`` that appends to a
-    file of its own (``_fh``, guarded by ``_lock``). ``stop`` is idempotent; ``start`` is the subclass's; either
-    is a context manager."""
+    """What the GPU sampler and the energy meter share besides: a thread (``kvcache-NAME``) stopped by ``_stop``
+    that appends to a file of its own (``_fh``, guarded by ``_lock``). ``start`` runs the subclass's ``_prepare``
+    first, in the caller's thread, so what cannot work fails there (the file cannot be written); it says whether
+    a thread is wanted at all. ``stop`` is idempotent; either is a context manager."""
 
+    NAME: str
     _lock: threading.Lock
     _stop: threading.Event
     _fh: IO[str] | None
 
-    def start(self) -> Self:
+    def _prepare(self) -> bool:
         raise NotImplementedError
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        if self._thread is not None:
+            raise RuntimeError(f"{self.NAME} already started")
+        try:
+            if self._prepare():
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._run, name=f"kvcache-{self.NAME}", daemon=True)
+                self._thread.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
         self._stop.set()

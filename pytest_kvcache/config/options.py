@@ -87,11 +87,12 @@ def option(
     """Declare the option that sets this ``Settings`` field (``name``: the option's, when it differs).
 
     The field's own default (an inactive ``Settings(arms=())``) is ``default``, or ``unset`` where the two
-    differ (``hf_cache``: None until resolved); a callable ``default`` is called for each instance."""
+    differ (``hf_cache``: None until resolved); a callable ``default`` is called for each instance. ``metavar`` is
+    the parser's own where it has one (``values.count``: N, ``values.positive``: S) and none is given."""
     spec = OptionSpec(
         name="",  # filled in from the field name by options_of when not given
         help=help,
-        metavar=metavar,
+        metavar=metavar or getattr(parse, "metavar", None),
         flag=flag,
         repeatable=repeatable,
         parse=parse,

@@ -38,21 +38,18 @@ class ProbeOptions:
 
     warmups: int = option(
         help="unmeasured warmup requests per probe shape (default 3).",
-        metavar="N",
         parse=v.count(0, v.MAX_WARMUPS),
         default=3,
         cpu_default=lambda m: m.warmups,
     )
     runs: int = option(
         help="measured requests per probe shape (default 5).",
-        metavar="N",
         parse=v.count(1, v.MAX_RUNS),
         default=5,
         cpu_default=lambda m: m.runs,
     )
     max_tokens: int | None = option(
         help="override every short probe's max_tokens.",
-        metavar="N",
         parse=v.count(1, v.MAX_TOKENS),
         default=None,
         cpu_default=lambda m: m.short_max_tokens,
@@ -67,10 +64,7 @@ class ProbeOptions:
         default="greedy",
     )
     seed: int = option(
-        help="run seed: salts and ordering derive from it (default 0).",
-        metavar="N",
-        parse=v.count(0, v.MAX_SEED),
-        default=0,
+        help="run seed: salts and ordering derive from it (default 0).", parse=v.count(0, v.MAX_SEED), default=0
     )
     depths: tuple[int, ...] = option(
         help="prefill depths in prompt tokens, 'k' = 1000 (default 10k,90k).",
@@ -80,24 +74,19 @@ class ProbeOptions:
         cpu_default=lambda m: m.depths,
     )
     depth_warmups: int = option(
-        help="unmeasured prefill requests per depth (default 1).",
-        metavar="N",
-        parse=v.count(0, v.MAX_WARMUPS),
-        default=1,
+        help="unmeasured prefill requests per depth (default 1).", parse=v.count(0, v.MAX_WARMUPS), default=1
     )
     depth_runs: int = option(
-        help="measured prefill requests per depth (default 3).", metavar="N", parse=v.count(1, v.MAX_RUNS), default=3
+        help="measured prefill requests per depth (default 3).", parse=v.count(1, v.MAX_RUNS), default=3
     )
     sessions: int = option(
         help="independent agentic sessions per arm (default 2).",
-        metavar="N",
         parse=v.count(1, v.MAX_SESSIONS),
         default=2,
         cpu_default=lambda m: m.sessions,
     )
     turns: int | None = option(
         help="run only the first N turns of the agentic fixture (default: all).",
-        metavar="N",
         parse=v.count(1, v.MAX_TURNS),
         default=None,
         cpu_default=lambda m: m.turns,
@@ -113,7 +102,6 @@ class ProbeOptions:
     )
     agentic_max_tokens: int = option(
         help="max_tokens per agentic turn (default 600; 64 on the embedded trained model).",
-        metavar="N",
         parse=v.count(1, v.MAX_TOKENS),
         default=600,
         cpu_default=lambda m: m.agentic_max_tokens,
@@ -152,7 +140,6 @@ class ProbeOptions:
             "boots per arm (default 1). Each boot runs every selected probe; with 3 or more the report's CIs are "
             "computed over boots (boots, then samples within a boot)."
         ),
-        metavar="N",
         parse=v.count(1, v.MAX_REPLICATES),
         default=1,
     )
@@ -179,7 +166,6 @@ class ProbeOptions:
     )
     max_runs: int | None = option(
         help="with --kv-target-ci: measured requests per probe shape at most (default 4 × runs).",
-        metavar="N",
         parse=v.count(1, v.MAX_ADAPTIVE_RUNS),
         default=None,
     )
@@ -242,10 +228,7 @@ class ProbeOptions:
         default=(1, 4, 16),
     )
     concurrency_max_tokens: int = option(
-        help="max_tokens of each concurrency-probe stream (default 128).",
-        metavar="N",
-        parse=v.count(1, v.MAX_TOKENS),
-        default=128,
+        help="max_tokens of each concurrency-probe stream (default 128).", parse=v.count(1, v.MAX_TOKENS), default=128
     )
     fidelity_depths: tuple[int, ...] = option(
         help=(
@@ -275,7 +258,6 @@ class ProbeOptions:
     )
     fidelity_window: int = option(
         help="positions scored before each fidelity depth (default 512).",
-        metavar="N",
         parse=v.count(BLOCK_MIN, v.MAX_TOKENS),
         default=512,
         cpu_default=lambda m: m.fidelity_window,
@@ -302,7 +284,6 @@ class ProbeOptions:
             "needles per cell (depth × position): 90 decide a 10-point loss (default 90; 4 on the embedded CPU "
             "default)."
         ),
-        metavar="N",
         parse=v.count(1, 10_000),
         default=RETRIEVAL_NEEDLES,
         cpu_default=lambda m: CPU_RETRIEVAL_NEEDLES,
@@ -366,7 +347,6 @@ class ProbeOptions:
             "mean think time between a session's turns, in seconds (each drawn uniform 0.5–1.5 × it; default 2, 1 on "
             "the embedded CPU default)."
         ),
-        metavar="S",
         parse=v.positive,
         default=CAPACITY_THINK_S,
         cpu_default=lambda m: m.capacity_think_s,
@@ -377,28 +357,24 @@ class ProbeOptions:
             "seconds each capacity trial is measured for, after its sessions are warm (default 30; 5 on the embedded "
             "CPU default)."
         ),
-        metavar="S",
         parse=v.positive,
         default=CAPACITY_WINDOW_S,
         cpu_default=lambda m: m.capacity_window_s,
     )
     capacity_max_tokens: int = option(
         help="tokens each capacity turn decodes (default 64; 16 on the embedded CPU default).",
-        metavar="N",
         parse=v.count(1, v.MAX_TOKENS),
         default=CAPACITY_MAX_TOKENS,
         cpu_default=lambda m: m.capacity_max_tokens,
     )
     capacity_max_sessions: int = option(
         help="the most concurrent sessions the capacity search tries (default 256; 32 on the embedded CPU default).",
-        metavar="N",
         parse=v.count(1, v.MAX_CAPACITY_SESSIONS),
         default=CAPACITY_MAX_SESSIONS,
         cpu_default=lambda m: m.capacity_max_sessions,
     )
     capacity_start: int = option(
         help="the capacity search's first number of sessions (default 1).",
-        metavar="N",
         parse=v.count(1, v.MAX_CAPACITY_SESSIONS),
         default=1,
     )
@@ -407,7 +383,6 @@ class ProbeOptions:
             "trials of the capacity's knee and of the levels either side of it, each judged over all its trials' "
             "turns, before the report prints an interval (default 2; 1: the search alone, no interval at one boot)."
         ),
-        metavar="N",
         parse=v.count(1, v.MAX_CAPACITY_TRIALS),
         default=2,
     )

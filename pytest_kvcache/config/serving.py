@@ -90,21 +90,18 @@ class ServingOptions:
     startup_timeout_s: float = option(
         "startup_timeout",
         help="seconds an engine may take to answer /v1/models (default 600).",
-        metavar="S",
         parse=v.positive,
         default=600.0,
     )
     request_timeout_s: float = option(
         "request_timeout",
         help="seconds one request may take end to end (default 600).",
-        metavar="S",
         parse=v.positive,
         default=600.0,
     )
     stall_timeout_s: float = option(
         "stall_timeout",
         help="seconds without a streamed chunk before a request fails (default 120).",
-        metavar="S",
         parse=v.positive,
         default=120.0,
     )
@@ -114,7 +111,6 @@ class ServingOptions:
             "before the first byte a request may wait this floor plus prompt tokens / --kv-min-prefill-tps (default "
             "120 s): vLLM sends nothing until prefill ends, and a deep prefill takes minutes."
         ),
-        metavar="S",
         parse=v.positive,
         default=120.0,
     )

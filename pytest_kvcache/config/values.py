@@ -34,6 +34,7 @@ def parse_gpu_groups(raw: str) -> tuple[str, ...]:
 
 
 def positive(raw: Any) -> float:
+    """A positive number of seconds (an option's metavar ``S``, unless it says otherwise)."""
     try:
         value = float(str(raw))
     except ValueError:
@@ -41,6 +42,9 @@ def positive(raw: Any) -> float:
     if value <= 0:
         raise SettingsError(f"expected a positive number, got {raw!r}")
     return value
+
+
+positive.metavar = "S"  # type: ignore[attr-defined]
 
 
 #: The upper bound of every count option (docs/configuration.md, "Bounds", says why each is what it is). A count
@@ -79,7 +83,8 @@ MAX_CLIENT_PROCS = 256
 
 def count(minimum: int, maximum: int) -> Callable[[Any], int]:
     """A whole number from ``minimum`` to ``maximum``: the one parser of every count option (its bound is
-    docs/configuration.md's "Bounds"). The parser carries its bounds (``parse.minimum``, ``parse.maximum``)."""
+    docs/configuration.md's "Bounds"). The parser carries its bounds (``parse.minimum``, ``parse.maximum``) and its
+    option's metavar (``N``)."""
 
     def parse(raw: Any) -> int:
         try:
@@ -94,6 +99,7 @@ def count(minimum: int, maximum: int) -> Callable[[Any], int]:
 
     parse.minimum = minimum  # type: ignore[attr-defined]
     parse.maximum = maximum  # type: ignore[attr-defined]
+    parse.metavar = "N"  # type: ignore[attr-defined]
     return parse
 
 

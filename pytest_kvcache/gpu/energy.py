@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Self
+from typing import IO, TYPE_CHECKING, Any
 
 from pytest_kvcache.gpu.nvml import ENERGY_FUNC
 from pytest_kvcache.periodic import FileThread, every
@@ -58,6 +58,8 @@ class EnergyMeter(FileThread):
     clock, in tests). ``stop()`` joins the thread and closes the file; it is idempotent. Cards whose counter
     NVML does not have are named once (``unsupported``) and not read again; with none left the thread ends.
     """
+
+    NAME = "energy-meter"
 
     def __init__(
         self,
@@ -89,20 +91,10 @@ class EnergyMeter(FileThread):
         """UUIDs of the cards without the counter (known after the first read)."""
         return [s.card.uuid for s in self._cards if not s.supported]
 
-    def start(self) -> Self:
-        if self._thread is not None:
-            raise RuntimeError("energy meter already started")
-        try:
-            self._begin()
-            self.read_once()  # NotSupported shows at once; no thread for a machine without the counter
-            if any(s.supported for s in self._cards):
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._run, name="kvcache-energy-meter", daemon=True)
-                self._thread.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def _prepare(self) -> bool:
+        self._begin()
+        self.read_once()  # NotSupported shows at once; no thread for a machine without the counter
+        return any(s.supported for s in self._cards)
 
     def _begin(self) -> None:
         if self._started:

@@ -4,6 +4,7 @@ card to ``gpu.jsonl``; ``Sampler.window()`` aggregates a request's time span (``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Self
+from typing import IO, TYPE_CHECKING, Any
 
 from pytest_kvcache.gpu.nvml import _mib, _watts, throttle_reason_names
 from pytest_kvcache.periodic import FileThread, every
@@ -39,20 +40,9 @@ class GpuSample:
     throttle_reasons: tuple[str, ...] | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "t_unix_s": self.t_unix_s,
-            "card": self.card,
-            "index": self.index,
-            "power_w": self.power_w,
-            "power_limit_w": self.power_limit_w,
-            "sm_clock_mhz": self.sm_clock_mhz,
-            "mem_clock_mhz": self.mem_clock_mhz,
-            "temp_c": self.temp_c,
-            "util_gpu_pct": self.util_gpu_pct,
-            "util_mem_pct": self.util_mem_pct,
-            "memory_used_mib": self.memory_used_mib,
-            "throttle_reasons": None if self.throttle_reasons is None else list(self.throttle_reasons),
-        }
+        data = dataclasses.asdict(self)
+        data["throttle_reasons"] = None if self.throttle_reasons is None else list(self.throttle_reasons)
+        return data
 
 
 def read_sample(nvml: Nvml, card: CardRef, t_unix_s: float) -> GpuSample:
@@ -107,6 +97,8 @@ class Sampler(FileThread):
     the file; it is idempotent. Samples are also kept in memory (about 200 bytes each) for ``window()``.
     """
 
+    NAME = "gpu-sampler"
+
     def __init__(
         self,
         nvml: Nvml,
@@ -131,19 +123,10 @@ class Sampler(FileThread):
         self._thread: threading.Thread | None = None
         self._fh: IO[str] | None = None
 
-    def start(self) -> Self:
-        if self._thread is not None:
-            raise RuntimeError("sampler already started")
-        try:
-            with self._lock:
-                self._open()  # fail here, not in the thread, when the file cannot be written
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="kvcache-gpu-sampler", daemon=True)
-            self._thread.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def _prepare(self) -> bool:
+        with self._lock:
+            self._open()
+        return True
 
     def _open(self) -> None:
         """Open ``path`` for appending (caller holds the lock)."""

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -64,14 +64,7 @@ class BootTime:
     measuring_s: float
 
     def to_dict(self) -> dict[str, Json]:
-        return {
-            "boot": self.boot,
-            "arm": self.arm,
-            "cards": self.cards,
-            "booting_s": self.booting_s,
-            "stopping_s": self.stopping_s,
-            "measuring_s": self.measuring_s,
-        }
+        return cast(dict[str, Json], asdict(self))
 
 
 def boot_times(run: RunData) -> list[BootTime]:
