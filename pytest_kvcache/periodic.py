@@ -6,6 +6,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Self
 
 
@@ -58,9 +59,19 @@ class FileThread(Looping):
     a thread is wanted at all. ``stop`` is idempotent; either is a context manager."""
 
     NAME: str
-    _lock: threading.Lock
-    _stop: threading.Event
-    _fh: IO[str] | None
+
+    def __init__(self, path: Path | None, *, hz: float, clock: Callable[[], float]) -> None:
+        if hz <= 0:
+            raise ValueError(f"{self.NAME}: its rate must be positive, got {hz!r} Hz")
+        self.path = path
+        self.hz = hz
+        self.clock = clock
+        self.errors = 0
+        self.last_error: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fh: IO[str] | None = None
 
     def _prepare(self) -> bool:
         raise NotImplementedError

@@ -139,14 +139,7 @@ def report_dir_of(
     raw, origin = pick(OPTION_BY_NAME["report_dir"], cli, env, ini)
     path = Path(str(raw) if raw is not None else ".kvcache/runs").expanduser()
     path = path if path.is_absolute() else rootdir / path
-    if path.exists() and not path.is_dir():
-        raise SettingsError(f"{origin if raw is not None else '--kv-report-dir'}: {path} is a file, not a folder")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise SettingsError(f"--kv-report-dir: {path} is under {parent}, which is a file")
-            break
-    problem = v.unwritable_folder(path) if writable else None
+    problem = v.not_a_folder(path) or (v.unwritable_folder(path) if writable else None)
     if problem is not None:
         raise SettingsError(f"{origin if raw is not None else '--kv-report-dir'}: {problem}")
     return path

@@ -451,6 +451,16 @@ def joined(raw: Any) -> str:
 gpu_groups = parse_gpu_groups
 
 
+def not_a_folder(path: Path, what: str = "folder") -> str | None:
+    """Why ``path`` cannot be a ``what`` (it is a file, or under one), or None: it is a folder, or can be made."""
+    if path.exists() and not path.is_dir():
+        return f"{path} is a file, not a {what}"
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        return f"{path} is under {parent}, which is a file"
+    return None
+
+
 def unwritable_folder(path: Path) -> str | None:
     """Why ``path`` cannot be a folder to write in (``cannot create …`` / ``cannot write in …``), or None.
 

@@ -24,12 +24,11 @@ Plain Python: no pytest, no server access.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_kvcache.gpu.nvml import ENERGY_FUNC
 from pytest_kvcache.periodic import FileThread, every
@@ -70,20 +69,10 @@ class EnergyMeter(FileThread):
         hz: float = ENERGY_HZ,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if hz <= 0:
-            raise ValueError(f"energy meter rate must be positive, got {hz!r} Hz")
+        super().__init__(path, hz=hz, clock=clock)
         self.nvml = nvml
-        self.hz = hz
-        self.clock = clock
-        self.path = path
-        self.errors = 0
-        self.last_error: str | None = None
         self.lines: list[dict[str, Any]] = []  # without a path: the lines, kept in memory (tests)
         self._cards = [_CardState(card) for card in cards]
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._fh: IO[str] | None = None
         self._started = False
 
     @property

@@ -7,12 +7,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_kvcache.gpu.nvml import _mib, _watts, throttle_reason_names
 from pytest_kvcache.periodic import FileThread, every
@@ -108,20 +107,10 @@ class Sampler(FileThread):
         hz: float = 4.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if hz <= 0:
-            raise ValueError(f"sampler rate must be positive, got {hz!r} Hz")
+        super().__init__(path, hz=hz, clock=clock)
         self.nvml = nvml
         self.cards = list(cards)
-        self.path = path
-        self.hz = hz
-        self.clock = clock
-        self.errors = 0
-        self.last_error: str | None = None
         self._samples: list[GpuSample] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._fh: IO[str] | None = None
 
     def _prepare(self) -> bool:
         with self._lock:

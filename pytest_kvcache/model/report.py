@@ -11,13 +11,18 @@ from pytest_kvcache.model.records import SamplingRecord
 from pytest_kvcache.model.sections import BaselineCheck, CapacitySection, FidelitySection, SpecDecodeSection
 
 
-class SummaryRow(TypedDict, total=False):
+class PointOfArm(TypedDict):
+    """One probe × point × metric × arm: its sample count and mean."""
+
     probe: str
     point: str
     metric: str
     arm: str
     n: int
     mean: float | None
+
+
+class SummaryRow(PointOfArm, total=False):
     median: float | None
     std: float | None
     cv_pct: float | None

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_kvcache import stats
 from pytest_kvcache.jsonio import read_json, write_json
-from pytest_kvcache.model.report import Report
+from pytest_kvcache.model.report import PointOfArm, Report
 from pytest_kvcache.report.frame import by_boot, values
 from pytest_kvcache.report.load import RunFolderError, check_shape, json_file, load
 
 if TYPE_CHECKING:
-    from pytest_kvcache.model.report import Report
+    from pytest_kvcache.model.report import PointOfArm, Report
     from pytest_kvcache.report.load import RunData
 
 #: the keys of a report's summary and delta row that name its point (a history row indexes them)
@@ -50,15 +50,9 @@ class Comparability(TypedDict):
     arms: list[dict[str, Any]]
 
 
-class PointRow(TypedDict):
+class PointRow(PointOfArm):
     """One probe × point × metric × arm of one run."""
 
-    probe: str
-    point: str
-    metric: str
-    arm: str
-    n: int
-    mean: float | None
     ci_low: float | None
     ci_high: float | None
     ci_method: str  # "boots" (3+ boots: over boots) | "within-boot"

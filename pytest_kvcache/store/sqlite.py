@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pytest_kvcache.config.values import not_a_folder
 from pytest_kvcache.store.base import BaselineEntry, Store, StoreError, copy_folder, history_row
 from pytest_kvcache.store.record import RunRow, indexed_columns
 
@@ -38,13 +39,8 @@ REMEDY = (
 
 def check_folder(root: Path) -> None:
     """A store folder must be a folder (or creatable): a file there is a usage error."""
-    if root.exists() and not root.is_dir():
-        raise StoreError(f"{root} is a file, not a store folder")
-    for parent in root.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise StoreError(f"{root} is under {parent}, which is a file")
-            break
+    if problem := not_a_folder(root, "store folder"):
+        raise StoreError(problem)
     if (root / DB_FILE).exists() and not (root / DB_FILE).is_file():
         raise StoreError(f"{root / DB_FILE} is not a file")
 
