@@ -101,27 +101,29 @@ def make_engine(settings: Settings, boot: Boot, arm_dir: Path, registry: EngineR
             die_with_parent=settings.lanes > 1,
         )
     if settings.launcher == "docker":
-        from pytest_kvcache.engines.docker import DockerEngine
+        from pytest_kvcache.engines.docker import ContainerSpec, DockerEngine
 
         image = boot.arm.image or settings.image
         assert image is not None  # settings refuse a docker arm without an image
         spec = engine_kind(settings).container(settings, boot)
-        run_id = arm_dir.parent.parent.name
-        return DockerEngine(
-            boot.boot_id,
-            image=image,
-            engine_args=spec.args,
-            env=spec.env,
-            port=lane_port(settings, boot.lane),
-            log_path=log_path,
-            startup_timeout_s=settings.startup_timeout_s,
-            run_id=run_id,
-            arm=boot.arm.name,
+        container = ContainerSpec(
+            image,
+            spec.args,
+            spec.env,
+            lane_port(settings, boot.lane),
             model_mount=spec.model_mount,
             hf_cache=settings.hf_cache if settings.hf_cache and settings.hf_cache.is_dir() else None,
             compile_cache=spec.compile_cache,
             gpus=settings.lane_cards(boot.lane) or settings.gpus,
             shm_size=settings.shm_size,
+        )
+        return DockerEngine(
+            boot.boot_id,
+            container,
+            log_path=log_path,
+            startup_timeout_s=settings.startup_timeout_s,
+            run_id=arm_dir.parent.parent.name,
+            arm=boot.arm.name,
             pull=settings.pull,
         )
     raise EngineError(f"{boot.boot_id}: unknown launcher {settings.launcher!r}")

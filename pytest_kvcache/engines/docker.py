@@ -15,6 +15,7 @@ import re
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -129,45 +130,48 @@ def owner_labels() -> dict[str, str]:
     }
 
 
-def container_spec(
-    *,
-    image: str,
-    engine_args: Sequence[str],
-    env: Mapping[str, str],
-    port: int,
-    name: str,
-    labels: Mapping[str, str],
-    model_mount: tuple[str | Path, str] | None = None,
-    hf_cache: Path | None = None,
-    compile_cache: tuple[Path, str] | None = None,
-    gpus: str | None = None,
-    shm_size: str | None = None,
-    mounts: Sequence[Mount] = (),
-) -> dict[str, Any]:
-    """The keyword arguments of ``client.containers.create()`` for one engine container."""
-    volumes = [f"{host}:{target}:{mode}" for host, target, mode in mounts]
-    if model_mount is not None:
-        volumes.append(f"{Path(model_mount[0]).expanduser()}:{model_mount[1]}:ro")
-    if hf_cache is not None:
-        volumes.append(f"{Path(hf_cache).expanduser()}:{HF_CACHE_IN_CONTAINER}:rw")
-    if compile_cache is not None:
-        volumes.append(f"{compile_cache[0]}:{compile_cache[1]}:rw")
-    spec: dict[str, Any] = {
-        "image": image,
-        "command": [*engine_args, "--host", "0.0.0.0", "--port", str(port)],
-        "name": name,
-        "labels": dict(labels),
-        "environment": dict(env),
-        "ports": {f"{port}/tcp": (HOST, port)},
-        "volumes": volumes,
-        "device_requests": device_requests(gpus),
-        "detach": True,
-    }
-    if shm_size is None:
-        spec["ipc_mode"] = "host"
-    else:
-        spec["shm_size"] = shm_size
-    return spec
+@dataclass(frozen=True)
+class ContainerSpec:
+    """What one engine container runs: its image, the engine's arguments and environment, its port, mounts and
+    GPUs. :meth:`create_kwargs` gives the keyword arguments of ``client.containers.create()``."""
+
+    image: str
+    engine_args: Sequence[str]
+    env: Mapping[str, str]
+    port: int
+    model_mount: tuple[str | Path, str] | None = None
+    hf_cache: Path | None = None
+    compile_cache: tuple[Path, str] | None = None
+    gpus: str | None = None
+    shm_size: str | None = None
+    mounts: Sequence[Mount] = ()
+
+    def create_kwargs(self, name: str, labels: Mapping[str, str], image_mounts: Sequence[Mount] = ()) -> dict[str, Any]:
+        """For the container ``name`` with ``labels``; ``image_mounts``: what its image's label asks for."""
+        volumes = [f"{host}:{target}:{mode}" for host, target, mode in [*image_mounts, *self.mounts]]
+        if self.model_mount is not None:
+            volumes.append(f"{Path(self.model_mount[0]).expanduser()}:{self.model_mount[1]}:ro")
+        if self.hf_cache is not None:
+            volumes.append(f"{Path(self.hf_cache).expanduser()}:{HF_CACHE_IN_CONTAINER}:rw")
+        if self.compile_cache is not None:
+            volumes.append(f"{self.compile_cache[0]}:{self.compile_cache[1]}:rw")
+        port = self.port
+        spec: dict[str, Any] = {
+            "image": self.image,
+            "command": [*self.engine_args, "--host", "0.0.0.0", "--port", str(port)],
+            "name": name,
+            "labels": dict(labels),
+            "environment": dict(self.env),
+            "ports": {f"{port}/tcp": (HOST, port)},
+            "volumes": volumes,
+            "device_requests": device_requests(self.gpus),
+            "detach": True,
+        }
+        if self.shm_size is None:
+            spec["ipc_mode"] = "host"
+        else:
+            spec["shm_size"] = self.shm_size
+        return spec
 
 
 def _owner_alive(pid_label: str | None, ticks_label: str | None) -> bool:
@@ -230,42 +234,26 @@ class DockerEngine:
     def __init__(
         self,
         boot_id: str,
+        container: ContainerSpec,
         *,
-        image: str,
-        engine_args: Sequence[str],
-        env: Mapping[str, str],
-        port: int,
         log_path: Path,
         startup_timeout_s: float,
         run_id: str,
         arm: str,
-        model_mount: tuple[str | Path, str] | None = None,
-        hf_cache: Path | None = None,
-        compile_cache: tuple[Path, str] | None = None,
-        gpus: str | None = None,
-        shm_size: str | None = None,
         pull: bool = False,
         client: docker.DockerClient | None = None,
-        mounts: Sequence[Mount] = (),
         on_spawn: Callable[[DockerEngine], None] | None = None,
         on_stop: Callable[[DockerEngine], None] | None = None,
     ) -> None:
         self.boot_id = boot_id
-        self.image = image
-        self.engine_args = list(engine_args)
-        self.env = dict(env)
-        self.port = port
+        self.container = container
+        self.image = container.image
+        self.port = container.port
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.run_id = run_id
         self.arm = arm
-        self.model_mount = model_mount
-        self.hf_cache = hf_cache
-        self.compile_cache = compile_cache
-        self.gpus = gpus
-        self.shm_size = shm_size
         self.pull = pull
-        self.mounts = list(mounts)
         self.name = container_name(run_id, boot_id)
         self.labels = {LABEL_SESSION: run_id, LABEL_ARM: arm, LABEL_BOOT: boot_id, **owner_labels()}
         self.ready_s: float | None = None
@@ -308,20 +296,7 @@ class DockerEngine:
         image = self._resolve_image()
         self._image_attrs = dict(image.attrs)
         image_labels = (self._image_attrs.get("Config") or {}).get("Labels") or {}
-        self.spec = container_spec(
-            image=self.image,
-            engine_args=self.engine_args,
-            env=self.env,
-            port=self.port,
-            name=self.name,
-            labels=self.labels,
-            model_mount=self.model_mount,
-            hf_cache=self.hf_cache,
-            compile_cache=self.compile_cache,
-            gpus=self.gpus,
-            shm_size=self.shm_size,
-            mounts=[*image_mounts(image_labels), *self.mounts],
-        )
+        self.spec = self.container.create_kwargs(self.name, self.labels, image_mounts(image_labels))
         entrypoint = (self._image_attrs.get("Config") or {}).get("Entrypoint") or []
         self._write_log(
             f"# pytest-kvcache: docker container {self.name} of {self.image}: "
@@ -481,8 +456,8 @@ class DockerEngine:
             "container_name": self.name,
             "config": {
                 "entrypoint": config.get("Entrypoint"),
-                "command": redact_argv(spec.get("command") or [*self.engine_args]),
-                "env": redact_env(self.env),
+                "command": redact_argv(spec.get("command") or [*self.container.engine_args]),
+                "env": redact_env(self.container.env),
                 "labels": dict(self.labels),
                 "ports": {k: list(v) for k, v in (spec.get("ports") or {}).items()},
                 "device_requests": [dict(r) for r in spec.get("device_requests") or []],

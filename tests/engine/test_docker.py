@@ -28,9 +28,9 @@ from pytest_kvcache.engines.docker import (
     LABEL_OWNER_SCOPE,
     LABEL_OWNER_TICKS,
     LABEL_SESSION,
+    ContainerSpec,
     DockerEngine,
     container_name,
-    container_spec,
     device_requests,
     image_mounts,
     owner_scope,
@@ -71,21 +71,20 @@ def session_containers(client: Any, run_id: str) -> list[Any]:
 
 
 def engine(image: str, run_id: str, tmp_path: Path, args: list[str], **kwargs: Any) -> DockerEngine:
+    container = ContainerSpec(
+        image,
+        args,
+        kwargs.pop("env", EMBEDDED_ENV),
+        free_port(),
+        model_mount=(embedded_model_path(), MODEL_IN_CONTAINER),
+    )
     return DockerEngine(
         kwargs.pop("boot_id", "float16-1"),
-        image=image,
-        engine_args=args,
-        env=kwargs.pop("env", EMBEDDED_ENV),
-        port=free_port(),
+        container,
         log_path=tmp_path / "engine.log",
         startup_timeout_s=kwargs.pop("startup_timeout_s", 300),
         run_id=run_id,
         arm=kwargs.pop("arm", "float16"),
-        model_mount=(embedded_model_path(), MODEL_IN_CONTAINER),
-        hf_cache=None,
-        gpus=None,
-        shm_size=None,
-        pull=False,
         **kwargs,
     )
 
@@ -260,17 +259,15 @@ def test_reap_removes_containers_of_dead_owners_only(cpu_image: str, docker_clie
 def test_container_spec_gpu_requests_and_mounts(tmp_path: Path) -> None:
     """The create() arguments for a GPU box. Real GPU device requests cannot run on these machines (no GPU,
     no NVIDIA container runtime), so this checks the request Docker would receive, not a GPU container."""
-    spec = container_spec(
+    spec = ContainerSpec(
         image="vllm/vllm-openai:v0.25.1",
         engine_args=["--model", "Org/Model", "--tensor-parallel-size", "4", "--kv-cache-dtype", "fp8"],
         env={"VLLM_USE_V1": "1"},
         port=8123,
-        name=container_name("20260101-120000-ab", "fp8/1"),
-        labels={LABEL_SESSION: "20260101-120000-ab"},
         hf_cache=tmp_path / "hf",
         gpus="all",
         shm_size=None,
-    )
+    ).create_kwargs(container_name("20260101-120000-ab", "fp8/1"), {LABEL_SESSION: "20260101-120000-ab"})
     (request,) = spec["device_requests"]
     assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]] and not request["DeviceIDs"]
     assert spec["command"] == [
@@ -290,17 +287,15 @@ def test_container_spec_gpu_requests_and_mounts(tmp_path: Path) -> None:
     assert spec["volumes"] == [f"{tmp_path / 'hf'}:{HF_CACHE_IN_CONTAINER}:rw"]
     assert spec["name"] == "kvcache-20260101-120000-ab-fp8-1"
 
-    spec = container_spec(
+    spec = ContainerSpec(
         image="img",
         engine_args=["--model", "/models/m"],
         env={},
         port=1,
-        name="n",
-        labels={},
         model_mount=("/data/m", "/models/m"),
         gpus="0,1,2,3",
         shm_size="16g",
-    )
+    ).create_kwargs("n", {})
     (request,) = spec["device_requests"]
     assert request["DeviceIDs"] == ["0", "1", "2", "3"] and request["Capabilities"] == [["gpu"]]
     assert request["Count"] in (None, 0)

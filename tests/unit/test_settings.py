@@ -193,7 +193,7 @@ def test_dtype_list_matches_installed_vllm() -> None:
 
 
 def test_compile_cache_option_reaches_the_engine(tmp_path: Path) -> None:
-    from pytest_kvcache.engines.docker import container_spec
+    from pytest_kvcache.engines.docker import ContainerSpec
     from pytest_kvcache.engines.kinds.vllm import build_engine_args, compile_cache_mount
 
     assert settings(tmp_path, {"arms": "auto"}).compile_cache == "auto"
@@ -206,7 +206,7 @@ def test_compile_cache_option_reaches_the_engine(tmp_path: Path) -> None:
     assert build_engine_args(folder, folder.arms[0], "m")[1]["VLLM_CACHE_ROOT"] == str(tmp_path / "cc")
     mount = compile_cache_mount(folder)
     assert mount == (tmp_path / "cc", "/root/.cache/vllm") and (tmp_path / "cc").is_dir()
-    spec = container_spec(image="i", engine_args=[], env={}, port=1, name="n", labels={}, compile_cache=mount)
+    spec = ContainerSpec("i", [], {}, 1, compile_cache=mount).create_kwargs("n", {})
     assert f"{tmp_path / 'cc'}:/root/.cache/vllm:rw" in spec["volumes"]
     docker = settings(
         tmp_path, {"arms": "auto", "compile_cache": str(tmp_path / "cc"), "launcher": "docker", "image": "i"}

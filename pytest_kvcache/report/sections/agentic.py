@@ -78,7 +78,6 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"agentic": agentic_section(ctx.data, ctx.arms)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(
     json=(150, section),
     markdown=(150, md_probes.render_agentic),

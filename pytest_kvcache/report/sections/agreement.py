@@ -63,5 +63,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"agreement": agreement_report(run, ctx.arms)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(80, section), markdown=(130, md_probes.render_agreement), html=(70, htmlpage.agreement_tables))

@@ -30,7 +30,6 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"arms": ctx.entries}
 
 
-#: its place in report.json and each output
 PARTS = (
     ReportPart("arms", json=(20, section), markdown=(20, md_setup.render_arms), folded=(0, htmlpage.arms_folded)),
     # the arms' GPU state (``gpu.gpu_summary``), shown apart

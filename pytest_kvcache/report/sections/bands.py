@@ -15,5 +15,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"bands": {**found, **({"unlike": ctx.unlike} if ctx.unlike else {})}}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(230, section))

@@ -14,5 +14,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"blocks": ctx.blocks} if ctx.blocks else {}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(260, section), markdown=(60, md_setup.render_blocks), folded=(40, htmlpage.blocks_folded))

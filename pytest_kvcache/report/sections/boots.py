@@ -53,7 +53,6 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"boots": ctx.boots, "boot_results": boot_results(ctx.data, ctx.boots, ctx.specs)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(
     json=(30, section),
     markdown=(50, md_setup.render_boots),

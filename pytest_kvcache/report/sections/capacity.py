@@ -20,7 +20,6 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"capacity": capacity_section.section(data, ctx.arms, ctx.deltas, run.evidence, ctx.settings, ctx.seed)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(
     json=(250, section),
     markdown=(120, capacity_render.lines),

@@ -97,5 +97,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"ci": ci_statement(ctx.boots, ctx.arms, run.settings.get("launcher"), ctx.blocks, adaptive)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(60, section))

@@ -101,5 +101,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"self_check": self_check_report(run), "client_load": client_load_report(run.records)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(100, section))

@@ -20,7 +20,6 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     }
 
 
-#: its place in report.json and each output
 PARTS = (
     ReportPart(
         "comparison",

@@ -42,5 +42,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"compile_cache": compile_cache_lines(ctx.boots)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(50, section))

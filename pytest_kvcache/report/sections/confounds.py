@@ -24,5 +24,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"confounds": confound_report(run, ctx.boots, ctx.allow)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(70, section), markdown=(70, md_setup.render_confounds), folded=(50, htmlpage.confounds_folded))

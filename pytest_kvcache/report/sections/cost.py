@@ -15,5 +15,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"cost": cost.section(run, ctx.boots)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(10, section), terminal=(130, terminal.cost_terminal))

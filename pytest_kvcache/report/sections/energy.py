@@ -15,5 +15,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"energy": energy.section(ctx.data, run.energy, ctx.arms, ctx.specs)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(190, section), markdown=(110, md_probes.energy_lines), html=(30, htmlpage.energy_tables))

@@ -15,7 +15,6 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"failures": failures.section(run.records, ctx.arms, ctx.specs)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(
     json=(240, section),
     markdown=(210, md_verdict.failure_lines),

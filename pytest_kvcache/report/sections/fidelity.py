@@ -18,5 +18,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return found if check is None else {**found, "baseline_check": check}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(170, section), markdown=(90, md_probes.fidelity_lines), html=(10, htmlpage.fidelity_tables))

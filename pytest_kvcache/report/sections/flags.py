@@ -22,5 +22,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"flags": flag_summary(run.records)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(220, section), terminal=(70, terminal.flags_terminal))

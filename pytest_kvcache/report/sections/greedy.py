@@ -15,5 +15,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"greedy": greedy.section(run.agreement, ctx.arms)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(200, section), markdown=(140, md_probes.render_greedy))

@@ -21,7 +21,6 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     }
 
 
-#: its place in report.json and each output
 PARTS = (
     ReportPart("head", json=(0, section), markdown=(0, md_setup.render_head)),
     ReportPart("first screen", markdown=(10, md_setup.render_first_screen)),

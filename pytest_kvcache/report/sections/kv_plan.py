@@ -18,7 +18,6 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"kv_plan": found} if found else {}
 
 
-#: its place in report.json and each output
 PART = ReportPart(
     json=(40, section),
     markdown=(30, kv_plan_render.markdown),

@@ -15,5 +15,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"left_out": left_out.section(run.path, ctx.settings, run.records)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(210, section), markdown=(170, md_probes.render_left_out))

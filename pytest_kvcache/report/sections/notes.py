@@ -45,7 +45,6 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"notes": notes}
 
 
-#: its place in report.json and each output
 PART = ReportPart(
     json=(130, section),
     markdown=(240, md_verdict.render_notes),

@@ -16,5 +16,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"seed": ctx.seed, "probes": [specs[p].to_dict() for p in sorted(specs, key=lambda n: (specs[n].order, n))]}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(140, section), markdown=(80, md_probes.render_probe_tables), html=(0, htmlpage.probe_tables))

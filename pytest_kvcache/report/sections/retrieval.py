@@ -16,7 +16,6 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {} if found is None else {"retrieval": found}
 
 
-#: its place in report.json and each output
 PART = ReportPart(
     json=(180, section),
     markdown=(100, retrieval_render.markdown_lines),

@@ -14,5 +14,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"sampling": run.sampling}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(90, section), markdown=(230, md_verdict.render_sampling), folded=(60, htmlpage.sampling_folded))

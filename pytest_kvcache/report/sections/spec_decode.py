@@ -130,7 +130,6 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"spec_decode": spec_decode_section(run.records, ctx.arms, ctx.specs, config, ctx.seed)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(
     json=(160, section),
     markdown=(160, md_probes.spec_decode_lines),

@@ -21,5 +21,4 @@ def section(run: RunData, ctx: BuildContext) -> dict[str, Any]:
     return {"verdicts": report_verdicts(cast(Report, read), ctx.specs)}
 
 
-#: its place in report.json and each output
 PART = ReportPart(json=(120, section), markdown=(200, md_verdict.render_verdicts))
