@@ -6,8 +6,6 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import IO, Self
 
 
 def every(
@@ -50,60 +48,3 @@ class Looping:
     def _failed(self, exc: Exception) -> None:
         self.errors += 1
         self.last_error = f"{type(exc).__name__}: {exc}"
-
-
-class FileThread(Looping):
-    """What the GPU sampler and the energy meter share besides: a thread (``kvcache-NAME``) stopped by ``_stop``
-    that appends to a file of its own (``_fh``, guarded by ``_lock``). ``start`` runs the subclass's ``_prepare``
-    first, in the caller's thread, so what cannot work fails there (the file cannot be written); it says whether
-    a thread is wanted at all. ``stop`` is idempotent; either is a context manager."""
-
-    NAME: str
-
-    def __init__(self, path: Path | None, *, hz: float, clock: Callable[[], float]) -> None:
-        if hz <= 0:
-            raise ValueError(f"{self.NAME}: its rate must be positive, got {hz!r} Hz")
-        self.path = path
-        self.hz = hz
-        self.clock = clock
-        self.errors = 0
-        self.last_error: str | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._fh: IO[str] | None = None
-
-    def _prepare(self) -> bool:
-        raise NotImplementedError
-
-    def _run(self) -> None:
-        raise NotImplementedError
-
-    def start(self) -> Self:
-        if self._thread is not None:
-            raise RuntimeError(f"{self.NAME} already started")
-        try:
-            if self._prepare():
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._run, name=f"kvcache-{self.NAME}", daemon=True)
-                self._thread.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
-        with self._lock:
-            if self._fh is not None:
-                self._fh.close()
-                self._fh = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -24,18 +24,15 @@ Plain Python: no pytest, no server access.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvcache.gpu.nvml import ENERGY_FUNC
-from pytest_kvcache.periodic import FileThread, every
+from pytest_kvcache.gpu.sampler import CardThread
+from pytest_kvcache.periodic import every
 
 if TYPE_CHECKING:
     from pytest_kvcache.gpu.cards import CardRef
-    from pytest_kvcache.gpu.nvml import Nvml
 
 #: How often the meter reads each card's counter. 50 Hz dates an H200's ~100 ms steps to ±10 ms; its cost on
 #: the measuring client is measured by ``benchmarks/energy_meter.py`` (docs/gpu.md).
@@ -50,7 +47,7 @@ class _CardState:
     supported: bool = True
 
 
-class EnergyMeter(FileThread):
+class EnergyMeter(CardThread):
     """Reads every card's total-energy counter ``hz`` times a second; writes each step to ``path``.
 
     ``read_once()`` is one pass over the cards (the thread calls it; usable without ``start()``, with a fake
@@ -59,20 +56,11 @@ class EnergyMeter(FileThread):
     """
 
     NAME = "energy-meter"
+    HZ = ENERGY_HZ
 
-    def __init__(
-        self,
-        nvml: Nvml,
-        cards: Sequence[CardRef],
-        path: Path | None = None,
-        *,
-        hz: float = ENERGY_HZ,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        super().__init__(path, hz=hz, clock=clock)
-        self.nvml = nvml
+    def _setup(self) -> None:
         self.lines: list[dict[str, Any]] = []  # without a path: the lines, kept in memory (tests)
-        self._cards = [_CardState(card) for card in cards]
+        self._cards = [_CardState(card) for card in self.cards]
         self._started = False
 
     @property

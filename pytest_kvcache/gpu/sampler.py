@@ -7,14 +7,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Self
 
 from pytest_kvcache.gpu.nvml import _mib, _watts, throttle_reason_names
-from pytest_kvcache.periodic import FileThread, every
+from pytest_kvcache.periodic import Looping, every
 
 if TYPE_CHECKING:
     from pytest_kvcache.gpu.cards import CardRef
@@ -87,7 +88,81 @@ def aggregate(samples: Sequence[GpuSample]) -> dict[str, Any]:
     }
 
 
-class Sampler(FileThread):
+class CardThread(Looping):
+    """What the GPU sampler and the energy meter share: ``nvml`` read for ``cards`` ``hz`` times a second (``HZ``
+    unless given) on a thread (``kvcache-NAME``) stopped by ``_stop``, appending to a file of its own (``path``;
+    ``_fh``, guarded by ``_lock``); ``_setup`` adds what a subclass holds besides. ``start`` runs the subclass's
+    ``_prepare`` first, in the caller's thread, so what cannot work fails there (the file cannot be written); it
+    says whether a thread is wanted at all. ``stop`` is idempotent; either is a context manager."""
+
+    NAME: str
+    HZ: float
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        cards: Sequence[CardRef],
+        path: Path | None = None,
+        *,
+        hz: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        hz = self.HZ if hz is None else hz
+        if hz <= 0:
+            raise ValueError(f"{self.NAME}: its rate must be positive, got {hz!r} Hz")
+        self.nvml = nvml
+        self.cards = list(cards)
+        self.path = path
+        self.hz = hz
+        self.clock = clock
+        self.errors = 0
+        self.last_error: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fh: IO[str] | None = None
+        self._setup()
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    def _prepare(self) -> bool:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        if self._thread is not None:
+            raise RuntimeError(f"{self.NAME} already started")
+        try:
+            if self._prepare():
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._run, name=f"kvcache-{self.NAME}", daemon=True)
+                self._thread.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Sampler(CardThread):
     """A background thread reading every card ``hz`` times a second into memory and ``path``.
 
     Each reading is one JSON line (``GpuSample.to_dict()``), appended and flushed as it is taken.
@@ -97,19 +172,9 @@ class Sampler(FileThread):
     """
 
     NAME = "gpu-sampler"
+    HZ = 4.0
 
-    def __init__(
-        self,
-        nvml: Nvml,
-        cards: Sequence[CardRef],
-        path: Path | None = None,
-        *,
-        hz: float = 4.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        super().__init__(path, hz=hz, clock=clock)
-        self.nvml = nvml
-        self.cards = list(cards)
+    def _setup(self) -> None:
         self._samples: list[GpuSample] = []
 
     def _prepare(self) -> bool:
