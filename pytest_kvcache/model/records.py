@@ -36,15 +36,21 @@ class SampleData(TypedDict, total=False):
     tool_calls: list[dict[str, str]]
 
 
-class Record(TypedDict, total=False):
-    """One line of ``requests.jsonl`` (docs/records.md). The first block is always there; the rest is the
-    probe's context (``depth``, ``turn``, ``engine`` counter deltas, ``gpu`` window, ``cold_proof`` …)."""
+class OfBoot(TypedDict, total=False):
+    """Where a line of a run's records comes from: the run, the arm, the boot and its replicate, the test."""
 
-    schema_version: int
     run_id: str
     arm: str
     boot: str
     replicate: int
+    test: str
+
+
+class Record(OfBoot, total=False):
+    """One line of ``requests.jsonl`` (docs/records.md). The first block is always there; the rest is the
+    probe's context (``depth``, ``turn``, ``engine`` counter deltas, ``gpu`` window, ``cold_proof`` …)."""
+
+    schema_version: int
     probe: str | None
     shape: str | None
     depth: int | None
@@ -60,7 +66,6 @@ class Record(TypedDict, total=False):
     error: str | None
     metrics: dict[str, float | None]
     sample: SampleData
-    test: str
     engine: dict[str, Json] | None
     gpu: dict[str, Json] | None
     host_cpu: dict[str, Json] | None
@@ -107,14 +112,9 @@ class FidelityWindowData(TypedDict):
     top_logprobs: list[list[float]]
 
 
-class FidelityRecord(TypedDict, total=False):
+class FidelityRecord(OfBoot, total=False):
     """One line of ``fidelity.jsonl``: one text scored teacher-forced on one boot (prompt logprobs)."""
 
-    run_id: str
-    arm: str
-    boot: str
-    replicate: int
-    test: str
     text: str
     text_sha256: str
     ids_sha256: str
@@ -141,15 +141,10 @@ class FidelityRecord(TypedDict, total=False):
     greedy_error: str
 
 
-class RetrievalRecord(TypedDict, total=False):
+class RetrievalRecord(OfBoot, total=False):
     """One line of ``retrieval.jsonl``: one needle asked on one boot (``probes.retrieval``). The same needles
     (from the run seed) go to every arm, so ``cell`` + ``needle`` pair a request across arms."""
 
-    run_id: str
-    arm: str
-    boot: str
-    replicate: int
-    test: str
     #: the cell: exact prompt tokens, the needle's position as a share of the context (0.1 = 10%), the form
     #: (``recall``: a completion ending with the needle's lead-in; ``question``: a chat question) and how many
     #: needles the haystack holds (1: single; K > 1: multi-key, one asked)
