@@ -524,8 +524,6 @@ class Run:
             elif method == "boot_failed":
                 listener.boot_failed(boot, str(arguments.get("headline")))
 
-    # ------------------------------------------------------------------ adaptive rounds (run.rounds)
-
     # ------------------------------------------------------------------ fidelity
 
     def _stamp(self, boot: Boot) -> dict[str, Json]:
