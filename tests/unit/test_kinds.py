@@ -134,9 +134,10 @@ def test_an_sglang_kind_is_one_module_docker_included(tmp_path: Path) -> None:
         boot = BootPlan.of(boxed).boots[1]
         engine = make_engine(boxed, boot, tmp_path / "runs" / "r1" / "fp8", EngineRegistry(tmp_path / "reg"))
         assert isinstance(engine, DockerEngine) and engine.image == "lmsysorg/sglang:1"
-        assert engine.engine_args == ["--model-path", "/model", "--kv-cache-dtype", "fp8_e4m3", "--enable-metrics"]
-        assert engine.model_mount == (str(model), "/model") and engine.compile_cache is None
-        assert not any(k.startswith("VLLM_") for k in engine.env)
+        container = engine.container
+        assert container.engine_args == ["--model-path", "/model", "--kv-cache-dtype", "fp8_e4m3", "--enable-metrics"]
+        assert container.model_mount == (str(model), "/model") and container.compile_cache is None
+        assert not any(k.startswith("VLLM_") for k in container.env)
 
         log = "server_args=ServerArgs(kv_cache_dtype='fp8_e4m3', …)\nKV Cache is allocated. #tokens: 411230, K size…"
         assert kinds.get_kind("sglang").parse_log(log) == {"kv_cache_size_tokens": 411230, "kv_cache_dtype": "fp8_e4m3"}

@@ -92,7 +92,7 @@ def test_each_lane_sees_only_its_group(tmp_path: Path) -> None:
     engine: Any = make_engine(st, second, tmp_path / "arm", EngineRegistry(tmp_path))
     assert engine.env["CUDA_VISIBLE_DEVICES"] == "2,3"
     docker = replace(st, launcher="docker", image="img")
-    assert make_engine(docker, second, tmp_path / "arm", EngineRegistry(tmp_path)).gpus == "2,3"  # type: ignore[attr-defined]
+    assert make_engine(docker, second, tmp_path / "arm", EngineRegistry(tmp_path)).container.gpus == "2,3"  # type: ignore[attr-defined]
     nvml = FakeNvml([FakeCard(uuid=f"GPU-{i}") for i in range(4)])
     state = GpuState(GpuOptions())
     state.open(tmp_path, nvml=nvml, devices=[visible_devices(st, a, lane) for a in st.arms for lane in (0, 1)])
