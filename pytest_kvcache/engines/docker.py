@@ -144,11 +144,10 @@ class ContainerSpec:
     compile_cache: tuple[Path, str] | None = None
     gpus: str | None = None
     shm_size: str | None = None
-    mounts: Sequence[Mount] = ()
 
     def create_kwargs(self, name: str, labels: Mapping[str, str], image_mounts: Sequence[Mount] = ()) -> dict[str, Any]:
         """For the container ``name`` with ``labels``; ``image_mounts``: what its image's label asks for."""
-        volumes = [f"{host}:{target}:{mode}" for host, target, mode in [*image_mounts, *self.mounts]]
+        volumes = [f"{host}:{target}:{mode}" for host, target, mode in image_mounts]
         if self.model_mount is not None:
             volumes.append(f"{Path(self.model_mount[0]).expanduser()}:{self.model_mount[1]}:ro")
         if self.hf_cache is not None:
