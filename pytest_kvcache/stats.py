@@ -302,55 +302,33 @@ def mean_ci_clusters(
     return mean, mean - half, mean + half
 
 
-def widen_ratio(
-    ratio: float,
+def widen(
+    centre: float,
     lo: float,
     hi: float,
     boot_sd: float,
-    boots_base: int,
-    boots_arm: int,
+    boots: Sequence[int],
     confidence: float = CONFIDENCE,
     df: float = math.inf,
 ) -> tuple[float, float]:
-    """A within-boot CI of a ratio widened by boot-to-boot variation it cannot see.
+    """A within-boot CI ``[lo, hi]`` of a ratio (``boots``: base's, arm's) or of one arm's mean (``boots``: its
+    own) widened by the boot-to-boot variation it cannot see.
 
     ``boot_sd`` is the standard deviation of the log of one boot's mean around its arm's level (a default band
     per metric family, ``report.bands``). The within-boot CI's half-width on the log scale gives its standard
-    error; the boot component of the log ratio's variance is ``boot_sd² · (1/boots_base + 1/boots_arm)``; the
-    two add, and the interval is the normal one around the ratio (Student's t on ``df`` degrees of freedom where
-    ``boot_sd`` was estimated from a few boots): it shrinks as boots are added."""
-    z = t_quantile(df, confidence)
-    boot_var = boot_sd**2 * (1 / max(boots_base, 1) + 1 / max(boots_arm, 1))
-    if ratio <= 0 or lo <= 0 or hi <= 0:  # no log scale (a ratio of differences): the same sum, linearly
-        total = math.sqrt(((hi - lo) / (2 * t_quantile(math.inf, confidence))) ** 2 + abs(ratio) ** 2 * boot_var)
-        return ratio - z * total, ratio + z * total
-    se_within = (math.log(hi) - math.log(lo)) / (2 * t_quantile(math.inf, confidence))
-    total = math.sqrt(se_within**2 + boot_var)
-    centre = math.log(ratio)
-    return math.exp(centre - z * total), math.exp(centre + z * total)
-
-
-def widen_mean(
-    mean: float,
-    lo: float,
-    hi: float,
-    boot_sd: float,
-    boots: int,
-    confidence: float = CONFIDENCE,
-    df: float = math.inf,
-) -> tuple[float, float]:
-    """A within-boot CI of one arm's mean widened by boot-to-boot variation (:func:`widen_ratio` for a mean):
-    on the log scale for a positive mean, so a time or a rate never reaches 0, with a boot component of
-    ``boot_sd² / boots``; linearly otherwise (``(mean · boot_sd)² / boots``); Student's t on ``df``."""
+    error; the boot component of the log's variance is ``boot_sd² · Σ 1/boots``; the two add, and the interval
+    is the normal one around ``centre`` (Student's t on ``df`` degrees of freedom where ``boot_sd`` was estimated
+    from a few boots): it shrinks as boots are added. A centre or bound that is not positive (a ratio of
+    differences, a mean that can be negative) has no log scale: the same sum, linearly. On the log scale a
+    positive time or rate never reaches 0."""
     z = t_quantile(df, confidence)
     normal = t_quantile(math.inf, confidence)
-    if mean > 0 and lo > 0 and hi > 0:
-        se_within = (math.log(hi) - math.log(lo)) / (2 * normal)
-        total = math.sqrt(se_within**2 + boot_sd**2 / max(boots, 1))
-        return mean * math.exp(-z * total), mean * math.exp(z * total)
-    se_within = (hi - lo) / (2 * normal)
-    total = math.sqrt(se_within**2 + (abs(mean) * boot_sd) ** 2 / max(boots, 1))
-    return mean - z * total, mean + z * total
+    boot_var = boot_sd**2 * sum(1 / max(b, 1) for b in boots)
+    if centre <= 0 or lo <= 0 or hi <= 0:
+        total = math.sqrt(((hi - lo) / (2 * normal)) ** 2 + abs(centre) ** 2 * boot_var)
+        return centre - z * total, centre + z * total
+    total = math.sqrt(((math.log(hi) - math.log(lo)) / (2 * normal)) ** 2 + boot_var)
+    return math.exp(math.log(centre) - z * total), math.exp(math.log(centre) + z * total)
 
 
 def verdict(metric: str, lo: float | None, hi: float | None) -> Verdict:

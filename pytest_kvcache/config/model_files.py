@@ -58,10 +58,6 @@ def _template(value: Any) -> bool:  # one template, or named ones ([{"name": …
     return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, dict) for v in value))
 
 
-def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: value is None or check(value)
-
-
 Check = tuple[Callable[[Any], bool], str]
 POSITIVE: Check = (_positive, "a positive whole number")
 WHOLE: Check = (_whole, "a whole number")
@@ -69,6 +65,15 @@ NUMBER: Check = (_number, "a number")
 TEXT: Check = (lambda v: isinstance(v, str), "a string")
 FLAG: Check = (lambda v: isinstance(v, bool), "true or false")
 OBJECT: Check = (lambda v: isinstance(v, dict), "an object")
+TOKEN_IDS: Check = (_token_ids, "a token id, a list of them")
+TOKEN: Check = (_token, "a token (a string or an object)")
+
+
+def or_null(check: Check) -> Check:
+    """``check``, or JSON's null."""
+    test, what = check
+    return (lambda value: value is None or test(value)), f"{what} or null"
+
 
 #: The fields read from each file (by the plugin: the context, the KV arithmetic, the GGUF writer; or by the
 #: engine it starts: the generation defaults), and what each must be. ``text_config`` (a multimodal model's
@@ -92,50 +97,50 @@ FIELDS: Mapping[str, Mapping[str, Check]] = {
         "dtype": TEXT,
         "rope_theta": NUMBER,
         "rms_norm_eps": NUMBER,
-        "bos_token_id": (_optional(_token_ids), "a token id, a list of them or null"),
-        "eos_token_id": (_optional(_token_ids), "a token id, a list of them or null"),
-        "kv_lora_rank": (_optional(_whole), "a whole number or null"),
-        "q_lora_rank": (_optional(_whole), "a whole number or null"),
-        "qk_rope_head_dim": (_optional(_whole), "a whole number or null"),
-        "qk_nope_head_dim": (_optional(_whole), "a whole number or null"),
-        "v_head_dim": (_optional(_whole), "a whole number or null"),
-        "moe_intermediate_size": (_optional(_whole), "a whole number or null"),
-        "shared_expert_intermediate_size": (_optional(_whole), "a whole number or null"),
+        "bos_token_id": or_null(TOKEN_IDS),
+        "eos_token_id": or_null(TOKEN_IDS),
+        "kv_lora_rank": or_null(WHOLE),
+        "q_lora_rank": or_null(WHOLE),
+        "qk_rope_head_dim": or_null(WHOLE),
+        "qk_nope_head_dim": or_null(WHOLE),
+        "v_head_dim": or_null(WHOLE),
+        "moe_intermediate_size": or_null(WHOLE),
+        "shared_expert_intermediate_size": or_null(WHOLE),
         "tie_word_embeddings": FLAG,
-        "use_mla": (_optional(lambda v: isinstance(v, bool)), "true, false or null"),
+        "use_mla": or_null(FLAG),
         "text_config": OBJECT,
         # the KV layout, layer by layer (config.kv_layout): which layers keep a window, a chunk, or a state
         "layer_types": (lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v), "a list of strings"),
-        "sliding_window": (_optional(_whole), "a whole number or null"),
+        "sliding_window": or_null(WHOLE),
         "sliding_window_pattern": POSITIVE,
         "use_sliding_window": FLAG,
         "max_window_layers": WHOLE,
-        "attention_chunk_size": (_optional(_positive), "a positive whole number or null"),
+        "attention_chunk_size": or_null(POSITIVE),
         "no_rope_layers": (lambda v: isinstance(v, list) and all(_whole(f) for f in v), "a list of whole numbers"),
         "no_rope_layer_interval": POSITIVE,
         "full_attention_interval": POSITIVE,
         "attn_layer_period": POSITIVE,
         "attn_layer_offset": WHOLE,
         "hybrid_override_pattern": TEXT,
-        "num_kv_shared_layers": (_optional(_whole), "a whole number or null"),
-        "global_head_dim": (_optional(_positive), "a positive whole number or null"),
-        "num_global_key_value_heads": (_optional(_positive), "a positive whole number or null"),
-        "attention_k_eq_v": (_optional(lambda v: isinstance(v, bool)), "true, false or null"),
-        "index_topk": (_optional(_whole), "a whole number or null"),
+        "num_kv_shared_layers": or_null(WHOLE),
+        "global_head_dim": or_null(POSITIVE),
+        "num_global_key_value_heads": or_null(POSITIVE),
+        "attention_k_eq_v": or_null(FLAG),
+        "index_topk": or_null(WHOLE),
         "block_configs": (lambda v: isinstance(v, list), "a list"),
     },
     TOKENIZER_CONFIG: {
-        "bos_token": (_token, "a token (a string or an object) or null"),
-        "eos_token": (_token, "a token (a string or an object) or null"),
-        "pad_token": (_token, "a token (a string or an object) or null"),
+        "bos_token": or_null(TOKEN),
+        "eos_token": or_null(TOKEN),
+        "pad_token": or_null(TOKEN),
         "add_bos_token": FLAG,
         "chat_template": (_template, "a template string or a list of named templates"),
         "model_max_length": NUMBER,
     },
     GENERATION_CONFIG: {
-        "bos_token_id": (_optional(_token_ids), "a token id, a list of them or null"),
-        "eos_token_id": (_optional(_token_ids), "a token id, a list of them or null"),
-        "pad_token_id": (_optional(_token_ids), "a token id, a list of them or null"),
+        "bos_token_id": or_null(TOKEN_IDS),
+        "eos_token_id": or_null(TOKEN_IDS),
+        "pad_token_id": or_null(TOKEN_IDS),
         "do_sample": FLAG,
         "temperature": NUMBER,
         "top_p": NUMBER,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pytest_kvcache.fanout import Fanout, default_processes
 from pytest_kvcache.fanout_plan import ClientLoad, Saturation
 from pytest_kvcache.probes.prefill import salt_for
 from pytest_kvcache.probes.short import SHAPES, chat_payload
@@ -43,11 +44,21 @@ def aggregate_tps(samples: list[Sample]) -> float | None:
     return tokens / (end - start) if end > start else None
 
 
-def saturation(max_cpu_pct: float | None, max_lag_ms: float | None) -> Saturation:
-    """The probe's saturation bounds (``--kv-client-max-cpu``, ``--kv-client-max-lag-ms``; None: not judged)."""
-    return Saturation(
-        max_cpu_share=math.inf if max_cpu_pct is None else max_cpu_pct / 100.0,
-        max_loop_lag_s=math.inf if max_lag_ms is None else max_lag_ms / 1000.0,
+def fanout(server: Any, st: Any, streams: int, **bounds: float) -> Fanout:
+    """The many-stream client for up to ``streams`` at once on ``server`` (a ``run.measure.Server``): the
+    settings' client limits, the engine's way with headers, and the saturation bounds (``--kv-client-max-cpu``,
+    ``--kv-client-max-lag-ms``; None: not judged) with ``bounds`` (``Saturation``'s other fields) added."""
+    cpu, lag = st.client_max_cpu_pct, st.client_max_lag_ms
+    return Fanout(
+        server.url,
+        processes=st.client_procs or default_processes(streams),
+        saturation=Saturation(
+            max_cpu_share=math.inf if cpu is None else cpu / 100.0,
+            max_loop_lag_s=math.inf if lag is None else lag / 1000.0,
+            **bounds,
+        ),
+        headers_at_once=server.profile.headers_at_once,
+        **st.client_kwargs(),
     )
 
 

@@ -139,12 +139,11 @@ def block_metrics(per_position: Mapping[str, np.ndarray], block: int = BLOCK) ->
 
 def plan(st: Any) -> str | None:
     """The boot plan's line: the fidelity probe's sizes for the embedded model on the CPU."""
-    if not registry.on_embedded_cpu(st):
-        return None
-    return (
-        f"fidelity sized for the CPU: depths {','.join(depth_label(d) for d in st.fidelity_depths)}, "
-        f"window {st.fidelity_window} (elsewhere: --kv-fidelity-depths="
-        f"{','.join(depth_label(d) for d in FIDELITY_DEPTHS)} --kv-fidelity-window=512)"
+    return registry.sized_for_cpu(
+        st,
+        "fidelity",
+        f"depths {','.join(depth_label(d) for d in st.fidelity_depths)}, window {st.fidelity_window}",
+        f"elsewhere: --kv-fidelity-depths={','.join(depth_label(d) for d in FIDELITY_DEPTHS)} --kv-fidelity-window=512",
     )
 
 

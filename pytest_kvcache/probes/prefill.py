@@ -166,12 +166,12 @@ def depth_check(prompt_tokens: int | None, target: int) -> tuple[list[str], str 
 
 def depth_plan(st: Any) -> str | None:
     """The boot plan's line for the depth probes (prefill and agentic) on the embedded model on the CPU."""
-    if not registry.on_embedded_cpu(st):
-        return None
-    return (
-        f"depth probes sized for the CPU: depths {','.join(depth_label(d) for d in st.depths)}, "
-        f"{st.sessions} agentic session(s) of {st.turns or 'all'} turns, {st.agentic_max_tokens} tokens a turn, "
-        f"agentic depth {st.agentic_depth} (the seed's: --kv-depths=10k,90k --kv-sessions=2 --kv-turns=15)"
+    return registry.sized_for_cpu(
+        st,
+        "depth probes",
+        f"depths {','.join(depth_label(d) for d in st.depths)}, {st.sessions} agentic session(s) of "
+        f"{st.turns or 'all'} turns, {st.agentic_max_tokens} tokens a turn, agentic depth {st.agentic_depth}",
+        "the seed's: --kv-depths=10k,90k --kv-sessions=2 --kv-turns=15",
     )
 
 

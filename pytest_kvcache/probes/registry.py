@@ -368,6 +368,12 @@ def on_embedded_cpu(settings: Any) -> bool:
     return bool(settings.embedded and settings.launcher != "external")
 
 
+def sized_for_cpu(settings: Any, probe: str, sizes: str, otherwise: str) -> str | None:
+    """A plan line for the sizes a probe takes on the embedded model on the CPU (``otherwise``: what it takes
+    elsewhere); None elsewhere."""
+    return f"{probe} sized for the CPU: {sizes} ({otherwise})" if on_embedded_cpu(settings) else None
+
+
 def with_plan(name: str, plan: Callable[[Any], str | None]) -> ProbeSpec:
     """Give a registered probe its boot-plan line (the stock probes' modules give theirs at import)."""
     return register(replace(_SPECS[name], plan=plan))

@@ -56,11 +56,13 @@ def build_payload(shape: ShortShape, model: str, mode: Sampling, max_tokens: int
 
 def plan(st: Any) -> str | None:
     """The boot plan's line: the short probes' sizes where the embedded model on the CPU shrinks them."""
-    if not registry.on_embedded_cpu(st) or (st.max_tokens, st.warmups, st.runs) == (None, 3, 5):
+    if (st.max_tokens, st.warmups, st.runs) == (None, 3, 5):
         return None
-    return (
-        f"short probes sized for the CPU: {st.max_tokens or 'each shape’s'} tokens, {st.warmups} warmup(s) + "
-        f"{st.runs} runs a shape (elsewhere: 1000/800 tokens, 3 + 5)"
+    return registry.sized_for_cpu(
+        st,
+        "short probes",
+        f"{st.max_tokens or 'each shape’s'} tokens, {st.warmups} warmup(s) + {st.runs} runs a shape",
+        "elsewhere: 1000/800 tokens, 3 + 5",
     )
 
 

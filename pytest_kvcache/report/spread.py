@@ -4,7 +4,7 @@ deltas (``report.bands.judge_deltas``), ratio and absolute gates (``report.gates
 
 A within-boot CI cannot see the next boot, so a verdict or a gate on it is judged on that CI widened by a
 boot-to-boot spread σ (the SD of log(one boot's mean)): ``ratio · exp(± q · sqrt(se_w² + σ² (1/n_b + 1/n_a)))``
-(``stats.widen_ratio``). No directional claim unless that spread would hold on the host the run measured on:
+(``stats.widen``). No directional claim unless that spread would hold on the host the run measured on:
 
 1. ``--kv-noise``: the stored A/A's σ̂ of log boot means (from the same host), scaled by this run's boots, with
    Student's t on the A/A's degrees of freedom.
@@ -113,14 +113,14 @@ def ratio_interval(ratio: float, lo: float, hi: float, spread: Spread, boots: tu
     """The within-boot ratio CI ``[lo, hi]`` widened by ``spread`` at ``boots`` per side."""
     if not math.isfinite(spread.sd):
         return 0.0, math.inf
-    return stats.widen_ratio(ratio, lo, hi, spread.sd, boots[0], boots[1], df=spread.df)
+    return stats.widen(ratio, lo, hi, spread.sd, boots, df=spread.df)
 
 
 def mean_interval(mean: float, lo: float, hi: float, spread: Spread, boots: int) -> tuple[float, float]:
     """One arm's within-boot CI of a mean widened by ``spread`` at ``boots``."""
     if not math.isfinite(spread.sd):
         return -math.inf, math.inf
-    return stats.widen_mean(mean, lo, hi, spread.sd, boots, df=spread.df)
+    return stats.widen(mean, lo, hi, spread.sd, (boots,), df=spread.df)
 
 
 def for_comparison(

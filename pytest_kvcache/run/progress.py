@@ -14,6 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -92,31 +93,26 @@ def figure(record: Record) -> str:
     return " ".join(parts)
 
 
+@dataclass(eq=False)
 class Progress:
     """A ``RunListener`` that reports progress through ``writer``."""
 
-    def __init__(
-        self,
-        writer: Writer,
-        settings: Settings,
-        *,
-        mode: Mode,
-        quiet: bool = False,
-        clock: Callable[[], float] = time.monotonic,
-        tick_s: float = BOOT_TICK_S,
-    ) -> None:
-        self.writer = writer
-        self.settings = settings
-        self.mode = mode
-        self.quiet = quiet
-        self.clock = clock
-        self.tick_s = tick_s
-        self.started = clock()
-        self.tests_total = 0
-        self.tests_done = 0
-        self.boots_total = 0
-        self.boots_done = 0
-        self.boot_s = 0.0  # time spent booting so far (launch to ready or failure)
+    writer: Writer
+    settings: Settings
+    _: KW_ONLY
+    mode: Mode
+    quiet: bool = False
+    clock: Callable[[], float] = time.monotonic
+    tick_s: float = BOOT_TICK_S
+    tests_total: int = field(default=0, init=False)
+    tests_done: int = field(default=0, init=False)
+    boots_total: int = field(default=0, init=False)
+    boots_done: int = field(default=0, init=False)
+    #: time spent booting so far (launch to ready or failure)
+    boot_s: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
         # per booting engine (pytest-xdist lanes boot side by side): when it started, and its watcher
         self._boot_started: dict[str, float] = {}
         self._booting: dict[str, threading.Event] = {}

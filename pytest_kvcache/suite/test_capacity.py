@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from pytest_kvcache.config.grammars import parse_slo
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.fanout import Fanout, FanoutError, default_processes
+from pytest_kvcache.fanout import FanoutError
 from pytest_kvcache.fanout_plan import SessionTrial
 from pytest_kvcache.plugin import Recorder
-from pytest_kvcache.probes import capacity, prefill
-from pytest_kvcache.probes.concurrency import excluded_reason, saturation
+from pytest_kvcache.probes import capacity, concurrency, prefill
+from pytest_kvcache.probes.concurrency import excluded_reason
 from pytest_kvcache.probes.counting import token_counter
 from pytest_kvcache.probes.registry import depth_label
 from pytest_kvcache.probes.short import chat_payload
@@ -61,16 +60,10 @@ def test_capacity(
     )
     payload.pop("messages")
     search = capacity.Search(start=st.capacity_start, limit=st.capacity_max_sessions, trials=st.capacity_trials)
-    fanout = Fanout(
-        kv_server.url,
-        processes=st.client_procs or default_processes(st.capacity_max_sessions),
-        # a turn sent late only stretches its think time: judged late past a quarter of it (the loop lag and the
-        # client's CPU, which distort the timings, are judged as for every trial)
-        saturation=replace(
-            saturation(st.client_max_cpu_pct, st.client_max_lag_ms),
-            max_schedule_delay_s=max(0.05, 0.25 * st.capacity_think_s),
-        ),
-        **st.client_kwargs(),
+    # a turn sent late only stretches its think time: judged late past a quarter of it (the loop lag and the
+    # client's CPU, which distort the timings, are judged as for every trial)
+    fanout = concurrency.fanout(
+        kv_server, st, st.capacity_max_sessions, max_schedule_delay_s=max(0.05, 0.25 * st.capacity_think_s)
     )
     problems: list[str] = []
     retried: dict[int, int] = {}  # excluded trials in a row per level (reset by a trial judged there)

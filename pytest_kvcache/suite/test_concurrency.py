@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.fanout import Fanout, FanoutError, default_processes
+from pytest_kvcache.fanout import FanoutError
 from pytest_kvcache.plugin import Recorder
 from pytest_kvcache.probes.concurrency import (
     aggregate_tps,
     excluded_reason,
-    saturation,
+    fanout,
     stream_payload,
 )
 from pytest_kvcache.probes.registry import level_label
@@ -24,13 +24,7 @@ def test_concurrency(
 ) -> None:
     streams = kv_concurrency
     st = kv_settings
-    fanout = Fanout(
-        kv_server.url,
-        processes=st.client_procs or default_processes(streams),
-        saturation=saturation(st.client_max_cpu_pct, st.client_max_lag_ms),
-        headers_at_once=kv_server.profile.headers_at_once,
-        **st.client_kwargs(),
-    )
+    client = fanout(kv_server, st, streams)
     problems: list[str] = []
     measured: list[float | None] = []  # each measured trial's aggregate tok/s (the adaptive rule's values)
 
@@ -42,7 +36,7 @@ def test_concurrency(
             for j in range(streams)
         ]
         try:
-            result = fanout.trial(payloads)
+            result = client.trial(payloads)
         except FanoutError as exc:  # the client's own worker failed: no stream was measured
             pytest.fail(
                 f"concurrency {streams} on {kv_server.name}: the many-stream client failed: {exc}", pytrace=False
@@ -72,7 +66,7 @@ def test_concurrency(
         return not any(server_lost(s) for s in samples)  # a hung server: every further trial would wait as long
 
     plan = [("warmup", i) for i in range(min(st.warmups, 1))] + [("measured", i) for i in range(st.runs)]
-    with fanout:
+    with client:
         alive = all(trial_(phase, trial) for phase, trial in plan)
         adaptive = Adaptive.of(st, "aggregate_tps", st.runs)
         if adaptive is not None:  # --kv-target-ci: more trials until the aggregate tok/s CI is narrow enough

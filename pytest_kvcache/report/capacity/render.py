@@ -39,8 +39,6 @@ def table(section: CapacitySection | None) -> tuple[list[str], list[list[str]]]:
     ]
     rows = []
     for r in section["rows"] if section else []:
-        lo, hi = r.get("capacity_ci") or [None, None]
-        ratio, (rlo, rhi) = r.get("ratio"), (r.get("ratio_ci") or [None, None])
         at, broke = r.get("at_capacity") or {}, r.get("first_broken") or {}
         budget = r.get("kv_budget_bytes")
         tokens = r.get("kv_tokens")
@@ -51,13 +49,9 @@ def table(section: CapacitySection | None) -> tuple[list[str], list[list[str]]]:
             [
                 r["point"],
                 r["arm"],
-                ("≥ " if r.get("censored") else "")
-                + count(r.get("capacity"))
-                + (_ci(lo, hi) if lo is not None else " (no interval)" if r.get("interval_note") else ""),
+                _sessions(r.get("capacity"), r.get("capacity_ci"), r.get("censored"), r.get("interval_note")),
                 str(r.get("bracket") or "–"),
-                (f"{ratio:.2f}×" + (_ci(rlo, rhi, ".2f") if rlo is not None else " (no interval)"))
-                if ratio is not None
-                else "–",
+                _ratio_cell(r.get("ratio"), r.get("ratio_ci")),
                 _resident_cell(r),
                 _ratio_cell(r.get("residency_ratio"), r.get("residency_ratio_ci")),
                 kv,
@@ -87,10 +81,18 @@ def _resident_cell(r: CapacityRow) -> str:
     """The residency knee, its CI and its bracket, as the table shows them."""
     if r.get("residency") is None:
         return "–"
-    lo, hi = r.get("residency_ci") or [None, None]
-    said = ("≥ " if r.get("residency_censored") else "") + count(r.get("residency"))
-    said += _ci(lo, hi) if lo is not None else " (no interval)" if r.get("residency_interval_note") else ""
+    said = _sessions(
+        r["residency"], r.get("residency_ci"), r.get("residency_censored"), r.get("residency_interval_note")
+    )
     return said + (f" ({r['residency_bracket']})" if r.get("residency_bracket") else "")
+
+
+def _sessions(knee: float | None, ci: Sequence[float | None] | None, censored: Any, note: Any) -> str:
+    """A knee in sessions: "≥" where no level broke, its CI, or why it has none."""
+    lo, hi = ci or [None, None]
+    return (
+        ("≥ " if censored else "") + count(knee) + (_ci(lo, hi) if lo is not None else " (no interval)" if note else "")
+    )
 
 
 def _ratio_cell(ratio: float | None, ci: Sequence[float | None] | None) -> str:
