@@ -11,12 +11,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from pytest_kvcache.client import Client
+from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.fanout import Fanout, FanoutError, default_processes
 from pytest_kvcache.fanout_plan import Saturation
+from pytest_kvcache.probes.concurrency import fanout as probe_fanout
 from pytest_kvcache.sample import Sample
 from pytest_kvcache.selfcheck.check import chat_payload, compare, match_records
 from pytest_kvcache.selfcheck.schedule import Schedule
@@ -241,3 +244,16 @@ def test_a_client_that_cannot_keep_up_is_flagged_saturated() -> None:
     load = starved.load
     assert load.saturated and any("lag" in r for r in load.reasons), load
     assert load.loop_lag_p99_s > Saturation().max_loop_lag_s
+
+
+def test_the_probes_many_stream_client_takes_the_engines_way_with_headers_and_the_settings_bounds() -> None:
+    """Capacity and concurrency build their client in one place: an engine that sends its headers only with the
+    first token (llama.cpp) is not timed as one that sends them at once, and capacity's schedule bound is added to
+    the settings' CPU and loop-lag bounds (None: not judged)."""
+    for at_once in (True, False):
+        server = SimpleNamespace(url="http://127.0.0.1:9/", profile=SimpleNamespace(headers_at_once=at_once))
+        st = Settings(arms=(), client_max_cpu_pct=50.0, client_max_lag_ms=None)
+        client = probe_fanout(server, st, 8, max_schedule_delay_s=0.5)
+        assert client.limits.headers_at_once is at_once
+        assert client.saturation == Saturation(max_cpu_share=0.5, max_loop_lag_s=float("inf"), max_schedule_delay_s=0.5)
+        assert client.processes == default_processes(8)
