@@ -39,10 +39,6 @@ import httpx
 from pytest_kvcache.sample import CHARS_PER_TOKEN, UNSTREAMED_TAIL, Sample, TokenClock
 
 
-def _error_message(response: http.client.HTTPResponse) -> str:
-    return error_text(response.read(4000), str(response.reason))
-
-
 def error_text(body_bytes: bytes, reason: str = "") -> str:
     """The message of an HTTP error body (OpenAI's ``{"error": {"message": …}}`` and its variants)."""
     body = body_bytes[:4000].decode("utf-8", "replace")
@@ -329,7 +325,7 @@ class Client:
             sample.http_status = response.status
             if response.status >= 400:
                 sample.end_s = time.perf_counter() - t0
-                message = _error_message(response)
+                message = error_text(response.read(4000), str(response.reason))
                 self._drop_connection()
                 return sample.fail("http_error", f"HTTP {response.status}: {message}")
             self._read_stream(response, sample, t0, keep_text, first_token, first_limit)

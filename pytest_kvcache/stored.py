@@ -9,7 +9,7 @@ The plugin runs it at configure, before anything boots, so a missing or broken b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -177,25 +177,20 @@ def report_options(
     env: Mapping[str, str],
     ini: Mapping[str, Any],
     rootdir: Path,
-    *,
-    arms: Sequence[str] | None = None,
-    notes: list[str] | None = None,
-    store_location: str | None = None,
 ) -> ReportOptions:
     """``--kv-fail``, ``--kv-inconclusive``, ``--kv-compare``, ``--kv-noise``, ``--kv-allow-diff`` and
     ``--kv-save`` by the same precedence as every option (CLI > env > ini), for a report rebuilt from a
-    stored run (``--kv-rerender``, ``kvcache-report``); stored runs are checked now. ``arms`` (a run's, when
-    known) are checked against the gates. Names resolve in the run store (``--kv-store``); what resolving
-    did (an import) is appended to ``notes``."""
+    stored run (``--kv-rerender``, ``kvcache-report``); stored runs are checked now. Names resolve in the run
+    store (``--kv-store``)."""
 
     def get(name: str, parse: Callable[[Any], Any], default: Any) -> Any:
         raw, origin = pick(OPTION_BY_NAME[name], cli, env, ini)
         return default if raw is None else parse_as(raw, origin, parse)
 
-    location = store_location if store_location is not None else store_of(cli, env, ini, rootdir)
+    location = store_of(cli, env, ini, rootdir)
     baselines = locations.baselines_dir_of(location, env)
     legacy = report_dir_of(cli, env, ini, rootdir).parent / "baselines"
-    ref = _StoreRef(location=location, baselines=baselines, legacy=legacy, notes=notes if notes is not None else [])
+    ref = _StoreRef(location=location, baselines=baselines, legacy=legacy)
     compare = get("compare", v.baseline_name, None)
     noise = get("noise", v.baseline_name, None)
     save = get("save", v.baseline_name, None)
@@ -203,7 +198,7 @@ def report_options(
         check_save_store(location, baselines)
     hint = "store one with --kv-save=NAME"
     return ReportOptions(
-        gates=get("fail", lambda raw: v.gates(raw, list(arms) if arms is not None else None), ()),
+        gates=get("fail", lambda raw: v.gates(raw, None), ()),
         inconclusive=get("inconclusive", v.choice("fail", "warn"), "warn"),
         compare=_stored_run("--kv-compare", compare, baselines, hint, "stored baseline", ref) if compare else None,
         noise=_noise_run(noise, baselines, ref) if noise else None,

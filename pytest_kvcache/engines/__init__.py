@@ -39,11 +39,6 @@ def prepare_embedded(settings: Settings, on_convert: Callable[[str], None] | Non
     return None
 
 
-def embedded_name(settings: Settings) -> str:
-    """What the run serves when embedded, in words for run.json and the report: the model and its file."""
-    return engine_kind(settings).embedded_name(settings)
-
-
 def visible_devices(settings: Settings, arm: Arm, lane: int = 0) -> str | None:
     """The ``CUDA_VISIBLE_DEVICES`` an arm's engine runs under, so the GPU state follows exactly its cards
     (None: unset, every card). Under pytest-xdist with ``--kv-gpu-groups``: its lane's group. Process

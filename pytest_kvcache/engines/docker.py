@@ -50,32 +50,30 @@ Mount = tuple[str, str, str]  # host path, container path, "ro" | "rw"
 # ----------------------------------------------------------------------------------------- helpers
 
 
-def docker_available(client: docker.DockerClient | None = None) -> str | None:
+def docker_available() -> str | None:
     """None when a Docker daemon answers; otherwise why not, in words."""
-    own = client is None
-    if own:
-        # A local socket is checked first: docker-py leaks a socket when it cannot connect.
-        host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-        if host.startswith("unix://"):
-            path = host.removeprefix("unix://")
-            if not os.path.exists(path):
-                return f"no Docker daemon answers (no socket at {path}; start dockerd or set DOCKER_HOST)"
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(5.0)
-                try:
-                    sock.connect(path)
-                except OSError as exc:
-                    return f"no Docker daemon answers at {path} ({exc})"
+    # A local socket is checked first: docker-py leaks a socket when it cannot connect.
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if host.startswith("unix://"):
+        path = host.removeprefix("unix://")
+        if not os.path.exists(path):
+            return f"no Docker daemon answers (no socket at {path}; start dockerd or set DOCKER_HOST)"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5.0)
+            try:
+                sock.connect(path)
+            except OSError as exc:
+                return f"no Docker daemon answers at {path} ({exc})"
+    client = None
     try:
-        if client is None:
-            client = docker.from_env(timeout=10)
+        client = docker.from_env(timeout=10)
         client.ping()
     except docker.errors.DockerException as exc:
         return f"no Docker daemon answers ({exc})"
     except Exception as exc:  # requests' errors when the socket is there but the daemon is not
         return f"no Docker daemon answers ({type(exc).__name__}: {exc})"
     finally:
-        if own and client is not None:
+        if client is not None:
             client.close()
     return None
 

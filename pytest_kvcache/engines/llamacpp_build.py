@@ -125,28 +125,18 @@ def _extract_vendor(sdist: Path, dest: Path) -> Path:
     return dest / prefix
 
 
-def ensure_server(
-    root: Path | None = None, *, jobs: int | None = None, on_build: Callable[[str], None] | None = None
-) -> Path:
+def ensure_server(root: Path | None = None, *, on_build: Callable[[str], None] | None = None) -> Path:
     """The cached ``llama-server``, building it first when missing. Raises BuildError."""
-    return ensure_binary(TARGET, root, jobs=jobs, on_build=on_build)
+    return ensure_binary(TARGET, root, on_build=on_build)
 
 
-def ensure_tokenize(
-    root: Path | None = None, *, jobs: int | None = None, on_build: Callable[[str], None] | None = None
-) -> Path:
+def ensure_tokenize(root: Path | None = None, *, on_build: Callable[[str], None] | None = None) -> Path:
     """The cached ``llama-tokenize``, building it first when missing (about 9 minutes on 2 cores, once).
     Raises BuildError."""
-    return ensure_binary(TOKENIZE_TARGET, root, jobs=jobs, on_build=on_build)
+    return ensure_binary(TOKENIZE_TARGET, root, on_build=on_build)
 
 
-def ensure_binary(
-    target: str,
-    root: Path | None = None,
-    *,
-    jobs: int | None = None,
-    on_build: Callable[[str], None] | None = None,
-) -> Path:
+def ensure_binary(target: str, root: Path | None = None, *, on_build: Callable[[str], None] | None = None) -> Path:
     """The cached ``target`` (``llama-server`` or ``llama-tokenize``), building it first when missing."""
     root = root or cache_root()
     if found := cached_binary(target, root):
@@ -167,7 +157,7 @@ def ensure_binary(
         log.write_text(f"# build of {target}, key {key}, started {stamp}\n")
         started = time.monotonic()
         sdist = find_sdist(root, log)
-        n = jobs or int(os.environ.get(JOBS_ENV) or 0) or min(2, os.cpu_count() or 1)
+        n = int(os.environ.get(JOBS_ENV) or 0) or min(2, os.cpu_count() or 1)
         nice = ["nice", "-n", "19"] if shutil.which("nice") else []
         with tempfile.TemporaryDirectory(prefix=f"{key}.", dir=root) as tmp:
             source = _extract_vendor(sdist, Path(tmp))

@@ -202,7 +202,6 @@ class Conversation:
     session_no: int
     salt: str
     messages: list[dict[str, Any]] = field(default_factory=list)
-    misses: int = 0
 
     @classmethod
     def start(cls, session: Session, session_no: int, seed: int) -> Conversation:

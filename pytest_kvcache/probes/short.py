@@ -50,10 +50,6 @@ def chat_payload(
     }
 
 
-def build_payload(shape: ShortShape, model: str, mode: Sampling, max_tokens: int | None = None) -> dict[str, Any]:
-    return chat_payload(model, [{"role": "user", "content": shape.prompt}], mode, max_tokens or shape.max_tokens)
-
-
 def plan(st: Any) -> str | None:
     """The boot plan's line: the short probes' sizes where the embedded model on the CPU shrinks them."""
     if (st.max_tokens, st.warmups, st.runs) == (None, 3, 5):

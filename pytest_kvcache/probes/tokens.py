@@ -41,7 +41,8 @@ def tokenizer_dir(settings: Settings) -> Path:
 
 
 @functools.cache
-def _load(folder: str) -> Any:
+def load_tokenizer(folder: str) -> Any:
+    """``folder``'s tokenizer (transformers), loaded once per folder."""
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
@@ -52,14 +53,9 @@ def _load(folder: str) -> Any:
         raise TokenizerError(f"cannot load the tokenizer in {folder}: {exc}") from None
 
 
-def load_tokenizer(folder: Path) -> Any:
-    """``folder``'s tokenizer (transformers), loaded once per folder."""
-    return _load(str(folder))
-
-
 def local_counter(folder: Path) -> Callable[[Messages], int]:
     """A function that counts a message list's chat-rendered prompt tokens with ``folder``'s tokenizer."""
-    tokenizer = _load(str(folder))
+    tokenizer = load_tokenizer(str(folder))
 
     def count(messages: Messages) -> int:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)

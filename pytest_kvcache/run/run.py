@@ -32,7 +32,7 @@ from pytest_kvcache.config.context import check_at_boot
 from pytest_kvcache.config.plan import Boot, BootPlan
 from pytest_kvcache.config.resolve import kv_plan_data, served_parameters
 from pytest_kvcache.config.settings import Settings
-from pytest_kvcache.engines import embedded_name, engine_profile, visible_devices
+from pytest_kvcache.engines import engine_kind, engine_profile, visible_devices
 from pytest_kvcache.engines.base import Engine, EngineError
 from pytest_kvcache.engines.evidence import collect
 from pytest_kvcache.engines.registry import EngineRegistry, reap_orphans
@@ -280,7 +280,7 @@ class Run:
         if self.settings.launcher == "external":
             served = [e.get("served_model") for e in self.evidence.values() if e.get("served_model")]
             return str(served[0]) if served else "as served by each --kv-endpoint"
-        return embedded_name(self.settings)
+        return engine_kind(self.settings).embedded_name(self.settings)
 
     def set_plan(self, tests_per_boot: Mapping[str, int]) -> None:
         plans = {arm.name: kv_plan_data(self.settings, arm) for arm in self.settings.arms}
@@ -391,7 +391,11 @@ class Run:
             listener.boot_ready(boot, evidence)
         folder.write(f"arms/{boot.boot_id}/evidence.json", evidence)
         self.write_meta(status="running")
-        model = evidence.get("served_model") or self.settings.model or embedded_name(self.settings)
+        model = (
+            evidence.get("served_model")
+            or self.settings.model
+            or engine_kind(self.settings).embedded_name(self.settings)
+        )
         return Server(
             url=engine.url,
             arm=boot.arm,

@@ -1,8 +1,8 @@
 """Change points in a series of run means: E-Divisive means (Matteson & James, 2014), as Apache Otava
 (formerly Hunter, MongoDB's and DataStax's nightly-perf tool) runs it on performance history.
 
-Plain numpy. :func:`e_divisive` bisects hierarchically: in each segment it finds the split that maximises
-the energy statistic ``q`` (α = 1), tests it with a permutation test (the segment's values shuffled
+Numpy, and scipy's Student t. :func:`e_divisive` bisects hierarchically: in each segment it finds the split that
+maximises the energy statistic ``q`` (α = 1), tests it with a permutation test (the segment's values shuffled
 ``permutations`` times by a generator seeded with ``seed``, so a history gives the same answer every
 time), and keeps it when its p-value is below ``alpha``; then it looks again in every segment.
 
@@ -130,41 +130,6 @@ def e_divisive(
     return points
 
 
-def _t_sf(t: float, df: int) -> float:
-    """One-sided upper tail P(T > t) of Student's t with ``df`` degrees of freedom (regularised beta)."""
-    x = df / (df + t * t)
-    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
-    return tail if t > 0 else 1.0 - tail
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b) by its continued fraction (Numerical Recipes)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x > (a + 1.0) / (a + b + 2.0):
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        for numerator in (
-            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
-        ):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-12:
-            break
-    return front * h / a
-
-
 @dataclass(frozen=True)
 class TailShift:
     """The newest value against the regime it follows (``values[start:-1]``)."""
@@ -185,6 +150,8 @@ def tail_shift(values: Sequence[float], start: int = 0, *, min_size: int = MIN_S
     """Is the newest value outside the regime ``values[start:-1]``? None with fewer than ``min_size`` runs
     in that regime. The p-value is that of the value under the regime's normal prediction interval
     (t = (x − mean) / (s √(1 + 1/m)), m − 1 degrees of freedom)."""
+    from scipy import stats as scipy_stats  # on demand: importing it takes 0.8 s here
+
     data = np.asarray(values, dtype=float)
     regime = data[start:-1]
     if regime.size < min_size or data.size == 0:
@@ -195,5 +162,5 @@ def tail_shift(values: Sequence[float], start: int = 0, *, min_size: int = MIN_S
         p = 1.0 if value == mean else 0.0
     else:
         t = (value - mean) / (sd * math.sqrt(1.0 + 1.0 / regime.size))
-        p = min(1.0, 2.0 * _t_sf(abs(t), regime.size - 1))
+        p = min(1.0, 2.0 * float(scipy_stats.t.sf(abs(t), regime.size - 1)))
     return TailShift(start=start, mean_before=mean, value=value, p_value=p)

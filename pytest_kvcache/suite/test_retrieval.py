@@ -31,7 +31,7 @@ class Tokenizer:
         self.client, self.server, self.how = client, server, server.profile.tokens
         self.local: Any = None
         if self.how == "local":
-            self.local = load_tokenizer(tokenizer_dir(settings))
+            self.local = load_tokenizer(str(tokenizer_dir(settings)))
 
     def encode(self, text: str, *, special: bool = False) -> list[int]:
         if self.local is not None:

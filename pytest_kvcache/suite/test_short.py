@@ -13,7 +13,7 @@ from pytest_kvcache.plugin import Agree, Recorder
 from pytest_kvcache.probes import counting
 from pytest_kvcache.probes.agreement import agreement_payload
 from pytest_kvcache.probes.runner import Adaptive, run_repeated
-from pytest_kvcache.probes.short import AGREEMENT_MAX_TOKENS, SHAPES, ShortShape, build_payload
+from pytest_kvcache.probes.short import AGREEMENT_MAX_TOKENS, SHAPES, ShortShape, chat_payload
 from pytest_kvcache.run.measure import ArmClient, Server
 from pytest_kvcache.sample import Sample
 
@@ -29,7 +29,12 @@ def test_short(
     kv_agreement: Agree,
     shape: ShortShape,
 ) -> None:
-    payload = build_payload(shape, kv_server.model, kv_settings.sampling, kv_settings.max_tokens)
+    payload = chat_payload(
+        kv_server.model,
+        [{"role": "user", "content": shape.prompt}],
+        kv_settings.sampling,
+        kv_settings.max_tokens or shape.max_tokens,
+    )
     if counting.max_model_len(kv_server) is not None:  # a prompt that cannot fit is never sent
         count, method = counting.token_counter(kv_client, kv_server, kv_settings)
         too_long = (

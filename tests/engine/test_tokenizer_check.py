@@ -23,6 +23,7 @@ import pytest
 from pytest_kvcache.engines import tokenizer_check as tc
 from pytest_kvcache.engines.llamacpp_build import BuildError, cache_root, cached_tokenize, ensure_tokenize
 from pytest_kvcache.engines.trained_model import REFUSED, TrainedModelError, verified_gguf
+from tests.engine.gemma_gguf import gemma_gguf
 
 pytestmark = pytest.mark.engine
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -52,7 +53,7 @@ def llama_tokenize() -> Path:
 @pytest.fixture(scope="session")
 def gemma() -> Path:
     try:
-        return tc.gemma_gguf()
+        return gemma_gguf()
     except tc.TokenizerRefused as exc:
         missing(str(exc))
         raise

