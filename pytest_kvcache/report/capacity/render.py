@@ -10,71 +10,45 @@ import numpy as np
 import pandas as pd
 
 from pytest_kvcache.config.budget import fmt_bytes
+from pytest_kvcache.config.grammars import Slo, SloTerm, parse_slo
 from pytest_kvcache.model.sections import CapacityRow, CapacitySection
-from pytest_kvcache.report.outputs.formats import _md_table
+from pytest_kvcache.report.capacity.search import count
+from pytest_kvcache.report.capacity.section import _ci, _pct
+from pytest_kvcache.report.outputs.formats import Column, _md_table, columns
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-from pytest_kvcache.config.grammars import Slo, SloTerm, parse_slo
-from pytest_kvcache.report.capacity.search import count
-from pytest_kvcache.report.capacity.section import _ci, _pct
 
 
 def table(section: CapacitySection | None) -> tuple[list[str], list[list[str]]]:
     """The capacity table: per depth and arm, sessions [CI], its bracket (the last level met, the first broken,
     their trials), the ratio of the knees to the baseline's, the KV each arm had, the figures at the knee (over
     its trials) and past it."""
-    header = [
-        "Depth",
-        "Arm",
-        "Sessions [95% CI]",
-        "Met – broke (trials)",
-        "vs baseline: knees' ratio [95% CI]",
-        "KV-resident sessions [95% CI] (held – fell below half)",
-        "vs baseline: residency ratio [95% CI]",
-        "KV tokens (budget)",
-        "At capacity: TTFT p95 / ITL p95 / goodput / hit rate",
-        "First level over: sessions, TTFT p95, hit rate, preemptions",
-        "Knee bound by",
-    ]
-    rows = []
-    for r in section["rows"] if section else []:
-        at, broke = r.get("at_capacity") or {}, r.get("first_broken") or {}
-        budget = r.get("kv_budget_bytes")
-        tokens = r.get("kv_tokens")
-        kv = f"{tokens:,}" if tokens else "–"
-        if budget:
-            kv += f" ({fmt_bytes(budget)})"
-        rows.append(
-            [
-                r["point"],
-                r["arm"],
-                _sessions(r.get("capacity"), r.get("capacity_ci"), r.get("censored"), r.get("interval_note")),
-                str(r.get("bracket") or "–"),
-                _ratio_cell(r.get("ratio"), r.get("ratio_ci")),
-                _resident_cell(r),
-                _ratio_cell(r.get("residency_ratio"), r.get("residency_ratio_ci")),
-                kv,
-                " / ".join(
-                    [
-                        _ms(at.get("ttft_p95_s")),
-                        _ms(at.get("itl_p95_s")),
-                        f"{at['goodput_tps']:.0f} tok/s" if at.get("goodput_tps") is not None else "–",
-                        _pct(at.get("hit_rate")),
-                    ]
-                ),
-                ", ".join(
-                    [
-                        str(broke.get("sessions")) if broke.get("sessions") else "none",
-                        _ms(cast("float | None", broke.get("ttft_p95_s"))),
-                        _pct(broke.get("hit_rate")),
-                        f"{broke['preemptions']:.0f}" if isinstance(broke.get("preemptions"), int | float) else "–",
-                    ]
-                ),
-                str(r.get("knee_cause") or "unknown"),
-            ]
-        )
-    return header, rows
+    return columns(section["rows"] if section else [], COLUMNS)
+
+
+def _kv_cell(r: CapacityRow) -> str:
+    tokens, budget = r.get("kv_tokens"), r.get("kv_budget_bytes")
+    return (f"{tokens:,}" if tokens else "–") + (f" ({fmt_bytes(budget)})" if budget else "")
+
+
+def _at_capacity_cell(r: CapacityRow) -> str:
+    at = r.get("at_capacity") or {}
+    goodput = f"{at['goodput_tps']:.0f} tok/s" if at.get("goodput_tps") is not None else "–"
+    return " / ".join([_ms(at.get("ttft_p95_s")), _ms(at.get("itl_p95_s")), goodput, _pct(at.get("hit_rate"))])
+
+
+def _first_broken_cell(r: CapacityRow) -> str:
+    broke = r.get("first_broken") or {}
+    preemptions = broke.get("preemptions")
+    return ", ".join(
+        [
+            str(broke.get("sessions")) if broke.get("sessions") else "none",
+            _ms(cast("float | None", broke.get("ttft_p95_s"))),
+            _pct(broke.get("hit_rate")),
+            f"{preemptions:.0f}" if isinstance(preemptions, int | float) else "–",
+        ]
+    )
 
 
 def _resident_cell(r: CapacityRow) -> str:
@@ -108,49 +82,60 @@ def _ms(value: float | None) -> str:
     return f"{value:.2f} s" if value >= 1 else f"{value * 1000:.0f} ms"
 
 
+COLUMNS: tuple[Column, ...] = (
+    ("Depth", lambda r: r["point"]),
+    ("Arm", lambda r: r["arm"]),
+    (
+        "Sessions [95% CI]",
+        lambda r: _sessions(r.get("capacity"), r.get("capacity_ci"), r.get("censored"), r.get("interval_note")),
+    ),
+    ("Met – broke (trials)", lambda r: str(r.get("bracket") or "–")),
+    ("vs baseline: knees' ratio [95% CI]", lambda r: _ratio_cell(r.get("ratio"), r.get("ratio_ci"))),
+    ("KV-resident sessions [95% CI] (held – fell below half)", _resident_cell),
+    (
+        "vs baseline: residency ratio [95% CI]",
+        lambda r: _ratio_cell(r.get("residency_ratio"), r.get("residency_ratio_ci")),
+    ),
+    ("KV tokens (budget)", _kv_cell),
+    ("At capacity: TTFT p95 / ITL p95 / goodput / hit rate", _at_capacity_cell),
+    ("First level over: sessions, TTFT p95, hit rate, preemptions", _first_broken_cell),
+    ("Knee bound by", lambda r: str(r.get("knee_cause") or "unknown")),
+)
+
+
 def trials_table(section: CapacitySection | None) -> tuple[list[str], list[list[str]]]:
     """Every trial of every search, in order."""
-    header = [
-        "Boot",
-        "Depth",
-        "Trial",
-        "Sessions",
-        "Step",
-        "Verdict",
-        "Turns (failed)",
-        "Context",
-        "TTFT p50 / p95",
-        "ITL p50 / p95",
+    return columns(section["trials"] if section else [], TRIAL_COLUMNS)
+
+
+def _verdict_cell(t: Mapping[str, Any]) -> str:
+    if t.get("excluded_reason"):
+        return f"excluded: {t['excluded_reason']}"
+    return str(t["verdict"]) + (f": {'; '.join(t['broken'])}" if t.get("broken") else "")
+
+
+TRIAL_COLUMNS: tuple[Column, ...] = (
+    ("Boot", lambda t: t["boot"]),
+    ("Depth", lambda t: t["point"]),
+    ("Trial", lambda t: str(t["trial"])),
+    ("Sessions", lambda t: str(t["sessions"])),
+    ("Step", lambda t: t["step"]),
+    ("Verdict", _verdict_cell),
+    ("Turns (failed)", lambda t: f"{t['turns']} ({t['failed']})"),
+    ("Context", lambda t: f"{t['context_tokens']:,.0f}" if t.get("context_tokens") is not None else "–"),
+    ("TTFT p50 / p95", lambda t: f"{_ms(t.get('ttft_p50_s'))} / {_ms(t.get('ttft_p95_s'))}"),
+    ("ITL p50 / p95", lambda t: f"{_ms(t.get('itl_p50_s'))} / {_ms(t.get('itl_p95_s'))}"),
+    (
         "Goodput tok/s [95% CI]",
-        "Hit rate",
-        "Preemptions",
-        "KV usage mean / max",
-    ]
-    rows = []
-    for t in section["trials"] if section else []:
-        lo, hi = t.get("goodput_ci") or [None, None]
-        verdict = str(t["verdict"]) + (f": {'; '.join(t['broken'])}" if t.get("broken") else "")
-        if t.get("excluded_reason"):
-            verdict = f"excluded: {t['excluded_reason']}"
-        rows.append(
-            [
-                t["boot"],
-                t["point"],
-                str(t["trial"]),
-                str(t["sessions"]),
-                t["step"],
-                verdict,
-                f"{t['turns']} ({t['failed']})",
-                f"{t['context_tokens']:,.0f}" if t.get("context_tokens") is not None else "–",
-                f"{_ms(t.get('ttft_p50_s'))} / {_ms(t.get('ttft_p95_s'))}",
-                f"{_ms(t.get('itl_p50_s'))} / {_ms(t.get('itl_p95_s'))}",
-                (f"{t['goodput_tps']:.0f}" if t.get("goodput_tps") is not None else "–") + _ci(lo, hi),
-                _pct(t.get("hit_rate")) + (" (usage)" if t.get("hit_rate_source") == "usage" else ""),
-                str(t["preemptions"]) if t.get("preemptions") is not None else "–",
-                f"{_pct(t.get('kv_usage_mean'))} / {_pct(t.get('kv_usage_max'))}",
-            ]
-        )
-    return header, rows
+        lambda t: (
+            (f"{t['goodput_tps']:.0f}" if t.get("goodput_tps") is not None else "–")
+            + _ci(*(t.get("goodput_ci") or [None, None]))
+        ),
+    ),
+    ("Hit rate", lambda t: _pct(t.get("hit_rate")) + (" (usage)" if t.get("hit_rate_source") == "usage" else "")),
+    ("Preemptions", lambda t: str(t["preemptions"]) if t.get("preemptions") is not None else "–"),
+    ("KV usage mean / max", lambda t: f"{_pct(t.get('kv_usage_mean'))} / {_pct(t.get('kv_usage_max'))}"),
+)
 
 
 def setup_line(section: CapacitySection | None) -> str:

@@ -3,8 +3,9 @@ deltas with the interval that decided their verdict, a markdown table, and the p
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pytest_kvcache.metrics import catalogue
 from pytest_kvcache.model.base import Json
@@ -70,6 +71,15 @@ class Table:
     rows: list[list[Cell]]
     intro: str = ""
     notes: list[str] = field(default_factory=list)
+
+
+#: A table's column: its header and how a row reads in it.
+Column = tuple[str, Callable[[Any], str]]
+
+
+def columns(rows: Iterable[Any], spec: Sequence[Column]) -> tuple[list[str], list[list[str]]]:
+    """The header and body of a table whose columns are ``spec``, one line per row of ``rows``."""
+    return [name for name, _ in spec], [[cell(row) for _, cell in spec] for row in rows]
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:

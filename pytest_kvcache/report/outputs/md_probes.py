@@ -8,7 +8,7 @@ from pytest_kvcache.model.report import DeltaRow, Report
 from pytest_kvcache.probes.registry import ProbeSpec
 from pytest_kvcache.report import energy, greedy, left_out
 from pytest_kvcache.report.fidelity import nats
-from pytest_kvcache.report.outputs.formats import _md_table, fmt, fmt_delta, probe_specs, title
+from pytest_kvcache.report.outputs.formats import Column, _md_table, columns, fmt, fmt_delta, probe_specs, title
 
 SPEC_HEADER = [
     "Arm",
@@ -81,35 +81,21 @@ def _nats(value: float | None, ci: list[float | None] | None = None, digits: int
 def fidelity_table(report: Report) -> tuple[list[str], list[list[str]]]:
     """The fidelity-vs-depth rows: each arm against the baseline (and each arm across its boots)."""
     section = report.get("fidelity")
-    header = [
-        "Comparison",
-        "Arm",
-        "Against",
-        "Depth",
-        "Texts × boots",
-        "Positions",
-        "Mean abs(Δ logprob) [95% CI]",
-        "Δ NLL [95% CI]",
-        "KL top-k ≥ [95% CI]",
-        "Baseline NLL",
-    ]
-    rows = []
-    for r in section["rows"] if section else []:
-        rows.append(
-            [
-                r["kind"],
-                r["arm"],
-                r["baseline"],
-                r["point"],
-                f"{r['texts']} × {r['boots']}",
-                f"{r['positions']:,}",
-                _nats(r.get("logprob_drift"), r.get("logprob_drift_ci")),
-                _nats(r.get("nll_delta"), r.get("nll_delta_ci")),
-                _nats(r.get("kl_topk"), r.get("kl_topk_ci"), small=True),
-                _nats(r.get("baseline_nll"), None, 3),
-            ]
-        )
-    return header, rows
+    return columns(section["rows"] if section else [], FIDELITY_COLUMNS)
+
+
+FIDELITY_COLUMNS: tuple[Column, ...] = (
+    ("Comparison", lambda r: r["kind"]),
+    ("Arm", lambda r: r["arm"]),
+    ("Against", lambda r: r["baseline"]),
+    ("Depth", lambda r: r["point"]),
+    ("Texts × boots", lambda r: f"{r['texts']} × {r['boots']}"),
+    ("Positions", lambda r: f"{r['positions']:,}"),
+    ("Mean abs(Δ logprob) [95% CI]", lambda r: _nats(r.get("logprob_drift"), r.get("logprob_drift_ci"))),
+    ("Δ NLL [95% CI]", lambda r: _nats(r.get("nll_delta"), r.get("nll_delta_ci"))),
+    ("KL top-k ≥ [95% CI]", lambda r: _nats(r.get("kl_topk"), r.get("kl_topk_ci"), small=True)),
+    ("Baseline NLL", lambda r: _nats(r.get("baseline_nll"), None, 3)),
+)
 
 
 def fidelity_lines(report: Report) -> list[str]:

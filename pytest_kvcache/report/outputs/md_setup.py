@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pytest_kvcache.model.report import BootEntry, Report
 from pytest_kvcache.report import cost
-from pytest_kvcache.report.outputs.formats import _md_table, fmt, json_text
+from pytest_kvcache.report.outputs.formats import Column, _md_table, columns, fmt, json_text
 
 
 def boot_table(report: Report) -> tuple[list[str], list[list[str]]]:
@@ -109,30 +109,18 @@ def confound_lines(report: Report) -> list[str]:
 
 def arms_table(report: Report) -> tuple[list[str], list[list[str]]]:
     """Each arm as declared and as the engine resolved it."""
-    header = [
-        "Arm",
-        "Declared KV dtype",
-        "Resolved cache_dtype",
-        "Attention backend",
-        "KV capacity (tokens)",
-        "Engine",
-        "Ready after",
-    ]
-    rows = []
-    for a in report["arms"]:
-        r = a["resolved"]
-        rows.append(
-            [
-                a["name"] + (" (baseline)" if a["baseline"] else ""),
-                str((a.get("declared") or {}).get("kv_cache_dtype") or "default"),
-                str(r.get("cache_dtype") or "?"),
-                str(r.get("attention_backend") or "not logged"),
-                fmt(r.get("kv_cache_size_tokens"), "kv_cache_size_tokens"),
-                str(r.get("engine_version") or "?"),
-                fmt(r.get("ready_s"), "ready_s"),
-            ]
-        )
-    return header, rows
+    return columns(report["arms"], ARM_COLUMNS)
+
+
+ARM_COLUMNS: tuple[Column, ...] = (
+    ("Arm", lambda a: a["name"] + (" (baseline)" if a["baseline"] else "")),
+    ("Declared KV dtype", lambda a: str((a.get("declared") or {}).get("kv_cache_dtype") or "default")),
+    ("Resolved cache_dtype", lambda a: str(a["resolved"].get("cache_dtype") or "?")),
+    ("Attention backend", lambda a: str(a["resolved"].get("attention_backend") or "not logged")),
+    ("KV capacity (tokens)", lambda a: fmt(a["resolved"].get("kv_cache_size_tokens"), "kv_cache_size_tokens")),
+    ("Engine", lambda a: str(a["resolved"].get("engine_version") or "?")),
+    ("Ready after", lambda a: fmt(a["resolved"].get("ready_s"), "ready_s")),
+)
 
 
 def gpu_table(report: Report) -> tuple[list[str], list[list[str]]]:
