@@ -391,11 +391,7 @@ class Run:
             listener.boot_ready(boot, evidence)
         folder.write(f"arms/{boot.boot_id}/evidence.json", evidence)
         self.write_meta(status="running")
-        model = (
-            evidence.get("served_model")
-            or self.settings.model
-            or engine_kind(self.settings).embedded_name(self.settings)
-        )
+        model = evidence.get("served_model") or self.model_name()
         return Server(
             url=engine.url,
             arm=boot.arm,
