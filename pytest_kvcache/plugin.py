@@ -149,9 +149,11 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     if not path.is_absolute():
         path = Path.cwd() / path
     try:
-        options = report_options(cli, os.environ, ini, config.rootpath)
+        options, notes = report_options(cli, os.environ, ini, config.rootpath)
     except SettingsError as exc:
         raise pytest.UsageError(f"pytest-kvcache: {exc}") from None
+    for note in notes:
+        print(f"kvcache: {note}")  # as a run says it in its report header
     return rerender(path, options)
 
 

@@ -177,11 +177,11 @@ def report_options(
     env: Mapping[str, str],
     ini: Mapping[str, Any],
     rootdir: Path,
-) -> ReportOptions:
+) -> tuple[ReportOptions, tuple[str, ...]]:
     """``--kv-fail``, ``--kv-inconclusive``, ``--kv-compare``, ``--kv-noise``, ``--kv-allow-diff`` and
     ``--kv-save`` by the same precedence as every option (CLI > env > ini), for a report rebuilt from a
-    stored run (``--kv-rerender``, ``kvcache-report``); stored runs are checked now. Names resolve in the run
-    store (``--kv-store``)."""
+    stored run (``--kv-rerender``); stored runs are checked now. Names resolve in the run store
+    (``--kv-store``). With the options, what opening the store did (an old baseline imported), in words."""
 
     def get(name: str, parse: Callable[[Any], Any], default: Any) -> Any:
         raw, origin = pick(OPTION_BY_NAME[name], cli, env, ini)
@@ -197,7 +197,7 @@ def report_options(
     if save:
         check_save_store(location, baselines)
     hint = "store one with --kv-save=NAME"
-    return ReportOptions(
+    options = ReportOptions(
         gates=get("fail", lambda raw: v.gates(raw, None), ()),
         inconclusive=get("inconclusive", v.choice("fail", "warn"), "warn"),
         compare=_stored_run("--kv-compare", compare, baselines, hint, "stored baseline", ref) if compare else None,
@@ -205,3 +205,4 @@ def report_options(
         allow_diff=get("allow_diff", v.dotted, ()),
         save_as=baselines / save if save else None,
     )
+    return options, tuple(ref.notes)

@@ -181,6 +181,13 @@ CASES = [
         "note: 1 line(s) of requests.jsonl could not be read (torn by a killed run) and were skipped",
         lambda p: _stored(p, torn=True),
     ),
+    Case(  # a re-render says what opening the store did, as a run does in its header
+        "rerender-imports-an-old-baseline-and-says-so",
+        ("--kv-rerender=stored", "--kv-compare=main", "--kv-store=store"),
+        0,
+        "kvcache: imported baseline 'main' from */.kvcache/baselines/main into the store */store",
+        lambda p: [_baseline("main")(p), _stored(p)][-1],
+    ),
     Case(
         "noise-baseline-corrupt",
         ("--kv-arms=auto,float16", "--kv-noise=aa"),

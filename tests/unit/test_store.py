@@ -18,6 +18,7 @@ from pytest_kvcache.jsonio import write_json
 from pytest_kvcache.store import history
 from pytest_kvcache.store.record import Comparability, PointRow, RunRow, comparability, vcs_of
 from pytest_kvcache.store.sqlite import SqliteStore
+from pytest_kvcache.stored import report_options
 from tests.factories import make_settings, open_run
 
 
@@ -199,6 +200,15 @@ def test_an_old_workspace_baseline_is_imported_once(tmp_path: Path) -> None:
     assert first.report_options().compare == tmp_path / "store" / "baselines" / "main"
     second = open_run(tmp_path, cli_values)[1]
     assert second is not None and second.notes == ()
+
+
+def test_a_rerender_imports_an_old_workspace_baseline_and_says_so(tmp_path: Path) -> None:
+    _legacy_run(tmp_path / ".kvcache" / "baselines" / "main")
+    cli_values = {"compare": "main", "store": str(tmp_path / "store")}
+    options, (note,) = report_options(cli_values, {}, {}, tmp_path)
+    assert note.startswith("imported baseline 'main' from ") and str(tmp_path / "store") in note
+    assert options.compare == tmp_path / "store" / "baselines" / "main"
+    assert report_options(cli_values, {}, {}, tmp_path)[1] == ()
 
 
 def test_store_errors_are_named(tmp_path: Path) -> None:
