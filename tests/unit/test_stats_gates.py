@@ -27,6 +27,23 @@ def test_ratio_ci_of_constant_samples_is_exact() -> None:
     assert stats.ratio_ci([10.0, 10.0, 10.0], [12.0, 12.0, 12.0]) == pytest.approx((1.2, 1.2, 1.2))
 
 
+def test_values_per_boot_keep_the_units_first_order_and_block_and_skip_what_has_none() -> None:
+    """A unit's values are its valid, present ones; units keep the order they first appear in (an invalid row
+    counts), each with its first row's block; a unit with no value, and a row without a unit, give none."""
+    nan = float("nan")
+    group = pd.DataFrame(
+        {
+            "unit": ["b", "a", "b", None, "c", "a", "d"],
+            "block": [1, 2, 3, 4, 5, 6, 7],
+            "valid": [False, True, True, True, True, True, True],
+            "ttft_s": [9.0, 1.0, 2.0, 8.0, nan, 3.0, None],
+        }
+    )
+    assert report_frame.by_boot_strata(group, "ttft_s") == ([[2.0], [1.0, 3.0]], [1, 2])
+    assert report_frame.by_boot_strata(group, "decode_tps") == ([], [])
+    assert report_frame.by_boot_strata(group.drop(columns="block"), "ttft_s")[1] == [0, 0]
+
+
 def test_paired_ci_removes_shared_noise() -> None:
     base = [1.0, 2.0, 3.0, 4.0]
     arm = [2.0, 4.0, 6.0, 8.0]  # exactly 2× per pair, but the pairs differ widely
